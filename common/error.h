@@ -1,0 +1,72 @@
+// Switchboard's error hierarchy, shared by every layer.
+//
+// Exceptions are typed by what the caller should do about them, each with a
+// code (see ErrorCode). The synchronous API throws these; asynchronous APIs
+// carry them inside futures as std::exception_ptr. API misuse (a caller bug)
+// throws std::invalid_argument instead.
+//
+// Thread safety: the classes are immutable values and safe to share.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace switchboard {
+
+// What the caller should do about an error.
+enum class ErrorCode {
+  kNotFound,           // what was asked for does not exist
+  kDeadlineExceeded,   // waited as long as allowed; may succeed if retried later
+  kUnavailable,        // the peer or connection is gone: reconnect
+  kResourceExhausted,  // over a limit: back off or send less
+  kCancelled,          // the operation was cancelled (e.g. by shutdown)
+  kFailedPrecondition, // the state does not allow this (e.g. non-integer add)
+  kRegistry,           // a registry lookup or registration failed
+  kInternal,           // a bug in Switchboard
+};
+
+// Returns the code's name, e.g. "DeadlineExceeded".
+std::string_view error_code_name(ErrorCode code);
+
+// Root of every Switchboard exception.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// A blocking call waited past its timeout. The message names what it waited
+// for (the missing keys, the worker, the function) and the timeout.
+class TimeoutError : public Error {
+ public:
+  explicit TimeoutError(const std::string& message)
+      : Error(ErrorCode::kDeadlineExceeded, message) {}
+};
+
+// A key, worker or function that does not exist.
+class NotFoundError : public Error {
+ public:
+  explicit NotFoundError(const std::string& message)
+      : Error(ErrorCode::kNotFound, message) {}
+};
+
+// A connection failed or was closed; reconnecting may help.
+class ConnectionError : public Error {
+ public:
+  explicit ConnectionError(const std::string& message)
+      : Error(ErrorCode::kUnavailable, message) {}
+};
+
+// A registry rejected a registration or lookup (duplicate or unknown name).
+class RegistryError : public Error {
+ public:
+  explicit RegistryError(const std::string& message)
+      : Error(ErrorCode::kRegistry, message) {}
+};
+
+}  // namespace switchboard

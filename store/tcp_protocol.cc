@@ -1,0 +1,263 @@
+#include "store/tcp_protocol.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace switchboard::tcpstore {
+namespace {
+
+// Reads fields from a byte buffer; every read checks the bytes are there.
+// `missing` records how many bytes the first failed read needed beyond the
+// end, so the caller can report a lower bound on the request size.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+
+  bool u8(uint8_t* out) {
+    if (!need(1)) return false;
+    *out = data_[pos_++];
+    return true;
+  }
+  bool u64(uint64_t* out) {
+    if (!need(8)) return false;
+    *out = load_u64(data_ + pos_);
+    pos_ += 8;
+    return true;
+  }
+  // Reads `size` raw bytes, only after checking they are all present.
+  bool raw(uint64_t size, const uint8_t** out) {
+    if (!need(size)) return false;
+    *out = data_ + pos_;
+    pos_ += size;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+  size_t wanted() const { return wanted_; }
+
+ private:
+  bool need(uint64_t n) {
+    if (size_ - pos_ >= n) return true;
+    wanted_ = pos_ + n;
+    return false;
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+  size_t wanted_ = 0;
+};
+
+// Parses one request's fields; returns kNeedMore/kError like parse_request.
+class Parser {
+ public:
+  Parser(const uint8_t* data, size_t size, const Limits& limits, Request* request,
+         std::string* error)
+      : reader_(data, size), limits_(limits), request_(request), error_(error) {}
+
+  ParseStatus run(size_t* consumed) {
+    ParseStatus status = fields();
+    *consumed = status == ParseStatus::kOk ? reader_.pos() : reader_.wanted();
+    return status;
+  }
+
+ private:
+  ParseStatus fields() {
+    uint8_t type = 0;
+    if (!reader_.u8(&type)) return ParseStatus::kNeedMore;
+    if (type > kMaxQueryType) {
+      return fail(fmt::format("unknown query type {}", type));
+    }
+    request_->type = static_cast<QueryType>(type);
+    name_ = query_type_name(type);
+    switch (request_->type) {
+      case QueryType::kSet:
+      case QueryType::kAppend:
+        return all({key(), value("value")});
+      case QueryType::kCompareSet:
+        return all({key(), value("expected"), value("desired")});
+      case QueryType::kGet:
+      case QueryType::kWatchKey:
+      case QueryType::kDeleteKey:
+        return key();
+      case QueryType::kAdd:
+        return all({key(), delta()});
+      case QueryType::kCheck:
+      case QueryType::kWait:
+      case QueryType::kMultiGet:
+        return key_list(false);
+      case QueryType::kMultiSet:
+        return key_list(true);
+      case QueryType::kGetNumKeys:
+      case QueryType::kCancelWait:
+        return ParseStatus::kOk;
+    }
+    return fail("unhandled query type");
+  }
+
+  // Evaluates fields in order (braced-init-list order is left to right) and
+  // returns the first status that is not kOk.
+  ParseStatus all(std::initializer_list<ParseStatus> statuses) {
+    for (ParseStatus status : statuses) {
+      if (status != ParseStatus::kOk) return status;
+    }
+    return ParseStatus::kOk;
+  }
+
+  // Once a field fails, later fields in the same all() must not read.
+  ParseStatus key() {
+    if (stopped_) return stop_status_;
+    const uint8_t* bytes = nullptr;
+    uint64_t size = 0;
+    ParseStatus status = sized("key", limits_.max_key_bytes, &bytes, &size);
+    if (status == ParseStatus::kOk) {
+      request_->keys.emplace_back(reinterpret_cast<const char*>(bytes), size);
+    }
+    return status;
+  }
+
+  ParseStatus value(const char* field) {
+    if (stopped_) return stop_status_;
+    const uint8_t* bytes = nullptr;
+    uint64_t size = 0;
+    ParseStatus status = sized(field, limits_.max_value_bytes, &bytes, &size);
+    if (status == ParseStatus::kOk) request_->values.emplace_back(bytes, bytes + size);
+    return status;
+  }
+
+  ParseStatus delta() {
+    if (stopped_) return stop_status_;
+    uint64_t raw = 0;
+    if (!reader_.u64(&raw)) return stop(ParseStatus::kNeedMore);
+    request_->delta = static_cast<int64_t>(raw);
+    return ParseStatus::kOk;
+  }
+
+  ParseStatus key_list(bool with_values) {
+    uint64_t count = 0;
+    if (!reader_.u64(&count)) return ParseStatus::kNeedMore;
+    if (count > limits_.max_keys_per_request) {
+      return fail(fmt::format("{} keys exceed the limit of {}", count,
+                              limits_.max_keys_per_request));
+    }
+    // No reserve(count): the count is only a claim until the bytes arrive.
+    for (uint64_t i = 0; i < count; ++i) {
+      ParseStatus status = key();
+      if (status == ParseStatus::kOk && with_values) status = value("value");
+      if (status != ParseStatus::kOk) return status;
+    }
+    return ParseStatus::kOk;
+  }
+
+  ParseStatus sized(const char* field, uint64_t limit, const uint8_t** bytes,
+                    uint64_t* size) {
+    if (!reader_.u64(size)) return stop(ParseStatus::kNeedMore);
+    if (*size > limit) {
+      return stop(fail(fmt::format("{} length {} exceeds the limit of {} bytes",
+                                   field, *size, limit)));
+    }
+    if (!reader_.raw(*size, bytes)) return stop(ParseStatus::kNeedMore);
+    return ParseStatus::kOk;
+  }
+
+  ParseStatus stop(ParseStatus status) {
+    stopped_ = true;
+    stop_status_ = status;
+    return status;
+  }
+
+  ParseStatus fail(const std::string& reason) {
+    *error_ = name_.empty() ? reason : fmt::format("{}: {}", name_, reason);
+    return ParseStatus::kError;
+  }
+
+  Reader reader_;
+  const Limits& limits_;
+  Request* request_;
+  std::string* error_;
+  std::string name_;
+  bool stopped_ = false;
+  ParseStatus stop_status_ = ParseStatus::kOk;
+};
+
+}  // namespace
+
+std::string query_type_name(uint8_t type) {
+  static constexpr const char* kNames[] = {
+      "SET",       "COMPARE_SET", "GET",     "ADD",       "CHECK",
+      "WAIT",      "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY", "APPEND",
+      "MULTI_GET", "MULTI_SET",   "CANCEL_WAIT"};
+  if (type <= kMaxQueryType) return kNames[type];
+  return fmt::format("UNKNOWN({})", type);
+}
+
+ParseStatus parse_request(const uint8_t* data, size_t size, const Limits& limits,
+                          Request* request, size_t* consumed, std::string* error) {
+  *request = Request{};
+  return Parser(data, size, limits, request, error).run(consumed);
+}
+
+void put_u8(Bytes& out, uint8_t value) { out.push_back(value); }
+
+void put_u64(Bytes& out, uint64_t value) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
+
+void put_i64(Bytes& out, int64_t value) { put_u64(out, static_cast<uint64_t>(value)); }
+
+void put_bytes(Bytes& out, const void* data, size_t size) {
+  put_u64(out, size);
+  const auto* bytes = static_cast<const uint8_t*>(data);
+  out.insert(out.end(), bytes, bytes + size);
+}
+
+uint64_t load_u64(const uint8_t* data) {
+  uint64_t value = 0;
+  for (int i = 7; i >= 0; --i) value = (value << 8) | data[i];
+  return value;
+}
+
+void encode_request(Bytes& out, const Request& request) {
+  put_u8(out, static_cast<uint8_t>(request.type));
+  const auto& keys = request.keys;
+  const auto& values = request.values;
+  switch (request.type) {
+    case QueryType::kSet:
+    case QueryType::kAppend:
+      put_bytes(out, keys.at(0));
+      put_bytes(out, values.at(0));
+      break;
+    case QueryType::kCompareSet:
+      put_bytes(out, keys.at(0));
+      put_bytes(out, values.at(0));
+      put_bytes(out, values.at(1));
+      break;
+    case QueryType::kGet:
+    case QueryType::kWatchKey:
+    case QueryType::kDeleteKey:
+      put_bytes(out, keys.at(0));
+      break;
+    case QueryType::kAdd:
+      put_bytes(out, keys.at(0));
+      put_i64(out, request.delta);
+      break;
+    case QueryType::kCheck:
+    case QueryType::kWait:
+    case QueryType::kMultiGet:
+      put_u64(out, keys.size());
+      for (const auto& key : keys) put_bytes(out, key);
+      break;
+    case QueryType::kMultiSet:
+      put_u64(out, keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        put_bytes(out, keys[i]);
+        put_bytes(out, values.at(i));
+      }
+      break;
+    case QueryType::kGetNumKeys:
+    case QueryType::kCancelWait:
+      break;
+  }
+}
+
+}  // namespace switchboard::tcpstore
