@@ -1,0 +1,98 @@
+// TcpStore: a Store client of a TcpStoreServer or of a PyTorch TCPStore.
+//
+// Speaks PyTorch 1.13's TCPStore protocol: keys are sent with the "/" prefix
+// the PyTorch client adds, so a key set here under "a" is what a PyTorch
+// client reads as "a", and vice versa. get() is WAIT then GET, as PyTorch
+// does, so a blocked get() is parked on the server (no polling).
+//
+// Server capabilities: against a server that knows APPEND, MULTI_GET,
+// MULTI_SET and CANCEL_WAIT (ours, or a newer PyTorch), those are used.
+// Against a PyTorch 1.13 server the client finds out (the server closes a
+// probe connection on the unknown query code; the client reconnects) and
+// emulates them: append as a compare_set loop, multi_get as one WAIT plus
+// GETs, multi_set as SETs (not atomic as a whole). After a wait timeout the
+// client sends CANCEL_WAIT when the server has it; otherwise it drops and
+// reopens the connection, so a late STOP_WAITING can never be mistaken for
+// the reply to a later request (PyTorch 1.13's own client has that flaw).
+//
+// Connecting: the constructor retries refused connections with exponential
+// backoff until `connect_timeout` passes, so clients may start before the
+// server. A broken connection is reopened by the next call.
+//
+// Thread safety: all methods are thread-safe; calls on one TcpStore are
+// serialized on its single connection (use several TcpStores for parallel
+// requests). A blocking get()/wait() holds that connection until it returns.
+//
+// Errors: TimeoutError (names the keys and the timeout), ConnectionError
+// (server unreachable or gone; names host:port), NotFoundError,
+// Error(kFailedPrecondition) for add on a non-integer value.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "store/store.h"
+
+namespace switchboard {
+
+class TcpStoreServer;
+
+struct TcpStoreOptions {
+  // Start an in-process TcpStoreServer on host:port (port 0: ephemeral;
+  // port() tells which) and connect to it, as PyTorch's is_master does.
+  bool is_master = false;
+  // With world_size set and wait_for_workers, every process adds 1 to the
+  // "init/" key (PyTorch's convention) and the master waits until world_size
+  // processes have, or throws TimeoutError after `timeout`.
+  std::optional<int> world_size;
+  bool wait_for_workers = true;
+  // Default timeout of get()/wait(), and the connect timeout.
+  std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+};
+
+class TcpStore : public Store {
+ public:
+  // Connects to host:port (and starts the server first when is_master).
+  // Throws ConnectionError when the server cannot be reached in time.
+  TcpStore(std::string host, uint16_t port, TcpStoreOptions options = {});
+  ~TcpStore() override;
+
+  using Store::set;
+  using Store::wait;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected,
+                    const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Timeout timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+  std::vector<Bytes> multi_get(const std::vector<std::string>& keys) override;
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<Bytes>& values) override;
+  void append(const std::string& key, const Bytes& value) override;
+
+  const std::string& host() const { return host_; }
+  // The server's port (the bound ephemeral port for a master started on 0).
+  uint16_t port() const { return port_; }
+  // The in-process server when is_master, else null.
+  TcpStoreServer* server() const { return server_.get(); }
+  // Whether the server understands the post-1.13 query codes; probes the
+  // server on first use.
+  bool server_has_extensions();
+
+ private:
+  class Connection;
+
+  std::string host_;
+  uint16_t port_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<Connection> connection_;
+};
+
+}  // namespace switchboard
