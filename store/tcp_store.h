@@ -39,6 +39,9 @@
 namespace switchboard {
 
 class TcpStoreServer;
+namespace tcpstore {
+struct Request;
+}  // namespace tcpstore
 
 struct TcpStoreOptions {
   // Start an in-process TcpStoreServer on host:port (port 0: ephemeral;
@@ -82,12 +85,26 @@ class TcpStore : public Store {
   uint16_t port() const { return port_; }
   // The in-process server when is_master, else null.
   TcpStoreServer* server() const { return server_.get(); }
+  // Blocks until `world_size` processes have counted themselves in PyTorch's
+  // "init/" key (every TcpStore constructed with world_size does), polling
+  // the counter gently. Throws TimeoutError after timeout() saying how many
+  // joined. The constructor calls it for a master with wait_for_workers.
+  void wait_for_workers(int world_size);
+
   // Whether the server understands the post-1.13 query codes; probes the
   // server on first use.
   bool server_has_extensions();
 
  private:
   class Connection;
+
+  std::chrono::steady_clock::time_point request_deadline() const;
+  // Sends a request whose reply is one i64.
+  int64_t call_i64(const tcpstore::Request& request);
+  // The next two expect connection_->mutex to be held.
+  void wait_locked(const std::vector<std::string>& keys, Timeout timeout,
+                   const char* op);
+  std::vector<std::string> missing_locked(const std::vector<std::string>& keys);
 
   std::string host_;
   uint16_t port_;

@@ -1,0 +1,319 @@
+#include "store/tcp_store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include "common/error.h"
+#include "store/tcp_client_connection.h"
+#include "store/tcp_protocol.h"
+#include "store/tcp_store_server.h"
+
+namespace switchboard {
+
+using tcpstore::Clock;
+using tcpstore::Deadline;
+using tcpstore::QueryType;
+using tcpstore::Request;
+
+namespace {
+
+// The PyTorch client prefixes every user key with "/"; so do we.
+std::string wire_key(const std::string& key) { return "/" + key; }
+
+std::vector<std::string> wire_keys(const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  out.reserve(keys.size());
+  for (const auto& key : keys) out.push_back(wire_key(key));
+  return out;
+}
+
+// The key PyTorch's wait_for_workers counts on, sent without the prefix.
+constexpr const char* kInitKey = "init/";
+
+}  // namespace
+
+// The connection and what the client learned about the server. Every
+// method expects `mutex` to be held by the caller.
+class TcpStore::Connection {
+ public:
+  Connection(std::string host, uint16_t port) : socket(std::move(host), port) {}
+
+  // Encodes and writes `request` (reconnecting first if needed).
+  void send(const Request& request, Deadline deadline) {
+    socket.ensure_open(deadline);
+    out.clear();
+    tcpstore::encode_request(out, request);
+    socket.write(out, deadline);
+  }
+
+  // Sends CANCEL_WAIT on a connection with no pending wait: our server (and
+  // PyTorch 2.x) answers WAIT_CANCELED; PyTorch 1.13 closes the connection.
+  bool probe_extensions(Deadline deadline) {
+    if (has_extensions) return *has_extensions;
+    try {
+      send(Request{QueryType::kCancelWait, {}, {}, 0}, deadline);
+      uint8_t reply = socket.read_u8(deadline);
+      has_extensions = reply == static_cast<uint8_t>(tcpstore::WaitResponse::kWaitCanceled);
+      if (!*has_extensions) socket.close();  // out of step: start afresh
+    } catch (const ConnectionError&) {
+      has_extensions = false;  // closed on the unknown code: a 1.13 server
+    }
+    return *has_extensions;
+  }
+
+  // After a WAIT timed out: cancel it so no late STOP_WAITING is left on
+  // the connection, or drop the connection when the server cannot cancel.
+  void abandon_wait(Deadline deadline) {
+    if (has_extensions.value_or(true) == false) {
+      socket.close();
+      return;
+    }
+    try {
+      send(Request{QueryType::kCancelWait, {}, {}, 0}, deadline);
+      uint8_t reply = socket.read_u8(deadline);
+      // The wait may have completed just before the cancel arrived.
+      if (reply == static_cast<uint8_t>(tcpstore::WaitResponse::kStopWaiting)) {
+        reply = socket.read_u8(deadline);
+      }
+      has_extensions = true;
+      if (reply != static_cast<uint8_t>(tcpstore::WaitResponse::kWaitCanceled)) {
+        socket.close();
+      }
+    } catch (const Error&) {
+      has_extensions = false;
+      socket.close();
+    }
+  }
+
+  std::mutex mutex;
+  tcpstore::ClientConnection socket;   // GUARDED_BY(mutex)
+  std::optional<bool> has_extensions;  // GUARDED_BY(mutex); unknown until seen
+  Bytes out;                           // GUARDED_BY(mutex); reused buffer
+};
+
+TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
+    : host_(std::move(host)), port_(port) {
+  Store::set_timeout(options.timeout);
+  if (options.is_master) {
+    TcpStoreServerOptions server_options;
+    server_options.host = host_;
+    server_options.port = port_;
+    server_ = std::make_unique<TcpStoreServer>(server_options);
+    port_ = server_->port();
+  }
+  connection_ = std::make_unique<Connection>(host_, port_);
+  {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    connection_->socket.ensure_open(tcpstore::deadline_after(options.timeout));
+  }
+  if (options.world_size) {
+    // PyTorch sends "init/" without the "/" prefix.
+    call_i64(Request{QueryType::kAdd, {kInitKey}, {}, 1});
+    if (options.is_master && options.wait_for_workers) {
+      wait_for_workers(*options.world_size);
+    }
+  }
+}
+
+TcpStore::~TcpStore() {
+  connection_.reset();
+  if (server_) server_->stop();
+}
+
+Deadline TcpStore::request_deadline() const {
+  return tcpstore::deadline_after(timeout());
+}
+
+int64_t TcpStore::call_i64(const Request& request) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  Deadline deadline = request_deadline();
+  connection_->send(request, deadline);
+  return connection_->socket.read_i64(deadline);
+}
+
+void TcpStore::wait_for_workers(int world_size) {
+  int64_t joined = call_i64(Request{QueryType::kAdd, {kInitKey}, {}, 0});
+  Deadline deadline = request_deadline();
+  auto backoff = std::chrono::milliseconds(1);
+  while (joined < world_size) {
+    if (Clock::now() >= deadline) {
+      throw TimeoutError(fmt::format(
+          "TcpStore master at {}:{}: only {} of {} workers joined within {} ms",
+          host_, port_, joined, world_size, timeout().count()));
+    }
+    // The protocol cannot wait for a counter value; poll it gently.
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(50));
+    joined = call_i64(Request{QueryType::kAdd, {kInitKey}, {}, 0});
+  }
+}
+
+bool TcpStore::server_has_extensions() {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  return connection_->probe_extensions(request_deadline());
+}
+
+void TcpStore::set(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  connection_->send(Request{QueryType::kSet, {wire_key(key)}, {value}, 0},
+                    request_deadline());
+}
+
+void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
+                           const char* op) {
+  Deadline deadline = tcpstore::deadline_after(timeout);
+  Connection& c = *connection_;
+  c.send(Request{QueryType::kWait, wire_keys(keys), {}, 0}, deadline);
+  if (c.socket.wait_readable(deadline)) {
+    c.socket.read_u8(deadline);  // STOP_WAITING
+  } else {
+    c.abandon_wait(request_deadline());
+    throw TimeoutError(fmt::format(
+        "TcpStore {} at {}:{}: keys {} still missing after {} ms", op, host_, port_,
+        format_keys(missing_locked(keys)), timeout.count()));
+  }
+}
+
+std::vector<std::string> TcpStore::missing_locked(const std::vector<std::string>& keys) {
+  // Only used to write a precise error; a failure here keeps the full list.
+  std::vector<std::string> missing;
+  try {
+    for (const auto& key : keys) {
+      connection_->send(Request{QueryType::kCheck, {wire_key(key)}, {}, 0},
+                        request_deadline());
+      if (connection_->socket.read_u8(request_deadline()) != 0) missing.push_back(key);
+    }
+  } catch (const Error&) {
+    return keys;
+  }
+  return missing;
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  wait_locked({key}, timeout(), "get");
+  Deadline deadline = request_deadline();
+  connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
+  try {
+    return connection_->socket.read_bytes(deadline);
+  } catch (const ConnectionError&) {
+    if (!connection_->socket.peer_closed()) throw;
+    // The server closes the connection on GET of a missing key.
+    throw NotFoundError(fmt::format(
+        "TcpStore get(\"{}\") at {}:{}: the key was deleted between WAIT and GET",
+        key, host_, port_));
+  }
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  try {
+    return call_i64(Request{QueryType::kAdd, {wire_key(key)}, {}, delta});
+  } catch (const ConnectionError&) {
+    // The protocol has no error reply: the server closes the connection when
+    // the value is not an integer. Reconnect and say so precisely.
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    if (!connection_->socket.peer_closed()) throw;
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kCheck, {wire_key(key)}, {}, 0}, deadline);
+    if (connection_->socket.read_u8(deadline) != 0) throw;
+    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
+    Bytes value = connection_->socket.read_bytes(deadline);
+    int64_t ignored = 0;
+    if (parse_store_integer(value, &ignored)) throw;
+    throw Error(ErrorCode::kFailedPrecondition,
+                fmt::format("TcpStore add(\"{}\", {}) at {}:{}: value \"{}\" is not an "
+                            "integer (the server closed the connection)",
+                            key, delta, host_, port_, to_string(value)));
+  }
+}
+
+Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  Deadline deadline = request_deadline();
+  connection_->send(Request{QueryType::kCompareSet, {wire_key(key)}, {expected, desired}, 0},
+                    deadline);
+  return connection_->socket.read_bytes(deadline);
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  wait_locked(keys, timeout, "wait");
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  Deadline deadline = request_deadline();
+  connection_->send(Request{QueryType::kCheck, wire_keys(keys), {}, 0}, deadline);
+  return connection_->socket.read_u8(deadline) ==
+         static_cast<uint8_t>(tcpstore::CheckResponse::kReady);
+}
+
+bool TcpStore::delete_key(const std::string& key) {
+  return call_i64(Request{QueryType::kDeleteKey, {wire_key(key)}, {}, 0}) == 1;
+}
+
+int64_t TcpStore::num_keys() {
+  return call_i64(Request{QueryType::kGetNumKeys, {}, {}, 0});
+}
+
+std::vector<Bytes> TcpStore::multi_get(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  wait_locked(keys, timeout(), "multi_get");
+  Deadline deadline = request_deadline();
+  Connection& c = *connection_;
+  if (c.probe_extensions(deadline)) {
+    c.send(Request{QueryType::kMultiGet, wire_keys(keys), {}, 0}, deadline);
+  } else {
+    // PyTorch 1.13: pipeline one GET per key.
+    c.socket.ensure_open(deadline);
+    c.out.clear();
+    for (const auto& key : keys) {
+      tcpstore::encode_request(c.out, Request{QueryType::kGet, {wire_key(key)}, {}, 0});
+    }
+    c.socket.write(c.out, deadline);
+  }
+  std::vector<Bytes> values;
+  values.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) values.push_back(c.socket.read_bytes(deadline));
+  return values;
+}
+
+void TcpStore::multi_set(const std::vector<std::string>& keys,
+                         const std::vector<Bytes>& values) {
+  if (keys.size() != values.size()) {
+    throw std::invalid_argument(fmt::format(
+        "multi_set: {} keys but {} values", keys.size(), values.size()));
+  }
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  Deadline deadline = request_deadline();
+  Connection& c = *connection_;
+  if (c.probe_extensions(deadline)) {
+    c.send(Request{QueryType::kMultiSet, wire_keys(keys), values, 0}, deadline);
+    return;
+  }
+  // PyTorch 1.13: one SET per key in a single write (not atomic as a whole).
+  c.socket.ensure_open(deadline);
+  c.out.clear();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    tcpstore::encode_request(c.out, Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
+  }
+  c.socket.write(c.out, deadline);
+}
+
+void TcpStore::append(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    if (connection_->probe_extensions(deadline)) {
+      connection_->send(Request{QueryType::kAppend, {wire_key(key)}, {value}, 0}, deadline);
+      return;
+    }
+  }
+  Store::append(key, value);  // compare_set loop against PyTorch 1.13
+}
+
+}  // namespace switchboard
