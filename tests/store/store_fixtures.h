@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "store/hash_store.h"
+#include "tests/store/file_store_fixture.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
