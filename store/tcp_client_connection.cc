@@ -1,9 +1,16 @@
 #include "store/tcp_client_connection.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
-#include <boost/asio.hpp>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 
@@ -12,104 +19,109 @@
 
 namespace switchboard::tcpstore {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using boost::system::error_code;
-
 Deadline deadline_after(std::chrono::milliseconds timeout) {
   if (timeout == Store::kNoTimeout) return Deadline::max();
   return Clock::now() + timeout;
 }
 
-// An Asio socket on a private io_context, driven synchronously: each
-// operation starts an async op and runs the context until it completes or
-// the deadline passes (then the op is cancelled).
-class ClientConnection::Socket {
- public:
-  Socket() : socket_(io_) {}
+namespace {
 
-  // Returns the error, or asio::error::timed_out.
-  template <typename Start>
-  error_code run(Start&& start, Deadline deadline, size_t* transferred = nullptr) {
-    error_code result = asio::error::would_block;
-    size_t bytes = 0;
-    start([&](const error_code& ec, size_t n = 0) {
-      result = ec;
-      bytes = n;
-    });
-    io_.restart();
-    if (deadline == Deadline::max()) {
-      io_.run();
-    } else {
-      io_.run_until(deadline);
-    }
-    if (result == asio::error::would_block) {
-      error_code ignored;
-      socket_.cancel(ignored);
-      io_.restart();
-      io_.run();  // lets the cancelled handler run
-      result = asio::error::timed_out;
-    }
-    if (transferred != nullptr) *transferred = bytes;
-    return result;
-  }
+// Milliseconds left until the deadline, for poll(); -1 means forever.
+int poll_timeout(Deadline deadline) {
+  if (deadline == Deadline::max()) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
 
-  asio::io_context io_;
-  tcp::socket socket_;
-  // Bytes read from the socket but not yet consumed.
-  std::vector<uint8_t> buffer_ = std::vector<uint8_t>(64 * 1024);
-  size_t begin_ = 0;
-  size_t end_ = 0;
-};
+// Errors that mean "the server is not there yet": worth retrying.
+bool retryable(int error) {
+  return error == ECONNREFUSED || error == ECONNRESET || error == ETIMEDOUT ||
+         error == EHOSTUNREACH || error == ENETUNREACH || error == ECONNABORTED;
+}
+
+}  // namespace
 
 ClientConnection::ClientConnection(std::string host, uint16_t port)
     : host_(std::move(host)), port_(port) {}
 
-ClientConnection::~ClientConnection() = default;
+ClientConnection::~ClientConnection() { close(); }
 
 std::string ClientConnection::address() const {
   return fmt::format("{}:{}", host_, port_);
 }
 
-bool ClientConnection::is_open() const { return socket_ != nullptr; }
+bool ClientConnection::is_open() const { return fd_ >= 0; }
 
-void ClientConnection::close() { socket_.reset(); }
+void ClientConnection::close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  begin_ = end_ = 0;
+}
 
 void ClientConnection::fail(const std::string& what, const std::string& reason) {
   close();
-  throw ConnectionError(
-      fmt::format("TcpStore {} {}: {}", what, address(), reason));
+  throw ConnectionError(fmt::format("TcpStore {} {}: {}", what, address(), reason));
 }
 
-void ClientConnection::ensure_open(Deadline deadline) {
-  if (socket_) return;
+bool ClientConnection::poll_for(short events, Deadline deadline) {
+  for (;;) {
+    pollfd pfd{fd_, events, 0};
+    int ready = ::poll(&pfd, 1, poll_timeout(deadline));
+    if (ready > 0) return true;
+    if (ready == 0) {
+      if (Clock::now() >= deadline) return false;
+      continue;  // poll's millisecond rounding woke us early
+    }
+    if (errno != EINTR) fail("poll on", std::strerror(errno));
+  }
+}
+
+int ClientConnection::try_connect(Deadline deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* addresses = nullptr;
+  int rc = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &addresses);
+  if (rc != 0) {
+    throw ConnectionError(fmt::format("TcpStore cannot resolve {}: {}", address(),
+                                      ::gai_strerror(rc)));
+  }
+  int error = ECONNREFUSED;
+  for (addrinfo* a = addresses; a != nullptr && fd_ < 0; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+                      a->ai_protocol);
+    if (fd < 0) {
+      error = errno;
+      break;
+    }
+    fd_ = fd;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      error = errno;
+    } else if (!poll_for(POLLOUT, deadline)) {
+      error = ETIMEDOUT;
+    } else {
+      socklen_t length = sizeof(error);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+    }
+    if (error != 0) close();
+  }
+  ::freeaddrinfo(addresses);
+  if (fd_ < 0) return error;
+  int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return 0;
+}
+
+void ClientConnection::ensure_open(Deadline deadline, bool retry) {
+  if (fd_ >= 0) return;
   peer_closed_ = false;
   auto backoff = std::chrono::milliseconds(10);
-  std::string last_error = "no attempt made";
   for (;;) {
-    auto socket = std::make_unique<Socket>();
-    error_code ec;
-    tcp::resolver resolver(socket->io_);
-    auto endpoints = resolver.resolve(host_, std::to_string(port_), ec);
-    if (!ec) {
-      ec = socket->run([&](auto handler) {
-        asio::async_connect(socket->socket_, endpoints,
-                            [handler](const error_code& e, const tcp::endpoint&) mutable {
-                              handler(e);
-                            });
-      }, deadline);
-    }
-    if (!ec) {
-      socket->socket_.set_option(tcp::no_delay(true), ec);
-      socket_ = std::move(socket);
-      return;
-    }
-    last_error = ec.message();
-    // Only "not listening yet" is worth retrying; the deadline bounds it.
-    if (Clock::now() + backoff >= deadline) {
-      throw ConnectionError(fmt::format(
-          "TcpStore could not connect to {} before its timeout: {}", address(),
-          last_error));
+    int error = try_connect(deadline);
+    if (error == 0) return;
+    if (!retry || !retryable(error) || Clock::now() + backoff >= deadline) {
+      throw ConnectionError(fmt::format("TcpStore could not connect to {}: {}",
+                                        address(), std::strerror(error)));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
@@ -117,70 +129,76 @@ void ClientConnection::ensure_open(Deadline deadline) {
 }
 
 void ClientConnection::write(const Bytes& data, Deadline deadline) {
-  if (!socket_) fail("write to", "connection is closed");
-  error_code ec = socket_->run([&](auto handler) {
-    asio::async_write(socket_->socket_, asio::buffer(data), handler);
-  }, deadline);
-  if (ec == asio::error::timed_out) {
-    close();
-    throw TimeoutError(fmt::format("TcpStore write to {} timed out", address()));
+  if (fd_ < 0) fail("write to", "connection is closed");
+  size_t sent = 0;
+  while (sent < data.size()) {
+    ssize_t n = ::send(fd_, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (!poll_for(POLLOUT, deadline)) {
+        close();
+        throw TimeoutError(fmt::format("TcpStore write to {} timed out", address()));
+      }
+    } else if (errno != EINTR) {
+      fail("write to", std::strerror(errno));
+    }
   }
-  if (ec) fail("write to", ec.message());
 }
 
-void ClientConnection::read(void* out, size_t size, Deadline deadline) {
-  if (!socket_) fail("read from", "connection is closed");
-  auto* dst = static_cast<uint8_t*>(out);
-  while (size > 0) {
-    Socket& s = *socket_;
-    if (s.begin_ < s.end_) {
-      size_t n = std::min(size, s.end_ - s.begin_);
-      std::memcpy(dst, s.buffer_.data() + s.begin_, n);
-      s.begin_ += n;
-      dst += n;
-      size -= n;
-      continue;
-    }
-    // Large payloads go straight to their destination; small reads refill
-    // the buffer so one syscall serves several fields.
-    bool direct = size >= s.buffer_.size();
-    size_t got = 0;
-    error_code ec = s.run([&](auto handler) {
-      if (direct) {
-        s.socket_.async_read_some(asio::buffer(dst, size), handler);
-      } else {
-        s.socket_.async_read_some(asio::buffer(s.buffer_), handler);
-      }
-    }, deadline, &got);
-    if (ec == asio::error::timed_out) {
-      close();
-      throw TimeoutError(fmt::format("TcpStore read from {} timed out", address()));
-    }
-    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+size_t ClientConnection::receive(uint8_t* dst, size_t size, Deadline deadline) {
+  for (;;) {
+    ssize_t n = ::recv(fd_, dst, size, 0);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) {
       peer_closed_ = true;
       fail("read from", "the server closed the connection");
     }
-    if (ec) fail("read from", ec.message());
-    if (direct) {
-      dst += got;
-      size -= got;
-    } else {
-      s.begin_ = 0;
-      s.end_ = got;
+    if (errno == ECONNRESET) {
+      peer_closed_ = true;
+      fail("read from", "the server reset the connection");
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) fail("read from", std::strerror(errno));
+    if (!poll_for(POLLIN, deadline)) {
+      close();
+      throw TimeoutError(fmt::format("TcpStore read from {} timed out", address()));
     }
   }
 }
 
 bool ClientConnection::wait_readable(Deadline deadline) {
-  if (!socket_) fail("read from", "connection is closed");
-  Socket& s = *socket_;
-  if (s.begin_ < s.end_) return true;
-  error_code ec = s.run([&](auto handler) {
-    s.socket_.async_wait(tcp::socket::wait_read, handler);
-  }, deadline);
-  if (ec == asio::error::timed_out) return false;
-  if (ec) fail("read from", ec.message());
-  return true;
+  if (fd_ < 0) fail("read from", "connection is closed");
+  if (begin_ < end_) return true;
+  return poll_for(POLLIN, deadline);
+}
+
+void ClientConnection::read(void* out, size_t size, Deadline deadline) {
+  if (fd_ < 0) fail("read from", "connection is closed");
+  auto* dst = static_cast<uint8_t*>(out);
+  while (size > 0) {
+    if (begin_ < end_) {
+      size_t n = std::min(size, end_ - begin_);
+      std::memcpy(dst, buffer_.data() + begin_, n);
+      begin_ += n;
+      dst += n;
+      size -= n;
+    } else if (size >= buffer_.size()) {
+      // Large payloads go straight to their destination.
+      size_t n = receive(dst, size, deadline);
+      dst += n;
+      size -= n;
+    } else {
+      // Replies usually take a round trip: wait first, then one recv
+      // serves several fields.
+      if (!poll_for(POLLIN, deadline)) {
+        close();
+        throw TimeoutError(fmt::format("TcpStore read from {} timed out", address()));
+      }
+      begin_ = 0;
+      end_ = receive(buffer_.data(), buffer_.size(), deadline);
+    }
+  }
 }
 
 uint8_t ClientConnection::read_u8(Deadline deadline) {

@@ -1,17 +1,21 @@
 // A blocking TCP connection with deadlines, used by TcpStore (internal).
 //
-// Every read and write takes a deadline; on timeout or error the connection
-// is closed (a late reply could otherwise be read as the answer to a later
-// request) and the next call reconnects. Connecting retries refused
-// connections with exponential backoff until its deadline.
+// Plain POSIX sockets driven with poll(): a request costs one send() and,
+// per reply, one poll() and one recv() (replies are buffered, so several
+// fields usually come from one recv). Every read and write takes a deadline;
+// on timeout or error the connection is closed (a late reply could
+// otherwise be read as the answer to a later request) and the next call
+// reconnects. Connecting retries while the server is not listening yet
+// (refused, unreachable) with exponential backoff until its deadline; other
+// errors (no such host, out of file descriptors) fail at once.
 //
 // Thread safety: none; TcpStore serializes calls with its own mutex.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <string>
+#include <vector>
 
 #include "store/store.h"
 
@@ -29,8 +33,9 @@ class ClientConnection {
   ~ClientConnection();
 
   // Opens the connection unless it is open. Throws ConnectionError naming
-  // host:port and the last error when the deadline passes first.
-  void ensure_open(Deadline deadline);
+  // host:port and the last error when the deadline passes first. With
+  // `retry` false, makes one attempt only.
+  void ensure_open(Deadline deadline, bool retry = true);
   bool is_open() const;
   void close();
 
@@ -54,13 +59,22 @@ class ClientConnection {
   std::string address() const;
 
  private:
-  class Socket;
-
-  void fail(const std::string& what, const std::string& reason);
+  // One connection attempt; returns 0 or the errno that made it fail.
+  int try_connect(Deadline deadline);
+  // poll()s for `events` until the deadline; false on timeout.
+  bool poll_for(short events, Deadline deadline);
+  // Reads whatever is available into `dst` (at most `size`), waiting until
+  // the deadline. Returns the byte count; throws on timeout, EOF or error.
+  size_t receive(uint8_t* dst, size_t size, Deadline deadline);
+  [[noreturn]] void fail(const std::string& what, const std::string& reason);
 
   const std::string host_;
   const uint16_t port_;
-  std::unique_ptr<Socket> socket_;
+  int fd_ = -1;
+  // Bytes received but not yet consumed: buffer_[begin_, end_).
+  std::vector<uint8_t> buffer_ = std::vector<uint8_t>(64 * 1024);
+  size_t begin_ = 0;
+  size_t end_ = 0;
   bool peer_closed_ = false;
 };
 

@@ -209,25 +209,39 @@ Bytes TcpStore::get(const std::string& key) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  std::lock_guard<std::mutex> lock(connection_->mutex);
+  Deadline deadline = request_deadline();
+  connection_->send(Request{QueryType::kAdd, {wire_key(key)}, {}, delta}, deadline);
   try {
-    return call_i64(Request{QueryType::kAdd, {wire_key(key)}, {}, delta});
+    return connection_->socket.read_i64(deadline);
   } catch (const ConnectionError&) {
-    // The protocol has no error reply: the server closes the connection when
-    // the value is not an integer. Reconnect and say so precisely.
-    std::lock_guard<std::mutex> lock(connection_->mutex);
     if (!connection_->socket.peer_closed()) throw;
-    Deadline deadline = request_deadline();
-    connection_->send(Request{QueryType::kCheck, {wire_key(key)}, {}, 0}, deadline);
-    if (connection_->socket.read_u8(deadline) != 0) throw;
-    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
-    Bytes value = connection_->socket.read_bytes(deadline);
-    int64_t ignored = 0;
-    if (parse_store_integer(value, &ignored)) throw;
-    throw Error(ErrorCode::kFailedPrecondition,
-                fmt::format("TcpStore add(\"{}\", {}) at {}:{}: value \"{}\" is not an "
-                            "integer (the server closed the connection)",
-                            key, delta, host_, port_, to_string(value)));
+    explain_failed_add_locked(key, delta);
+    throw;
   }
+}
+
+void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta) {
+  // The protocol has no error reply: the server closes the connection when
+  // the value is not an integer. Look once (no reconnect retries: the server
+  // may be gone) and, if that is the reason, say so precisely.
+  Bytes value;
+  try {
+    Deadline deadline = request_deadline();
+    connection_->socket.ensure_open(deadline, /*retry=*/false);
+    connection_->send(Request{QueryType::kCheck, {wire_key(key)}, {}, 0}, deadline);
+    if (connection_->socket.read_u8(deadline) != 0) return;
+    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
+    value = connection_->socket.read_bytes(deadline);
+  } catch (const Error&) {
+    return;
+  }
+  int64_t ignored = 0;
+  if (parse_store_integer(value, &ignored)) return;
+  throw Error(ErrorCode::kFailedPrecondition,
+              fmt::format("TcpStore add(\"{}\", {}) at {}:{}: value \"{}\" is not an "
+                          "integer (the server closed the connection)",
+                          key, delta, host_, port_, to_string(value)));
 }
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected,

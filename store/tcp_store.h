@@ -101,7 +101,8 @@ class TcpStore : public Store {
   std::chrono::steady_clock::time_point request_deadline() const;
   // Sends a request whose reply is one i64.
   int64_t call_i64(const tcpstore::Request& request);
-  // The next two expect connection_->mutex to be held.
+  // The next three expect connection_->mutex to be held.
+  void explain_failed_add_locked(const std::string& key, int64_t delta);
   void wait_locked(const std::vector<std::string>& keys, Timeout timeout,
                    const char* op);
   std::vector<std::string> missing_locked(const std::vector<std::string>& keys);

@@ -1,0 +1,62 @@
+// RequestStream: the bytes one connection has received and not yet parsed,
+// cut into requests with tcpstore::parse_request. No sockets: a connection
+// receives into prepare()/commit() and then calls next() until it reports
+// kNeedMore; the fuzzer feeds it fragments directly.
+//
+// Memory: the buffer grows with the bytes actually received, never with a
+// length a request merely claims. After an incomplete parse the stream
+// remembers the parser's lower bound on the request size and does not parse
+// again until that many bytes are buffered, so a large value arriving in
+// many reads is parsed once.
+//
+// Thread safety: none; one connection owns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "store/tcp_protocol.h"
+
+namespace switchboard::tcpstore {
+
+class RequestStream {
+ public:
+  // Bytes offered to each receive.
+  static constexpr size_t kChunk = 64 * 1024;
+
+  explicit RequestStream(const Limits& limits) : limits_(limits) {}
+  RequestStream(const RequestStream&) = delete;
+  RequestStream& operator=(const RequestStream&) = delete;
+
+  // Free space for the next receive: at least kChunk bytes at the returned
+  // pointer, valid until the next call of any method.
+  uint8_t* prepare();
+  size_t free_space() const { return capacity_ - end_; }
+  // Marks `size` bytes written at prepare() as received.
+  void commit(size_t size);
+
+  // Parses the next complete request into *request.
+  //   kOk:       *request filled; its bytes are consumed.
+  //   kNeedMore: no complete request is buffered; nothing consumed.
+  //   kError:    *error says why; the stream must not be used further.
+  ParseStatus next(Request* request, std::string* error);
+
+  // Bytes received and not consumed by a complete request.
+  size_t buffered() const { return end_ - begin_; }
+  // After kNeedMore: a lower bound on the size of the incomplete request.
+  size_t needed() const { return needed_; }
+
+ private:
+  void reserve_chunk();
+
+  const Limits limits_;
+  std::unique_ptr<uint8_t[]> data_;  // uninitialized; [begin_, end_) is valid
+  size_t capacity_ = 0;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  size_t needed_ = 1;  // do not parse before this many bytes are buffered
+};
+
+}  // namespace switchboard::tcpstore
