@@ -10,6 +10,8 @@
 #include "tests/store/file_store_fixture.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
 
 namespace sbtest {
 
@@ -26,6 +28,26 @@ struct PrefixStoreFixture {
       std::make_shared<switchboard::HashStore>();
   std::shared_ptr<switchboard::Store> open() {
     return std::make_shared<switchboard::PrefixStore>("group0", inner);
+  }
+};
+
+// A TcpStoreServer on an ephemeral loopback port; each handle is its own
+// client connection.
+struct TcpStoreFixture {
+  static constexpr const char* kName = "TcpStore";
+  switchboard::TcpStoreServer server;
+  std::shared_ptr<switchboard::Store> open() {
+    return std::make_shared<switchboard::TcpStore>("127.0.0.1", server.port());
+  }
+};
+
+// A PrefixStore over a TcpStore: what a process group's rendezvous uses.
+struct PrefixTcpStoreFixture {
+  static constexpr const char* kName = "PrefixStore(TcpStore)";
+  switchboard::TcpStoreServer server;
+  std::shared_ptr<switchboard::Store> open() {
+    return std::make_shared<switchboard::PrefixStore>(
+        "pg", std::make_shared<switchboard::TcpStore>("127.0.0.1", server.port()));
   }
 };
 

@@ -1,0 +1,60 @@
+// Helper processes for the benchmarks: servers started with posix_spawn and
+// the runfiles that hold them.
+//
+// Thread safety: a ChildProcess is used from one thread at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace switchboard::bench {
+
+// Finds a data dependency of the bench binary: `env_override` when that
+// environment variable is set, else `runfile` (a workspace-relative path such
+// as "tools/store_server/store_server") under $RUNFILES_DIR, under
+// <argv0>.runfiles/switchboard, or under the current directory (where
+// `bazel run` starts us). Throws std::runtime_error listing what was tried.
+std::string find_runfile(const std::string& argv0, const std::string& runfile,
+                         const char* env_override);
+
+// A child process whose stdin and stdout are pipes to us; stderr is shared.
+// Closing stdin is how a child like torch_store_server.py learns to exit, so
+// it dies with us even if we crash.
+class ChildProcess {
+ public:
+  // Starts argv[0] with arguments argv[1..]. Throws std::runtime_error when
+  // the program cannot be spawned.
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  // Calls stop().
+  ~ChildProcess();
+
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // Reads the child's stdout until a line "port=N" and returns N. Throws
+  // std::runtime_error naming the program when it exits, or `timeout`
+  // passes, first.
+  uint16_t read_port(std::chrono::milliseconds timeout);
+
+  // Closes stdin, sends SIGTERM and reaps the child. Idempotent.
+  void stop();
+
+  // CPU time (user + system, all threads) the child has used so far, from
+  // /proc/<pid>/stat (clock-tick resolution); 0 once it has been reaped.
+  double cpu_seconds() const;
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::string name_;
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;   // our end of the child's stdin
+  int stdout_fd_ = -1;  // our end of the child's stdout
+  std::string pending_;  // stdout bytes read but not yet a whole line
+};
+
+}  // namespace switchboard::bench

@@ -1,0 +1,91 @@
+// One worker of the store demo (tools/demo): rendezvous through a TcpStore
+// server the way a distributed job's ranks do, and print each step.
+//
+//   store_demo --host 127.0.0.1 --port P --rank R --world-size N
+//
+// Steps: publish an "address", count in, wait for every peer's address,
+// elect a leader with compare_set, let the leader publish a job config,
+// append to a shared log, and leave through a store-based barrier.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unistd.h>
+
+#include "store/tcp_store.h"
+
+using namespace switchboard;
+
+namespace {
+
+struct Flags {
+  std::string host = "127.0.0.1";
+  int port = -1;
+  int rank = -1;
+  int world_size = -1;
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string name = argv[i];
+    std::string value = argv[i + 1];
+    if (name == "--host") flags.host = value;
+    else if (name == "--port") flags.port = std::atoi(value.c_str());
+    else if (name == "--rank") flags.rank = std::atoi(value.c_str());
+    else if (name == "--world-size") flags.world_size = std::atoi(value.c_str());
+  }
+  if (flags.port <= 0 || flags.rank < 0 || flags.world_size <= 0) {
+    fmt::print(stderr,
+               "usage: store_demo --port P --rank R --world-size N [--host H]\n");
+    std::exit(2);
+  }
+  return flags;
+}
+
+void barrier(Store& store, const std::string& name, int world_size) {
+  if (store.add(name + "/arrived", 1) == world_size) store.set(name + "/done", "1");
+  store.wait({name + "/done"});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse_flags(argc, argv);
+  auto say = [&](const std::string& text) {
+    fmt::print("[rank {}] {}\n", flags.rank, text);
+    std::fflush(stdout);
+  };
+  TcpStoreOptions options;
+  options.timeout = std::chrono::seconds(30);
+  TcpStore store(flags.host, static_cast<uint16_t>(flags.port), options);
+  say(fmt::format("connected to {}:{}", flags.host, flags.port));
+
+  std::string address = fmt::format("10.0.0.{}:{}", flags.rank + 1, 29500 + flags.rank);
+  store.set(fmt::format("addr/{}", flags.rank), address);
+  int64_t order = store.add("joined", 1);
+  say(fmt::format("published {} and was #{} to join", address, order));
+
+  std::vector<std::string> keys;
+  for (int r = 0; r < flags.world_size; ++r) keys.push_back(fmt::format("addr/{}", r));
+  auto addresses = store.multi_get(keys);  // blocks until every rank published
+  std::string table;
+  for (int r = 0; r < flags.world_size; ++r) {
+    table += fmt::format("{}{}={}", r ? ", " : "", r, to_string(addresses[r]));
+  }
+  say("sees every peer: " + table);
+
+  std::string me = std::to_string(flags.rank);
+  std::string leader = to_string(store.compare_set("leader", {}, to_bytes(me)));
+  say(leader == me ? "won the leader election"
+                   : fmt::format("follows leader rank {}", leader));
+  if (leader == me) store.set("config", fmt::format("lr=0.1 steps=100 leader={}", me));
+  say("got config: " + to_string(store.get("config")));
+
+  store.append("log", to_bytes(fmt::format("rank{} ", flags.rank)));
+  barrier(store, "exit", flags.world_size);
+  if (leader == me) say("log after the barrier: " + to_string(store.get("log")));
+  say(fmt::format("done; the store holds {} keys", store.num_keys()));
+  return 0;
+}
