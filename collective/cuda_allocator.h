@@ -1,0 +1,82 @@
+// CUDA storage for Tensor, plus the few CUDA helpers the NCCL backend, its
+// tests and users share.
+//
+// Linking //collective:cuda_allocator (alwayslink) registers, from a static
+// initializer, the allocator Tensor::empty uses for CUDA devices: cudaMalloc
+// on the tensor's device, cudaFree (with that device current) when the last
+// Tensor over the storage goes away. Registration makes no CUDA call, so a
+// binary that links this target still starts on a machine without a GPU;
+// allocating there throws Error(kFailedPrecondition) with the reason.
+//
+// Ordering: the copy helpers below are synchronous. They run on the device's
+// legacy default stream and return once the bytes have arrived, and the NCCL
+// backend orders every op after the work already on that stream, so
+// "copy in, run an op, wait for it, copy out" needs no further
+// synchronization.
+//
+// Errors: CUDA failures throw switchboard::Error naming the call, the device
+// and CUDA's error name and text: kResourceExhausted for out-of-memory,
+// kFailedPrecondition otherwise (no device, bad ordinal, driver trouble).
+// Caller bugs (wrong dtype, CPU tensor where a CUDA one belongs) throw
+// std::invalid_argument.
+//
+// Thread safety: every function is thread-safe. The current CUDA device is
+// per thread in the CUDA runtime; every helper restores it before returning.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <string_view>
+
+#include "collective/tensor.h"
+
+namespace switchboard {
+
+// CUDA devices visible to this process; 0 when there is no driver, no GPU,
+// or CUDA fails to initialize. Never throws. The answer is computed once.
+int cuda_device_count();
+
+// Why cuda_device_count() is 0, e.g. "no CUDA device visible:
+// cudaGetDeviceCount returned cudaErrorNoDevice (no CUDA-capable device is
+// detected)"; empty when at least one device is visible. Never throws.
+std::string cuda_unavailable_reason();
+
+// Registers the CUDA allocator with set_device_allocator(). The static
+// initializer of this target already did; call it again after someone
+// replaced the allocator. Idempotent, makes no CUDA call.
+void install_cuda_allocator();
+
+// Throws the Error described above unless `status` is cudaSuccess. `what`
+// names the call and its target, e.g. "cudaMalloc of 1024 bytes on cuda:0".
+// Clears CUDA's last-error state for non-sticky errors.
+void cuda_check(cudaError_t status, std::string_view what);
+
+// Makes `device` current for the calling thread and restores the previous
+// current device on destruction. Throws (through cuda_check) when the device
+// cannot be made current.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int device);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+// Copies the bytes of `src` into `dst`: equal dtype and numel, both
+// contiguous, each on the CPU or a CUDA device (CPU to CUDA, CUDA to CPU,
+// CUDA to CUDA, CPU to CPU). Returns when the copy finished.
+void copy_tensor(const Tensor& dst, const Tensor& src);
+
+// A new contiguous tensor on cuda:`device` holding a copy of `src` (any
+// device).
+Tensor copy_to_cuda(const Tensor& src, int device);
+
+// A new contiguous CPU tensor holding a copy of `src` (any device).
+Tensor copy_to_cpu(const Tensor& src);
+
+}  // namespace switchboard

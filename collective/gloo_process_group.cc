@@ -1,0 +1,682 @@
+#include "collective/gloo_process_group.h"
+
+#include <fmt/format.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "store/store.h"
+
+namespace switchboard::collective {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Gloo treats its timeout as a deadline for every wait; "no timeout" (0)
+// becomes a month, long past any job.
+std::chrono::milliseconds gloo_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() == 0) return std::chrono::hours(24 * 30);
+  return timeout;
+}
+
+// Presents our Store to Gloo's rendezvous under "<prefix>".
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(switchboard::Store& store, std::string prefix,
+                   std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(prefix_ + key, Bytes(data.begin(), data.end()));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    store_.wait({prefix_ + key}, timeout_);
+    const Bytes value = store_.get(prefix_ + key);
+    return {value.begin(), value.end()};
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& key : keys) full.push_back(prefix_ + key);
+    store_.wait(full, timeout);
+  }
+
+ private:
+  switchboard::Store& store_;
+  const std::string prefix_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// True when `host` resolves to an address this process can bind.
+bool bindable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* result = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
+  bool ok = false;
+  for (addrinfo* ai = result; ai != nullptr && !ok; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(result);
+  return ok;
+}
+
+gloo::transport::tcp::attr device_attr(const GlooOptions& options) {
+  gloo::transport::tcp::attr attr;
+  if (!options.iface.empty()) {
+    attr.iface = options.iface;
+  } else if (!options.hostname.empty()) {
+    attr.hostname = options.hostname;
+  } else if (const char* env = std::getenv("SWITCHBOARD_GLOO_SOCKET_IFNAME");
+             env != nullptr && *env != '\0') {
+    attr.iface = env;
+  } else if (const char* env = std::getenv("GLOO_SOCKET_IFNAME");
+             env != nullptr && *env != '\0') {
+    attr.iface = env;
+  } else {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0 && bindable(name)) {
+      attr.hostname = name;
+    } else {
+      attr.hostname = "127.0.0.1";
+    }
+  }
+  return attr;
+}
+
+// Picks a same-size integer type so Gloo's templates compute the element
+// size; the bytes are never interpreted as that type (reductions run our
+// own kernels).
+template <typename F>
+auto with_element_type(DType dtype, F&& f) {
+  switch (dtype_size(dtype)) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    default:
+      return f(uint64_t{});
+  }
+}
+
+// Turns Gloo's exceptions into ours, naming the op, group, rank (in
+// `where`) and the timeout; leaves our own errors alone.
+std::exception_ptr translate_gloo_error(const std::string& where,
+                                        std::chrono::milliseconds timeout,
+                                        std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const gloo::IoException& e) {
+    const std::string what = e.what();
+    // "Timed out waiting ..." in the op that timed out, and "Application
+    // timeout caused pair closure" in every other op of the context.
+    if (what.find("imed out") != std::string::npos ||
+        what.find("timeout caused") != std::string::npos) {
+      return std::make_exception_ptr(TimeoutError(
+          fmt::format("{}: timed out after {} ms waiting for peers (gloo: {})", where,
+                      timeout.count(), what)));
+    }
+    return std::make_exception_ptr(ConnectionError(
+        fmt::format("{}: a peer connection failed (timeout {} ms; gloo: {})", where,
+                    timeout.count(), what)));
+  } catch (const gloo::Exception& e) {
+    return std::make_exception_ptr(
+        Error(ErrorCode::kInternal, fmt::format("{}: gloo failed: {}", where, e.what())));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace
+
+struct GlooProcessGroup::Impl {
+  GlooProcessGroup& group;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::chrono::milliseconds op_timeout;
+
+  // The op queue, run by `worker` in issue order.
+  struct Op {
+    Work work;
+    std::function<void()> run;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Op> queue;   // GUARDED_BY(mu)
+  bool stopping = false;  // GUARDED_BY(mu)
+  uint32_t next_tag = 0;  // GUARDED_BY(mu): collectives' Gloo tags
+  std::thread worker;
+
+  // Posted sends and recvs waiting for a waiter thread.
+  struct P2p {
+    Work work{Work::Info{}};
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    Tensor tensor;  // keeps the bytes alive while Gloo may touch them
+    bool is_send = false;
+  };
+  std::condition_variable p2p_cv;
+  std::deque<P2p> p2p_queue;  // GUARDED_BY(mu)
+  int idle_waiters = 0;       // GUARDED_BY(mu)
+  // Buffers a waiter is blocked on (and whether each is a send), so that
+  // stop() can abort those waits.
+  std::map<gloo::transport::UnboundBuffer*, bool> in_flight;  // GUARDED_BY(mu)
+  std::vector<std::thread> waiters;  // GUARDED_BY(mu) to add; joined in stop()
+
+  explicit Impl(GlooProcessGroup& g) : group(g) {}
+
+  void run_worker() {
+    for (;;) {
+      Op op{Work(Work::Info{}), nullptr};
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;
+        op = std::move(queue.front());
+        queue.pop_front();
+      }
+      try {
+        op.run();
+        op.work.complete();
+      } catch (...) {
+        op.work.fail(translate(op.work.info().op, std::current_exception()));
+      }
+    }
+  }
+
+  std::exception_ptr translate(const std::string& op, std::exception_ptr error) const {
+    return translate_gloo_error(group.where(op), op_timeout, error);
+  }
+
+  // Queues `run` (which receives the op's Gloo tag) and returns its Work.
+  Work enqueue(const std::string& op, std::function<void(uint32_t)> run) {
+    Work work(group.work_info(op));
+    {
+      std::lock_guard lock(mu);
+      if (stopping) {
+        throw Error(ErrorCode::kCancelled,
+                    fmt::format("{}: the group is shutting down", group.where(op)));
+      }
+      const uint32_t tag = next_tag++;
+      queue.push_back(Op{work, [run = std::move(run), tag] { run(tag); }});
+    }
+    cv.notify_one();
+    return work;
+  }
+
+  std::exception_ptr cancelled(const std::string& op) const {
+    return std::make_exception_ptr(
+        Error(ErrorCode::kCancelled,
+              fmt::format("{}: the group was destroyed before the op finished",
+                          group.where(op))));
+  }
+
+  // Fails what has not started, aborts posted sends and recvs, lets the
+  // running collective finish (it is bounded by the op timeout) and joins
+  // every thread.
+  void stop() {
+    std::deque<Op> queued;
+    std::deque<P2p> posted;
+    {
+      std::lock_guard lock(mu);
+      stopping = true;
+      queued.swap(queue);
+      posted.swap(p2p_queue);
+      for (auto [buffer, is_send] : in_flight) {
+        if (is_send) {
+          buffer->abortWaitSend();
+        } else {
+          buffer->abortWaitRecv();
+        }
+      }
+    }
+    cv.notify_all();
+    p2p_cv.notify_all();
+    for (auto& op : queued) op.work.fail(cancelled(op.work.info().op));
+    for (auto& p2p : posted) p2p.work.fail(cancelled(p2p.work.info().op));
+    if (worker.joinable()) worker.join();
+    for (auto& waiter : waiters) waiter.join();
+  }
+
+  // Posts a send or recv now; a waiter thread finishes its Work. Gloo
+  // closes every connection of the context when a wait on an unbound buffer
+  // times out, so only the op timeout is ever given to Gloo: Work::wait with
+  // a shorter timeout waits on the Work, not on Gloo. Each posted op gets a
+  // waiter of its own (idle waiters are reused, new ones started when none
+  // is idle), so a send that completes late never holds up another.
+  Work post_p2p(const std::string& op, const Tensor& tensor, int peer, int tag,
+                bool is_send) {
+    Work work(group.work_info(op));
+    if (tensor.nbytes() == 0) {
+      work.complete();
+      return work;
+    }
+    auto buffer = context->createUnboundBuffer(tensor.data(), tensor.nbytes());
+    try {
+      if (is_send) {
+        buffer->send(peer, static_cast<uint64_t>(tag));
+      } else {
+        buffer->recv(peer, static_cast<uint64_t>(tag));
+      }
+    } catch (...) {
+      std::rethrow_exception(translate(op, std::current_exception()));
+    }
+    {
+      std::lock_guard lock(mu);
+      if (stopping) std::rethrow_exception(cancelled(op));
+      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send});
+      if (idle_waiters == 0) {
+        waiters.emplace_back([this] { run_waiter(); });
+      } else {
+        --idle_waiters;
+      }
+    }
+    p2p_cv.notify_one();
+    return work;
+  }
+
+  void run_waiter() {
+    for (;;) {
+      P2p p2p;
+      {
+        std::unique_lock lock(mu);
+        p2p_cv.wait(lock, [&] { return stopping || !p2p_queue.empty(); });
+        if (p2p_queue.empty()) return;
+        p2p = std::move(p2p_queue.front());
+        p2p_queue.pop_front();
+        in_flight.emplace(p2p.buffer.get(), p2p.is_send);
+      }
+      try {
+        const bool finished = p2p.is_send ? p2p.buffer->waitSend(op_timeout)
+                                          : p2p.buffer->waitRecv(op_timeout);
+        if (finished) {
+          p2p.work.complete();
+        } else {
+          p2p.work.fail(cancelled(p2p.work.info().op));
+        }
+      } catch (...) {
+        p2p.work.fail(translate(p2p.work.info().op, std::current_exception()));
+      }
+      std::lock_guard lock(mu);
+      in_flight.erase(p2p.buffer.get());
+      p2p = P2p{};  // drop the buffer and tensor before idling
+      ++idle_waiters;
+    }
+  }
+};
+
+GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions options)
+    : ProcessGroup(rank, size, options.group_name, options.timeout),
+      impl_(std::make_unique<Impl>(*this)) {
+  impl_->op_timeout = gloo_timeout(options.timeout);
+  const std::string where_init = where("rendezvous");
+  const auto attr = device_attr(options);
+  try {
+    impl_->device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw ConnectionError(
+        fmt::format("{}: cannot create a Gloo TCP device for {} \"{}\": {}", where_init,
+                    attr.iface.empty() ? "host" : "interface",
+                    attr.iface.empty() ? attr.hostname : attr.iface, e.what()));
+  }
+  const std::string prefix = options.group_name + "/gloo/";
+  GlooStoreAdapter adapter(store, prefix, impl_->op_timeout);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(impl_->op_timeout);
+  try {
+    context->connectFullMesh(adapter, impl_->device);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({prefix + "rank_" + std::to_string(r)})) missing.push_back(r);
+    }
+    throw TimeoutError(
+        fmt::format("{}: timed out after {} ms waiting for ranks [{}] to join",
+                    where_init, options.timeout.count(), fmt::join(missing, ", ")));
+  } catch (const gloo::Exception& e) {
+    throw ConnectionError(
+        fmt::format("{}: connecting the full mesh failed "
+                    "(timeout {} ms): {}",
+                    where_init, options.timeout.count(), e.what()));
+  }
+  impl_->context = std::move(context);
+  impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
+}
+
+GlooProcessGroup::~GlooProcessGroup() { impl_->stop(); }
+
+std::string GlooProcessGroup::device_description() const { return impl_->device->str(); }
+
+namespace {
+constexpr auto kCpu = Device::Type::kCpu;
+}  // namespace
+
+Work GlooProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
+  const std::string at = where("allreduce");
+  checks::tensor(at, tensor, kCpu);
+  checks::reduce_op(at, op, tensor.dtype());
+  if (tensor.nbytes() == 0 || size() == 1) {
+    return Work::done(work_info("allreduce"));
+  }
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  return impl_->enqueue("allreduce", [=](uint32_t tag) {
+    with_element_type(tensor.dtype(), [&](auto element) {
+      using T = decltype(element);
+      gloo::AllreduceOptions opts(context);
+      opts.setOutput(static_cast<T*>(tensor.data()), static_cast<size_t>(tensor.numel()));
+      const DType dtype = tensor.dtype();
+      opts.setReduceFunction(
+          [op, dtype](void* out, const void* a, const void* b, size_t count) {
+            reduce_elements(op, dtype, out, a, b, count);
+          });
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::allreduce(opts);
+    });
+    if (op == ReduceOp::kAvg) {
+      divide_elements(tensor.dtype(), tensor.data(), static_cast<size_t>(tensor.numel()),
+                      n);
+    }
+  });
+}
+
+Work GlooProcessGroup::broadcast(Tensor& tensor, int src_rank) {
+  const std::string at = where("broadcast");
+  checks::tensor(at, tensor, kCpu);
+  checks::rank(at, src_rank, size(), "src_rank");
+  if (tensor.nbytes() == 0 || size() == 1) {
+    return Work::done(work_info("broadcast"));
+  }
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  return impl_->enqueue("broadcast", [=](uint32_t tag) {
+    gloo::BroadcastOptions opts(context);
+    opts.setOutput(static_cast<uint8_t*>(tensor.data()), tensor.nbytes());
+    opts.setRoot(src_rank);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::broadcast(opts);
+  });
+}
+
+Work GlooProcessGroup::reduce(Tensor& tensor, int dst_rank, ReduceOp op) {
+  const std::string at = where("reduce");
+  checks::tensor(at, tensor, kCpu);
+  checks::rank(at, dst_rank, size(), "dst_rank");
+  checks::reduce_op(at, op, tensor.dtype());
+  if (tensor.nbytes() == 0 || size() == 1) {
+    return Work::done(work_info("reduce"));
+  }
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  const bool is_root = rank() == dst_rank;
+  return impl_->enqueue("reduce", [=](uint32_t tag) {
+    // Gloo's reduce uses its output as scratch on every rank; reduce from a
+    // copy so that only dst's tensor changes, as the contract says.
+    Tensor scratch = is_root ? tensor : tensor.clone();
+    with_element_type(tensor.dtype(), [&](auto element) {
+      using T = decltype(element);
+      gloo::ReduceOptions opts(context);
+      opts.setOutput(static_cast<T*>(scratch.data()),
+                     static_cast<size_t>(scratch.numel()));
+      const DType dtype = tensor.dtype();
+      opts.setReduceFunction(
+          [op, dtype](void* out, const void* a, const void* b, size_t count) {
+            reduce_elements(op, dtype, out, a, b, count);
+          });
+      opts.setRoot(dst_rank);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::reduce(opts);
+    });
+    if (is_root && op == ReduceOp::kAvg) {
+      divide_elements(tensor.dtype(), tensor.data(), static_cast<size_t>(tensor.numel()),
+                      n);
+    }
+  });
+}
+
+Work GlooProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& input) {
+  const std::string at = where("allgather");
+  checks::tensor(at, input, kCpu);
+  checks::list(at, outputs, static_cast<size_t>(size()), input, "outputs", kCpu);
+  if (input.nbytes() == 0) return Work::done(work_info("allgather"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  std::vector<Tensor> outs = outputs;  // aliases of the caller's tensors
+  return impl_->enqueue("allgather", [=](uint32_t tag) {
+    const size_t chunk = input.nbytes();
+    std::vector<uint8_t> flat(chunk * static_cast<size_t>(n));
+    gloo::AllgatherOptions opts(context);
+    opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
+    opts.setOutput(flat.data(), flat.size());
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allgather(opts);
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(outs[r].data(), flat.data() + chunk * r, chunk);
+    }
+  });
+}
+
+Work GlooProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input,
+                              int dst_rank) {
+  const std::string at = where("gather");
+  checks::tensor(at, input, kCpu);
+  checks::rank(at, dst_rank, size(), "dst_rank");
+  const bool is_root = rank() == dst_rank;
+  if (is_root) {
+    checks::list(at, outputs, static_cast<size_t>(size()), input, "outputs", kCpu);
+  }
+  if (input.nbytes() == 0) return Work::done(work_info("gather"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  std::vector<Tensor> outs = is_root ? outputs : std::vector<Tensor>{};
+  return impl_->enqueue("gather", [=](uint32_t tag) {
+    const size_t chunk = input.nbytes();
+    std::vector<uint8_t> flat(is_root ? chunk * static_cast<size_t>(n) : 0);
+    gloo::GatherOptions opts(context);
+    opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
+    if (is_root) opts.setOutput(flat.data(), flat.size());
+    opts.setRoot(dst_rank);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::gather(opts);
+    for (size_t r = 0; r < outs.size(); ++r) {
+      std::memcpy(outs[r].data(), flat.data() + chunk * r, chunk);
+    }
+  });
+}
+
+Work GlooProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
+                               int src_rank) {
+  const std::string at = where("scatter");
+  checks::tensor(at, output, kCpu);
+  checks::rank(at, src_rank, size(), "src_rank");
+  const bool is_root = rank() == src_rank;
+  if (is_root) {
+    checks::list(at, inputs, static_cast<size_t>(size()), output, "inputs", kCpu);
+  }
+  if (output.nbytes() == 0) return Work::done(work_info("scatter"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  std::vector<Tensor> ins = is_root ? inputs : std::vector<Tensor>{};
+  return impl_->enqueue("scatter", [=](uint32_t tag) {
+    gloo::ScatterOptions opts(context);
+    if (is_root) {
+      std::vector<uint8_t*> ptrs;
+      for (const auto& t : ins) ptrs.push_back(static_cast<uint8_t*>(t.data()));
+      opts.setInputs(ptrs, output.nbytes());
+    }
+    opts.setOutput(static_cast<uint8_t*>(output.data()), output.nbytes());
+    opts.setRoot(src_rank);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::scatter(opts);
+  });
+}
+
+Work GlooProcessGroup::reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,
+                                      ReduceOp op) {
+  const std::string at = where("reduce_scatter");
+  checks::tensor(at, output, kCpu);
+  checks::list(at, inputs, static_cast<size_t>(size()), output, "inputs", kCpu);
+  checks::reduce_op(at, op, output.dtype());
+  if (output.nbytes() == 0) return Work::done(work_info("reduce_scatter"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  const int me = rank();
+  return impl_->enqueue("reduce_scatter", [=](uint32_t tag) {
+    // Allreduce of the concatenated inputs, then keep this rank's chunk.
+    const size_t chunk = output.nbytes();
+    const size_t count = static_cast<size_t>(output.numel());
+    std::vector<uint8_t> flat(chunk * static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(flat.data() + chunk * r, inputs[r].data(), chunk);
+    }
+    if (n > 1) {
+      with_element_type(output.dtype(), [&](auto element) {
+        using T = decltype(element);
+        gloo::AllreduceOptions opts(context);
+        opts.setOutput(reinterpret_cast<T*>(flat.data()), count * n);
+        const DType dtype = output.dtype();
+        opts.setReduceFunction(
+            [op, dtype](void* out, const void* a, const void* b, size_t k) {
+              reduce_elements(op, dtype, out, a, b, k);
+            });
+        opts.setTag(tag);
+        opts.setTimeout(timeout);
+        gloo::allreduce(opts);
+      });
+    }
+    std::memcpy(output.data(), flat.data() + chunk * me, chunk);
+    if (op == ReduceOp::kAvg) {
+      divide_elements(output.dtype(), output.data(), count, n);
+    }
+  });
+}
+
+Work GlooProcessGroup::alltoall(std::vector<Tensor>& outputs,
+                                const std::vector<Tensor>& inputs) {
+  const std::string at = where("alltoall");
+  SB_REQUIRE(!inputs.empty(), "{}: inputs is empty, expected {} tensors", at, size());
+  checks::tensor(at, inputs[0], kCpu);
+  checks::list(at, inputs, static_cast<size_t>(size()), inputs[0], "inputs", kCpu);
+  checks::list(at, outputs, static_cast<size_t>(size()), inputs[0], "outputs", kCpu);
+  if (inputs[0].nbytes() == 0) return Work::done(work_info("alltoall"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  const int n = size();
+  std::vector<Tensor> outs = outputs;
+  return impl_->enqueue("alltoall", [=](uint32_t tag) {
+    const size_t chunk = inputs[0].nbytes();
+    std::vector<uint8_t> in(chunk * static_cast<size_t>(n));
+    std::vector<uint8_t> out(in.size());
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(in.data() + chunk * r, inputs[r].data(), chunk);
+    }
+    gloo::AlltoallOptions opts(context);
+    opts.setInput(in.data(), in.size());
+    opts.setOutput(out.data(), out.size());
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::alltoall(opts);
+    for (int r = 0; r < n; ++r) {
+      std::memcpy(outs[r].data(), out.data() + chunk * r, chunk);
+    }
+  });
+}
+
+Work GlooProcessGroup::alltoall_single(Tensor& output, const Tensor& input) {
+  const std::string at = where("alltoall_single");
+  checks::tensor(at, input, kCpu);
+  checks::tensor(at, output, kCpu);
+  SB_REQUIRE(output.dtype() == input.dtype() && output.numel() == input.numel(),
+             "{}: output {} and input {} differ in dtype or element count", at,
+             output.describe(), input.describe());
+  SB_REQUIRE(input.dim() >= 1 && input.shape()[0] % size() == 0,
+             "{}: input {} needs a dim 0 divisible by the group size {}", at,
+             input.describe(), size());
+  if (input.nbytes() == 0) return Work::done(work_info("alltoall_single"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  return impl_->enqueue("alltoall_single", [=](uint32_t tag) {
+    gloo::AlltoallOptions opts(context);
+    opts.setInput(static_cast<uint8_t*>(input.data()), input.nbytes());
+    opts.setOutput(static_cast<uint8_t*>(output.data()), output.nbytes());
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::alltoall(opts);
+  });
+}
+
+Work GlooProcessGroup::barrier() {
+  if (size() == 1) return Work::done(work_info("barrier"));
+  auto context = impl_->context;
+  const auto timeout = impl_->op_timeout;
+  return impl_->enqueue("barrier", [=](uint32_t tag) {
+    gloo::BarrierOptions opts(context);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
+  });
+}
+
+Work GlooProcessGroup::send(const Tensor& tensor, int dst_rank, int tag) {
+  const std::string at = where("send");
+  checks::tensor(at, tensor, kCpu);
+  checks::rank(at, dst_rank, size(), "dst_rank");
+  SB_REQUIRE(dst_rank != rank(), "{}: cannot send to itself", at);
+  SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
+  return impl_->post_p2p("send", tensor, dst_rank, tag, /*is_send=*/true);
+}
+
+Work GlooProcessGroup::recv(Tensor& tensor, int src_rank, int tag) {
+  const std::string at = where("recv");
+  checks::tensor(at, tensor, kCpu);
+  checks::rank(at, src_rank, size(), "src_rank");
+  SB_REQUIRE(src_rank != rank(), "{}: cannot receive from itself", at);
+  SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
+  return impl_->post_p2p("recv", tensor, src_rank, tag, /*is_send=*/false);
+}
+
+}  // namespace switchboard::collective

@@ -1,0 +1,83 @@
+// GlooProcessGroup: the CPU ProcessGroup, over Gloo's TCP transport.
+//
+// Construction rendezvouses through `store` (every rank publishes its
+// address under a PrefixStore of "<group name>/gloo/" and connects a full
+// mesh) and blocks until every rank arrived or `timeout` passed (then
+// TimeoutError naming the group, the rank and the ranks still missing).
+//
+// Network interface (first that applies):
+//   1. GlooOptions::iface / GlooOptions::hostname when set;
+//   2. the SWITCHBOARD_GLOO_SOCKET_IFNAME environment variable, then
+//      GLOO_SOCKET_IFNAME (PyTorch's name) — an interface name like "eth0";
+//   3. this host's name when it resolves to an address that can be bound,
+//      else 127.0.0.1 (as c10d does).
+// Tests pass hostname = "127.0.0.1".
+//
+// Every op of ProcessGroup is supported on CPU tensors of every dtype
+// (reductions run Switchboard's element-wise kernels, so float16, bfloat16
+// and bool reduce too). Collectives run one at a time, in issue order, on
+// the group's own thread; send/recv are posted at once and driven by
+// Work::wait(), so a rank may post a send before its recv without
+// deadlock. reduce_scatter is an allreduce of the concatenated inputs
+// (Gloo has no unbound-buffer reduce-scatter); alltoall (list form) packs
+// into one buffer when the tensors are not already adjacent.
+//
+// Errors: a peer that closes its connection fails the op with
+// ConnectionError, one that stays silent with TimeoutError after the
+// group's timeout; both name the op, the group, the rank and the timeout.
+// After such an error the group is unusable: destroy it and create a new
+// one.
+//
+// Thread safety: as ProcessGroup. The destructor waits for the op that is
+// running and fails queued ones with Error(kCancelled).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "collective/process_group.h"
+
+namespace switchboard {
+class Store;
+}
+
+namespace switchboard::collective {
+
+struct GlooOptions {
+  std::string group_name = "default";
+  ProcessGroup::Timeout timeout = ProcessGroup::kDefaultTimeout;
+  std::string hostname;  // address or host name to bind; see above
+  std::string iface;     // interface name to bind; see above
+};
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // `store` is used during construction only (the caller keeps ownership).
+  GlooProcessGroup(Store& store, int rank, int size, GlooOptions options = {});
+  ~GlooProcessGroup() override;
+
+  std::string backend_name() const override { return "GLOO"; }
+
+  Work allreduce(Tensor& tensor, ReduceOp op = ReduceOp::kSum) override;
+  Work broadcast(Tensor& tensor, int src_rank) override;
+  Work reduce(Tensor& tensor, int dst_rank, ReduceOp op = ReduceOp::kSum) override;
+  Work allgather(std::vector<Tensor>& outputs, const Tensor& input) override;
+  Work gather(std::vector<Tensor>& outputs, const Tensor& input, int dst_rank) override;
+  Work scatter(Tensor& output, const std::vector<Tensor>& inputs, int src_rank) override;
+  Work reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,
+                      ReduceOp op = ReduceOp::kSum) override;
+  Work alltoall(std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) override;
+  Work alltoall_single(Tensor& output, const Tensor& input) override;
+  Work barrier() override;
+  Work send(const Tensor& tensor, int dst_rank, int tag = 0) override;
+  Work recv(Tensor& tensor, int src_rank, int tag = 0) override;
+
+  // The address Gloo bound, e.g. "127.0.0.1" (for logs and tests).
+  std::string device_description() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace switchboard::collective

@@ -1,0 +1,402 @@
+// GlooProcessGroup under failure: a peer that never arrives (at rendezvous
+// or at a collective), a wait shorter than the op, a peer that goes away
+// mid-op in-process or is killed with SIGKILL; and real processes running
+// collectives over a TcpStoreServer on loopback.
+//
+// Every failure must surface as a typed error naming what was waited for,
+// in bounded time; nothing here sleeps hoping for an order: an idle rank is
+// simply one that issues nothing (or blocks on a promise).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <future>
+#include <optional>
+#include <vector>
+
+#include "collective/gloo_process_group.h"
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "store/hash_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
+#include "tests/collective/pg_harness.h"
+#include "tests/util/subprocess.h"
+
+using namespace switchboard;
+using namespace switchboard::collective;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::chrono::milliseconds kShortTimeout{1500};
+
+std::chrono::milliseconds since(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+}
+
+// What wait() threw: its kind and message.
+struct Outcome {
+  std::string kind;  // "TimeoutError", "ConnectionError", "Error", "none", ...
+  std::string message;
+  std::chrono::milliseconds elapsed{0};
+};
+
+Outcome wait_for_failure(const Work& work,
+                         std::optional<Work::Timeout> timeout = std::nullopt) {
+  const auto start = Clock::now();
+  Outcome outcome;
+  try {
+    if (timeout) {
+      work.wait(*timeout);
+    } else {
+      work.wait();
+    }
+    outcome.kind = "none";
+  } catch (const TimeoutError& e) {
+    outcome = {"TimeoutError", e.what()};
+  } catch (const ConnectionError& e) {
+    outcome = {"ConnectionError", e.what()};
+  } catch (const Error& e) {
+    outcome = {fmt::format("Error({})", error_code_name(e.code())), e.what()};
+  } catch (const std::exception& e) {
+    outcome = {"std::exception", e.what()};
+  }
+  outcome.elapsed = since(start);
+  return outcome;
+}
+
+Tensor ones(int64_t n) { return Tensor::from_vector(std::vector<float>(n, 1.0f)); }
+
+GlooOptions options_for(const std::string& group, std::chrono::milliseconds timeout) {
+  GlooOptions options;
+  options.group_name = group;
+  options.timeout = timeout;
+  options.hostname = "127.0.0.1";
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a collective one rank never joins times out naming the op, group, rank and timeout",
+    "[collective][gloo][timeout]") {
+  // Rank 1 is constructed but never issues anything.
+  const std::string op =
+      GENERATE(as<std::string>{}, "allreduce", "barrier", "broadcast", "recv");
+  const std::string group = sbtest::unique_group_name("never-joins-" + op);
+  auto groups = sbtest::make_groups(2, group, kShortTimeout);
+  ProcessGroup& pg = *groups[0];
+  Tensor t = ones(8);
+  std::optional<Work> work;
+  if (op == "allreduce") work = pg.allreduce(t);
+  if (op == "barrier") work = pg.barrier();
+  if (op == "broadcast") work = pg.broadcast(t, 1);
+  if (op == "recv") work = pg.recv(t, 1);
+  // A collective issued after it (it would run beside a recv: see below).
+  Tensor behind = ones(3);
+  std::optional<Work> queued;
+  if (op != "recv") queued = pg.allreduce(behind);
+  Outcome outcome = wait_for_failure(*work);
+  INFO(op << ": " << outcome.kind << " after " << outcome.elapsed.count()
+          << " ms: " << outcome.message);
+  CHECK(outcome.kind == "TimeoutError");
+  CHECK_THAT(outcome.message, Catch::Contains(op));
+  CHECK_THAT(outcome.message, Catch::Contains(group));
+  CHECK_THAT(outcome.message, Catch::Contains("rank 0"));
+  CHECK_THAT(outcome.message, Catch::Contains("1500"));
+  CHECK(outcome.elapsed >= 1000ms);  // it did wait, about the group timeout
+  CHECK(outcome.elapsed < 30s);      // and no longer than a loaded machine explains
+  // What was queued behind it fails too (or its wait times out): no hang.
+  if (queued) {
+    Outcome next = wait_for_failure(*queued);
+    INFO("the allreduce issued after it: " << next.kind << ": " << next.message);
+    CHECK(next.kind != "none");
+    CHECK(next.elapsed < 30s);
+  }
+}
+
+TEST_CASE("a recv failed by another op's timeout reports a timeout, not a lost peer",
+          "[collective][gloo][timeout][p2p]") {
+  // Rank 1 stays silent. Rank 0's allreduce times out; Gloo then closes the
+  // pairs, which fails the pending recv too. Nobody closed a connection: the
+  // peer stayed silent, which the contract reports as TimeoutError.
+  const std::string group = sbtest::unique_group_name("recv-beside-timeout");
+  auto groups = sbtest::make_groups(2, group, kShortTimeout);
+  ProcessGroup& pg = *groups[0];
+  Tensor got = ones(4);
+  Work received = pg.recv(got, 1, 9);
+  Tensor t = ones(4);
+  Outcome collective = wait_for_failure(pg.allreduce(t));
+  INFO("allreduce: " << collective.kind << ": " << collective.message);
+  CHECK(collective.kind == "TimeoutError");
+  Outcome outcome = wait_for_failure(received);
+  INFO("recv: " << outcome.kind << " after " << outcome.elapsed.count()
+                << " ms: " << outcome.message);
+  CHECK(outcome.kind == "TimeoutError");
+  CHECK_THAT(outcome.message, Catch::Contains("recv"));
+  CHECK_THAT(outcome.message, Catch::Contains(group));
+  CHECK(outcome.elapsed < 30s);
+}
+
+TEST_CASE(
+    "wait() with a shorter timeout throws naming the op, and the op still completes",
+    "[collective][gloo][timeout]") {
+  const std::string group = sbtest::unique_group_name("short-wait");
+  auto groups = sbtest::make_groups(2, group, 60s);
+  Tensor a = ones(5);
+  Tensor b = ones(5);
+  Work early = groups[0]->allreduce(a);
+  Outcome outcome = wait_for_failure(early, 200ms);
+  INFO(outcome.kind << " after " << outcome.elapsed.count()
+                    << " ms: " << outcome.message);
+  CHECK(outcome.kind == "TimeoutError");
+  CHECK_THAT(outcome.message, Catch::Contains("allreduce"));
+  CHECK_THAT(outcome.message, Catch::Contains(group));
+  CHECK_THAT(outcome.message, Catch::Contains("200"));
+  CHECK(outcome.elapsed < 30s);
+  CHECK_FALSE(early.is_completed());
+
+  // The late rank joins: the op was not cancelled by the expired wait.
+  Work late = groups[1]->allreduce(b);
+  late.wait();
+  early.wait();
+  CHECK(a.to_vector<float>() == std::vector<float>(5, 2.0f));
+  CHECK(b.to_vector<float>() == std::vector<float>(5, 2.0f));
+}
+
+TEST_CASE("a recv whose wait() expired completes once the send is posted",
+          "[collective][gloo][timeout][p2p]") {
+  const std::string group = sbtest::unique_group_name("short-recv");
+  auto groups = sbtest::make_groups(2, group, 60s);
+  Tensor got = Tensor::zeros({3}, DType::kInt64);
+  Work received = groups[1]->recv(got, 0, 4);
+  Outcome outcome = wait_for_failure(received, 100ms);
+  INFO(outcome.kind << ": " << outcome.message);
+  CHECK(outcome.kind == "TimeoutError");
+  CHECK_THAT(outcome.message, Catch::Contains("recv"));
+  CHECK_THAT(outcome.message, Catch::Contains("rank 1"));
+  Tensor sent = Tensor::from_vector(std::vector<int64_t>{7, 8, 9});
+  Outcome send_after;
+  std::optional<Work> sending;
+  try {
+    sending = groups[0]->send(sent, 1, 4);
+    send_after = wait_for_failure(*sending);
+  } catch (const std::exception& e) {
+    send_after = {"thrown by send() itself", e.what()};
+  }
+  Outcome recv_after = wait_for_failure(received);
+  INFO("recv then: " << recv_after.kind << ": " << recv_after.message);
+  INFO("send then: " << send_after.kind << ": " << send_after.message);
+  CHECK(recv_after.kind == "none");
+  CHECK(send_after.kind == "none");
+  CHECK(got.to_vector<int64_t>() == std::vector<int64_t>{7, 8, 9});
+}
+
+TEST_CASE("construction times out naming the group and the rank that never came",
+          "[collective][gloo][timeout][rendezvous]") {
+  // Ranks 0 and 2 of 3 arrive; rank 1 never does.
+  const std::string group = sbtest::unique_group_name("no-show");
+  HashStore store;
+  std::vector<Outcome> outcomes(3);
+  const auto start = Clock::now();
+  sbtest::run_threads(
+      3,
+      [&](int rank) {
+        if (rank == 1) return;
+        try {
+          GlooProcessGroup pg(store, rank, 3, options_for(group, kShortTimeout));
+          outcomes[rank].kind = "none";
+        } catch (const TimeoutError& e) {
+          outcomes[rank] = {"TimeoutError", e.what()};
+        } catch (const std::exception& e) {
+          outcomes[rank] = {"other", e.what()};
+        }
+        outcomes[rank].elapsed = since(start);
+      },
+      sbtest::watchdog_for(kShortTimeout));
+  for (int rank : {0, 2}) {
+    const Outcome& outcome = outcomes[rank];
+    INFO("rank " << rank << ": " << outcome.kind << " after " << outcome.elapsed.count()
+                 << " ms: " << outcome.message);
+    CHECK(outcome.kind == "TimeoutError");
+    CHECK_THAT(outcome.message, Catch::Contains(group));
+    CHECK_THAT(outcome.message, Catch::Contains(std::to_string(rank)));
+    CHECK_THAT(outcome.message,
+               Catch::Matches(R"(.*ranks?\W*1\b.*)", Catch::CaseSensitive::No));
+    CHECK(outcome.elapsed >= 1000ms);
+    CHECK(outcome.elapsed < 30s);
+  }
+}
+
+TEST_CASE(
+    "a peer that destroys its group mid-op fails the other rank's op instead of hanging",
+    "[collective][gloo][failure]") {
+  const std::string group = sbtest::unique_group_name("peer-gone");
+  auto groups = sbtest::make_groups(2, group, 20s);
+  // Both ranks finish one allreduce, so the connections are known good.
+  sbtest::report(sbtest::run_on(groups, [](ProcessGroup& pg, sbtest::RankLog& log) {
+    Tensor t = ones(4);
+    pg.allreduce(t).wait();
+    log.expect(t.to_vector<float>() == std::vector<float>(4, 2.0f), "warm-up allreduce");
+  }));
+  Tensor t = ones(1000);
+  Work work = groups[0]->allreduce(t);
+  groups[1].reset();
+  Outcome outcome = wait_for_failure(work);
+  INFO(outcome.kind << " after " << outcome.elapsed.count()
+                    << " ms: " << outcome.message);
+  CHECK((outcome.kind == "ConnectionError" || outcome.kind == "TimeoutError"));
+  CHECK_THAT(outcome.message, Catch::Contains("allreduce"));
+  CHECK_THAT(outcome.message, Catch::Contains(group));
+  CHECK(outcome.elapsed < 60s);
+  // The broken group is still safe to use: a later op fails too.
+  Tensor later = ones(4);
+  Outcome again = wait_for_failure(groups[0]->allreduce(later));
+  INFO("later op: " << again.kind << ": " << again.message);
+  CHECK(again.kind != "none");
+}
+
+// ---------------------------------------------------------------------------
+// Real processes over a TcpStoreServer.
+
+namespace {
+
+std::unique_ptr<TcpStore> connect(const std::string& port) {
+  TcpStoreOptions options;
+  options.timeout = 60s;
+  return std::make_unique<TcpStore>("127.0.0.1", static_cast<uint16_t>(std::stoi(port)),
+                                    options);
+}
+
+template <typename T>
+std::string line(std::string_view name, const std::vector<T>& values) {
+  return fmt::format("{} {}", name, fmt::join(values, " "));
+}
+
+// What rank r of n prints; the child computes it through the group, the
+// parent from these formulas.
+std::vector<float> allreduce_input(int r) {
+  return {float(r + 1), float(2 * r), 0.5f, float(-r)};
+}
+std::vector<int32_t> alltoall_input(int r, int n) {
+  std::vector<int32_t> out;
+  for (int k = 0; k < n; ++k) {
+    for (int j = 0; j < 2; ++j) out.push_back(100 * r + 10 * k + j);
+  }
+  return out;
+}
+
+}  // namespace
+
+// args: port, rank, size, group. Runs allreduce, allgather, alltoall_single
+// and a ring send/recv, printing one line per op, then "done".
+SB_CHILD_MAIN(pg_rank) {
+  auto store = connect(args.at(0));
+  const int rank = std::stoi(args.at(1));
+  const int size = std::stoi(args.at(2));
+  GlooProcessGroup pg(*store, rank, size, options_for(args.at(3), 60s));
+
+  Tensor summed = Tensor::from_vector(allreduce_input(rank));
+  pg.allreduce(summed).wait();
+  fmt::print("{}\n", line("allreduce", summed.to_vector<float>()));
+
+  Tensor mine = Tensor::from_vector(std::vector<int64_t>{rank * 10, rank * 10 + 1});
+  std::vector<Tensor> gathered;
+  for (int q = 0; q < size; ++q) gathered.push_back(Tensor::zeros({2}, DType::kInt64));
+  pg.allgather(gathered, mine).wait();
+  std::vector<int64_t> all;
+  for (auto& t : gathered) {
+    for (int64_t v : t.to_vector<int64_t>()) all.push_back(v);
+  }
+  fmt::print("{}\n", line("allgather", all));
+
+  Tensor in = Tensor::from_vector(alltoall_input(rank, size), {2 * size});
+  Tensor out = Tensor::zeros({2 * size}, DType::kInt32);
+  pg.alltoall_single(out, in).wait();
+  fmt::print("{}\n", line("alltoall_single", out.to_vector<int32_t>()));
+
+  Tensor note = Tensor::from_vector(std::vector<int32_t>{rank});
+  Tensor heard = Tensor::zeros({1}, DType::kInt32);
+  Work sent = pg.send(note, (rank + 1) % size);
+  pg.recv(heard, (rank + size - 1) % size).wait();
+  sent.wait();
+  fmt::print("{}\n", line("recv", heard.to_vector<int32_t>()));
+
+  pg.barrier().wait();
+  fmt::print("done\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+// args: port, rank, size, group. Joins the group, says so, then blocks
+// forever (the parent kills it).
+SB_CHILD_MAIN(pg_idle) {
+  auto store = connect(args.at(0));
+  GlooProcessGroup pg(*store, std::stoi(args.at(1)), std::stoi(args.at(2)),
+                      options_for(args.at(3), 60s));
+  fmt::print("joined\n");
+  std::fflush(stdout);
+  std::promise<void> never;
+  never.get_future().wait();
+  return 1;
+}
+
+TEST_CASE(
+    "three processes on loopback agree on allreduce, allgather, alltoall_single and a "
+    "ring",
+    "[collective][gloo][multiprocess]") {
+  constexpr int n = 3;
+  TcpStoreServer server;
+  const std::string group = sbtest::unique_group_name("processes");
+  std::vector<sbtest::Subprocess> children;
+  for (int r = 0; r < n; ++r) {
+    children.push_back(sbtest::spawn_child(
+        "pg_rank",
+        {std::to_string(server.port()), std::to_string(r), std::to_string(n), group}));
+  }
+  std::vector<float> sum(4, 0.0f);
+  for (int q = 0; q < n; ++q) {
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += allreduce_input(q)[i];
+  }
+  for (int r = 0; r < n; ++r) {
+    std::vector<int32_t> exchanged;
+    for (int k = 0; k < n; ++k) {
+      for (int j = 0; j < 2; ++j) exchanged.push_back(alltoall_input(k, n)[2 * r + j]);
+    }
+    const std::string expected =
+        fmt::format("{}\n{}\n{}\n{}\ndone\n", line("allreduce", sum),
+                    line("allgather", std::vector<int64_t>{0, 1, 10, 11, 20, 21}),
+                    line("alltoall_single", exchanged),
+                    line("recv", std::vector<int32_t>{(r + n - 1) % n}));
+    INFO("rank " << r);
+    CHECK(children[r].read_all() == expected);
+    CHECK(children[r].wait() == 0);
+  }
+}
+
+TEST_CASE("a peer process killed with SIGKILL mid-op fails the op instead of hanging",
+          "[collective][gloo][multiprocess][failure]") {
+  TcpStoreServer server;
+  const std::string group = sbtest::unique_group_name("killed");
+  auto peer =
+      sbtest::spawn_child("pg_idle", {std::to_string(server.port()), "1", "2", group});
+  auto store = connect(std::to_string(server.port()));
+  GlooProcessGroup pg(*store, 0, 2, options_for(group, 20s));
+  REQUIRE(peer.read_line() == "joined");
+  Tensor t = ones(1000);
+  Work work = pg.allreduce(t);
+  peer.kill(SIGKILL);
+  CHECK(peer.wait() == 128 + SIGKILL);
+  Outcome outcome = wait_for_failure(work);
+  INFO(outcome.kind << " after " << outcome.elapsed.count()
+                    << " ms: " << outcome.message);
+  CHECK((outcome.kind == "ConnectionError" || outcome.kind == "TimeoutError"));
+  CHECK_THAT(outcome.message, Catch::Contains("allreduce"));
+  CHECK_THAT(outcome.message, Catch::Contains(group));
+  CHECK_THAT(outcome.message, Catch::Contains("rank 0"));
+  CHECK(outcome.elapsed < 60s);
+}
