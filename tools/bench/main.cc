@@ -1,6 +1,7 @@
 // Switchboard's benchmarks, one subcommand per layer:
 //
 //   bazel run -c opt //tools/bench -- store [--seconds S]
+//   bazel run -c opt //tools/bench -- collective [--rounds N]
 //
 // Each subcommand prints `# ...` header lines and `name=value` results.
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/bench/collective_bench.h"
 #include "tools/bench/store_bench.h"
 
 namespace {
@@ -26,11 +28,14 @@ struct Subcommand {
 constexpr Subcommand kSubcommands[] = {
     {"store", "TcpStore server throughput vs PyTorch's, and 1,000 held connections",
      run_store_bench},
+    {"collective", "Gloo allreduce/alltoall, 1 and 64 MiB, 2 and 4 ranks, vs PyTorch's",
+     run_collective_bench},
 };
 
 int usage() {
   fmt::print(stderr, "usage: bench <subcommand> [flags]\n");
-  for (const auto& sub : kSubcommands) fmt::print(stderr, "  {:<12}{}\n", sub.name, sub.summary);
+  for (const auto& sub : kSubcommands)
+    fmt::print(stderr, "  {:<12}{}\n", sub.name, sub.summary);
   return 2;
 }
 
@@ -40,7 +45,8 @@ int main(int argc, char** argv) {
   if (argc < 2) return usage();
   std::string name = argv[1];
   for (const auto& sub : kSubcommands) {
-    if (name == sub.name) return sub.run(argv[0], std::vector<std::string>(argv + 2, argv + argc));
+    if (name == sub.name)
+      return sub.run(argv[0], std::vector<std::string>(argv + 2, argv + argc));
   }
   fmt::print(stderr, "bench: unknown subcommand '{}'\n", name);
   return usage();
