@@ -1,0 +1,494 @@
+#include "tools/launch/launcher.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "tools/launch/line_relay.h"
+#include "tools/launch/spawn.h"
+
+namespace switchboard::launch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+constexpr std::chrono::seconds kStorePortTimeout{30};
+
+struct Child {
+  std::string name;  // "rank 3" or "store server"
+  pid_t pid = -1;
+  bool running = false;
+};
+
+[[noreturn]] void throw_errno(const char* what) {
+  throw std::system_error(errno, std::generic_category(), what);
+}
+
+std::string signal_name(int signo) {
+  const char* abbrev = ::sigabbrev_np(signo);
+  return abbrev ? fmt::format("SIG{} ({})", abbrev, signo) : fmt::format("{}", signo);
+}
+
+// "exited with status 3", "killed by signal SIGKILL (9)".
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("killed by signal {}{}", signal_name(WTERMSIG(status)),
+                       WCOREDUMP(status) ? " (core dumped)" : "");
+  }
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+// "5 s", "0.25 s".
+std::string seconds(std::chrono::milliseconds duration) {
+  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000);
+}
+
+bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+
+// "tcp://127.0.0.1:29500", "tcp://[::1]:29500".
+std::string store_url(const std::string& addr, uint16_t port) {
+  if (addr.find(':') != std::string::npos)
+    return fmt::format("tcp://[{}]:{}", addr, port);
+  return fmt::format("tcp://{}:{}", addr, port);
+}
+
+// Runs one job; see launcher.h. Owns every child and descriptor it makes.
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& options) : options_(options) {}
+  ~Supervisor();
+
+  int run();
+
+ private:
+  void setup_signals();
+  bool start_store_server();
+  bool wait_for_port();
+  bool parse_port_lines(std::string* pending);
+  void start_workers();
+  bool start_worker(int rank, const std::string& path);
+  void supervise();
+
+  void read_signals();
+  void on_signal(int signo);
+  void reap_children();
+  void on_child_exit(pid_t pid, int status);
+  void begin_stop(int signo, int exit_code);
+  void maybe_stop_store();
+  void kill_everything();
+  void on_deadlines(TimePoint now);
+  void drain_and_close_relays();
+  int poll_timeout_ms(TimePoint now) const;
+  int running_workers() const;
+  bool done() const;
+
+  const LaunchOptions& options_;
+  sigset_t original_mask_{};
+  int signal_fd_ = -1;
+  int dev_null_ = -1;
+  int store_stdout_ = -1;  // until the port is read; then a relay owns it
+  Child store_{"store server"};
+  std::vector<Child> workers_;
+  std::vector<LineRelay> relays_;
+  uint16_t port_ = 0;
+  bool workers_started_ = false;
+  bool stopping_ = false;  // a failure or a signal is ending the job
+  bool store_signaled_ = false;
+  int exit_code_ = 0;
+  std::optional<TimePoint> worker_kill_at_;  // SIGKILL the workers then
+  std::optional<TimePoint> store_kill_at_;   // SIGKILL the store server then
+  std::optional<TimePoint> drain_until_;     // stop waiting for output EOF
+};
+
+Supervisor::~Supervisor() {
+  // Children are still running only when run() threw.
+  auto kill_and_reap = [](const Child& child) {
+    if (!child.running) return;
+    ::kill(-child.pid, SIGKILL);
+    while (::waitpid(child.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  };
+  for (const Child& worker : workers_) kill_and_reap(worker);
+  kill_and_reap(store_);
+  relays_.clear();
+  for (int fd : {signal_fd_, dev_null_, store_stdout_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+int Supervisor::run() {
+  setup_signals();
+  if (start_store_server() && wait_for_port()) start_workers();
+  supervise();
+  return exit_code_;
+}
+
+void Supervisor::setup_signals() {
+  // SIGCHLD ignored by whoever started us would make the kernel reap our
+  // children itself, and waitpid() would never see them.
+  ::signal(SIGCHLD, SIG_DFL);
+  ::signal(SIGPIPE, SIG_IGN);
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) sigaddset(&handled, signo);
+  if (::sigprocmask(SIG_BLOCK, &handled, &original_mask_) != 0)
+    throw_errno("sigprocmask");
+  signal_fd_ = ::signalfd(-1, &handled, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signal_fd_ < 0) throw_errno("signalfd");
+  dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (dev_null_ < 0) throw_errno("open /dev/null");
+}
+
+bool Supervisor::start_store_server() {
+  int out[2];
+  int err[2] = {-1, -1};
+  if (::pipe2(out, O_CLOEXEC) != 0) throw_errno("pipe2");
+  if (options_.prefix_output && ::pipe2(err, O_CLOEXEC) != 0) throw_errno("pipe2");
+  SpawnOptions spawn_options;
+  spawn_options.path = options_.store_server;
+  spawn_options.argv = {options_.store_server,
+                        "--host",
+                        options_.master_addr,
+                        "--port",
+                        std::to_string(options_.master_port),
+                        "--quiet"};
+  spawn_options.env = environment_with({});
+  spawn_options.stdin_fd = dev_null_;
+  spawn_options.stdout_fd = out[1];
+  spawn_options.stderr_fd = err[1];
+  spawn_options.signal_mask = original_mask_;
+  Spawned spawned = spawn(spawn_options);
+  ::close(out[1]);
+  store_stdout_ = out[0];
+  if (err[1] >= 0) {
+    ::close(err[1]);
+    relays_.emplace_back(err[0], STDERR_FILENO, "[store] ");
+  }
+  store_.pid = spawned.pid;
+  store_.running = spawned.exec_error == 0;
+  if (store_.running) return true;
+  fmt::print(stderr, "launch: cannot execute the store server '{}': {}\n",
+             options_.store_server, std::strerror(spawned.exec_error));
+  begin_stop(SIGTERM, 1);
+  return false;
+}
+
+// Reads the store server's stdout until "port=N", a signal, its exit or the
+// timeout; all but the first end the job (stopping_).
+bool Supervisor::wait_for_port() {
+  TimePoint deadline = Clock::now() + kStorePortTimeout;
+  std::string pending;
+  while (port_ == 0 && !stopping_) {
+    auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      fmt::print(stderr, "launch: the store server printed no port=N within {} s\n",
+                 kStorePortTimeout.count());
+      begin_stop(SIGTERM, 1);
+      break;
+    }
+    // The store server's stderr relay (if any) is polled too, so it never
+    // blocks on a full pipe.
+    LineRelay* err_relay = relays_.empty() || !relays_[0].open() ? nullptr : &relays_[0];
+    pollfd fds[3] = {{signal_fd_, POLLIN, 0},
+                     {err_relay ? err_relay->source() : -1, POLLIN, 0},
+                     {store_stdout_, POLLIN, 0}};
+    int rc = ::poll(fds, 3, static_cast<int>(left));
+    if (rc < 0 && errno != EINTR) throw_errno("poll");
+    if (fds[1].revents != 0) err_relay->read_some();
+    if (fds[2].revents != 0 && !parse_port_lines(&pending)) {
+      ::close(store_stdout_);  // EOF: its exit (SIGCHLD) will tell us why
+      store_stdout_ = -1;
+    }
+    if (fds[0].revents != 0) read_signals();
+  }
+  if (store_stdout_ >= 0) {
+    relays_.emplace_back(std::exchange(store_stdout_, -1), STDERR_FILENO, "[store] ",
+                         std::move(pending));
+  }
+  return port_ != 0 && !stopping_;
+}
+
+// Reads once from the store server's stdout and sets port_ from a complete
+// "port=N" line; returns false at EOF.
+bool Supervisor::parse_port_lines(std::string* pending) {
+  char chunk[4096];
+  ssize_t n = ::read(store_stdout_, chunk, sizeof chunk);
+  if (n < 0 && errno == EINTR) return true;
+  if (n <= 0) return false;
+  pending->append(chunk, static_cast<size_t>(n));
+  for (size_t eol; port_ == 0 && (eol = pending->find('\n')) != std::string::npos;) {
+    std::string line = pending->substr(0, eol);
+    pending->erase(0, eol + 1);
+    int port = 0;
+    if (std::sscanf(line.c_str(), "port=%d", &port) == 1 && port > 0 && port < 65536) {
+      port_ = static_cast<uint16_t>(port);
+    }
+  }
+  return true;
+}
+
+void Supervisor::start_workers() {
+  fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid,
+             store_url(options_.master_addr, port_));
+  std::string path = resolve_program(options_.command[0]);
+  for (int rank = 0; rank < options_.nproc; ++rank) {
+    if (!start_worker(rank, path)) break;
+  }
+  workers_started_ = true;
+  if (stopping_) {
+    maybe_stop_store();
+    return;
+  }
+  std::vector<pid_t> pids;
+  for (const Child& worker : workers_) pids.push_back(worker.pid);
+  fmt::print(stderr, "launch: started {} workers (pids {})\n", workers_.size(),
+             fmt::join(pids, ", "));
+}
+
+// Starts one worker; false (stopping the job) when it cannot be executed.
+bool Supervisor::start_worker(int rank, const std::string& path) {
+  const std::string& addr = options_.master_addr;
+  SpawnOptions spawn_options;
+  spawn_options.path = path;
+  spawn_options.argv = options_.command;
+  spawn_options.env = environment_with({
+      fmt::format("RANK={}", rank),
+      fmt::format("LOCAL_RANK={}", rank),
+      fmt::format("WORLD_SIZE={}", options_.nproc),
+      fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc),
+      fmt::format("MASTER_ADDR={}", addr),
+      fmt::format("MASTER_PORT={}", port_),
+      fmt::format("SWITCHBOARD_STORE={}", store_url(addr, port_)),
+  });
+  if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"))
+    spawn_options.workdir = dir;
+  spawn_options.stdin_fd = dev_null_;
+  spawn_options.signal_mask = original_mask_;
+  int out[2] = {-1, -1};
+  int err[2] = {-1, -1};
+  if (options_.prefix_output) {
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+      throw_errno("pipe2");
+    spawn_options.stdout_fd = out[1];
+    spawn_options.stderr_fd = err[1];
+  }
+  Spawned spawned = spawn(spawn_options);
+  workers_.push_back(
+      {fmt::format("rank {}", rank), spawned.pid, spawned.exec_error == 0});
+  if (options_.prefix_output) {
+    ::close(out[1]);
+    ::close(err[1]);
+    std::string prefix = fmt::format("[rank {}] ", rank);
+    relays_.emplace_back(out[0], STDOUT_FILENO, prefix);
+    relays_.emplace_back(err[0], STDERR_FILENO, prefix);
+  }
+  if (spawned.exec_error == 0) return true;
+  fmt::print(stderr, "launch: rank {} cannot execute '{}': {}\n", rank,
+             options_.command[0], std::strerror(spawned.exec_error));
+  begin_stop(SIGTERM, 1);
+  return false;
+}
+
+// The loop of step 4 (launcher.h): until every child is reaped and its
+// output passed on.
+void Supervisor::supervise() {
+  while (!done()) {
+    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
+    std::vector<LineRelay*> polled;
+    for (LineRelay& relay : relays_) {
+      if (!relay.open()) continue;
+      fds.push_back({relay.source(), POLLIN, 0});
+      polled.push_back(&relay);
+    }
+    int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(Clock::now()));
+    if (rc < 0 && errno != EINTR) throw_errno("poll");
+    for (size_t i = 0; rc > 0 && i < polled.size(); ++i) {
+      if (fds[i + 1].revents != 0) polled[i]->read_some();
+    }
+    if (rc > 0 && fds[0].revents != 0) read_signals();
+    on_deadlines(Clock::now());
+  }
+}
+
+void Supervisor::read_signals() {
+  signalfd_siginfo info;
+  while (::read(signal_fd_, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+    on_signal(static_cast<int>(info.ssi_signo));
+  }
+}
+
+void Supervisor::on_signal(int signo) {
+  if (signo == SIGCHLD) {
+    reap_children();
+  } else if (stopping_) {
+    fmt::print(stderr, "launch: {} while stopping: killing everything now\n",
+               signal_name(signo));
+    kill_everything();
+  } else {
+    fmt::print(stderr, "launch: got {}; forwarding it to {} workers\n",
+               signal_name(signo), running_workers());
+    begin_stop(signo, 128 + signo);
+  }
+}
+
+// Several children may have exited for one SIGCHLD.
+void Supervisor::reap_children() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) return;
+    on_child_exit(pid, status);
+  }
+}
+
+void Supervisor::on_child_exit(pid_t pid, int status) {
+  if (pid == store_.pid) {
+    store_.running = false;
+    if (!store_signaled_ && !stopping_) {
+      fmt::print(stderr, "launch: store server (pid {}) {}{}; stopping the workers\n",
+                 pid, describe_status(status),
+                 port_ == 0 ? " before printing its port" : "");
+      begin_stop(SIGTERM, 1);
+    }
+  } else {
+    auto worker = std::find_if(workers_.begin(), workers_.end(),
+                               [&](const Child& child) { return child.pid == pid; });
+    if (worker == workers_.end()) return;  // not ours (cannot happen)
+    worker->running = false;
+    if (!stopping_ && failed(status)) {
+      fmt::print(stderr, "launch: {} (pid {}) {}\n", worker->name, pid,
+                 describe_status(status));
+      begin_stop(SIGTERM, 1);
+    }
+  }
+  maybe_stop_store();
+  if (!store_.running && running_workers() == 0 && !drain_until_) {
+    drain_until_ = Clock::now() + options_.stop_timeout;
+  }
+}
+
+// Ends the job: `signo` to every running worker's process group, SIGKILL
+// after the stop timeout; the launcher will exit with `exit_code`.
+void Supervisor::begin_stop(int signo, int exit_code) {
+  stopping_ = true;
+  exit_code_ = exit_code;
+  int running = running_workers();
+  if (running > 0) {
+    if (exit_code == 1) {
+      fmt::print(stderr,
+                 "launch: stopping {} running workers: {} now, SIGKILL after {}\n",
+                 running, signal_name(signo), seconds(options_.stop_timeout));
+    }
+    for (const Child& worker : workers_) {
+      if (worker.running) ::kill(-worker.pid, signo);
+    }
+    worker_kill_at_ = Clock::now() + options_.stop_timeout;
+  }
+  maybe_stop_store();
+}
+
+// The store server goes last: SIGTERM once every worker has been reaped.
+void Supervisor::maybe_stop_store() {
+  if (!workers_started_ && !stopping_) return;
+  if (running_workers() > 0 || !store_.running || store_signaled_) return;
+  store_signaled_ = true;
+  ::kill(-store_.pid, SIGTERM);
+  store_kill_at_ = Clock::now() + options_.stop_timeout;
+}
+
+void Supervisor::kill_everything() {
+  for (const Child& worker : workers_) {
+    if (worker.running) ::kill(-worker.pid, SIGKILL);
+  }
+  if (store_.running) ::kill(-store_.pid, SIGKILL);
+  store_signaled_ = true;
+  worker_kill_at_.reset();
+  store_kill_at_.reset();
+}
+
+void Supervisor::on_deadlines(TimePoint now) {
+  if (worker_kill_at_ && now >= *worker_kill_at_) {
+    worker_kill_at_.reset();
+    if (int running = running_workers(); running > 0) {
+      fmt::print(stderr, "launch: {} workers still running after {}; sending SIGKILL\n",
+                 running, seconds(options_.stop_timeout));
+      for (const Child& worker : workers_) {
+        if (worker.running) ::kill(-worker.pid, SIGKILL);
+      }
+    }
+  }
+  if (store_kill_at_ && now >= *store_kill_at_) {
+    store_kill_at_.reset();
+    if (store_.running) {
+      fmt::print(stderr, "launch: store server still running after {}; sending SIGKILL\n",
+                 seconds(options_.stop_timeout));
+      ::kill(-store_.pid, SIGKILL);
+    }
+  }
+  if (drain_until_ && now >= *drain_until_) drain_and_close_relays();
+}
+
+// Every child is gone but some pipe is still open (a grandchild holds it):
+// pass on what is already buffered, then stop listening.
+void Supervisor::drain_and_close_relays() {
+  constexpr int kMaxReads = 64;  // 1 MiB: more than a pipe buffers
+  for (LineRelay& relay : relays_) {
+    for (int i = 0; i < kMaxReads && relay.open(); ++i) {
+      pollfd readable{relay.source(), POLLIN, 0};
+      if (::poll(&readable, 1, 0) <= 0) break;
+      relay.read_some();
+    }
+    relay.finish();
+  }
+}
+
+int Supervisor::poll_timeout_ms(TimePoint now) const {
+  std::optional<TimePoint> next;
+  for (const auto& deadline : {worker_kill_at_, store_kill_at_, drain_until_}) {
+    if (deadline && (!next || *deadline < *next)) next = deadline;
+  }
+  if (!next) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1'000'000));
+}
+
+int Supervisor::running_workers() const {
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(),
+                    [](const Child& child) { return child.running; }));
+}
+
+bool Supervisor::done() const {
+  if (store_.running || running_workers() > 0) return false;
+  return std::none_of(relays_.begin(), relays_.end(),
+                      [](const LineRelay& relay) { return relay.open(); });
+}
+
+}  // namespace
+
+int run_launcher(const LaunchOptions& options) {
+  Supervisor supervisor(options);
+  return supervisor.run();
+}
+
+}  // namespace switchboard::launch
