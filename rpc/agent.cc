@@ -1,0 +1,25 @@
+#include "rpc/agent.h"
+
+#include <utility>
+
+#include "common/check.h"
+
+namespace switchboard::rpc {
+namespace {
+
+size_t checked_thread_count(const WorkerInfo& self, size_t num_worker_threads) {
+  SB_REQUIRE(num_worker_threads > 0,
+             "rpc agent \"{}\": num_worker_threads must be at least 1, got 0", self.name);
+  return num_worker_threads;
+}
+
+}  // namespace
+
+RpcAgent::RpcAgent(WorkerInfo self, size_t num_worker_threads)
+    : self_(std::move(self)),
+      pool_(std::make_shared<ThreadPool>(checked_thread_count(self_, num_worker_threads),
+                                         "sb-rpc-pool")) {}
+
+RpcAgent::~RpcAgent() = default;
+
+}  // namespace switchboard::rpc

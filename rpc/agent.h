@@ -1,0 +1,82 @@
+// RpcAgent: the interface every RPC backend implements (PIPE,
+// PROCESS_GROUP, or a user's own, registered through backend_registry.h).
+//
+// An agent moves Messages between the workers of one group. The RPC layer
+// (rpc/rpc.h) gives it a RequestHandler at start(); the agent calls it on
+// its pool (never on an I/O thread) for every request it receives and sends
+// back whatever response the handler's future completes with (a handler
+// may return an unfinished future: the reply goes out when it completes,
+// without holding a pool thread — PyTorch's @async_execution).
+//
+// send() returns at once with a future that completes with the response,
+// or fails with:
+//   TimeoutError    no response within `timeout` (0: no timeout); the
+//                   message names the worker, the function and the timeout
+//   ConnectionError the connection to the worker failed or it left
+//   Error(kCancelled) the agent shut down before the response arrived
+// An error response (MessageType::kError) completes the future normally:
+// the RPC layer turns it into a RemoteError.
+//
+// Lifecycle: construct (rendezvous is the backend's business) → start() →
+// send()/serve → join() (optional) → shutdown() → destroy. shutdown() is
+// idempotent and never hangs; the destructor calls it.
+//
+// Thread safety: every method may be called from any thread, except that
+// start() is called once before anything else and the destructor last.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rpc/future.h"
+#include "rpc/message.h"
+#include "rpc/thread_pool.h"
+
+namespace switchboard::rpc {
+
+class RpcAgent {
+ public:
+  using Timeout = std::chrono::milliseconds;
+  // Serves one request from `from`; the returned future's value is the
+  // response (type kResponse or kError; the agent sets its id).
+  using RequestHandler =
+      std::function<Future<Message>(Message request, const WorkerInfo& from)>;
+
+  // `num_worker_threads`: the pool that runs handlers and future callbacks.
+  RpcAgent(WorkerInfo self, size_t num_worker_threads);
+  virtual ~RpcAgent();
+  RpcAgent(const RpcAgent&) = delete;
+  RpcAgent& operator=(const RpcAgent&) = delete;
+
+  // Begins serving: from now on requests reach `handler`, on the pool.
+  virtual void start(RequestHandler handler) = 0;
+
+  // Sends `request` (type kRequest) to `to`. See above for the errors.
+  virtual Future<Message> send(const WorkerInfo& to, Message request,
+                               Timeout timeout) = 0;
+
+  const WorkerInfo& self() const { return self_; }
+  // Lookup; NotFoundError naming the worker when there is none.
+  virtual WorkerInfo worker(const std::string& name) const = 0;
+  virtual WorkerInfo worker(int id) const = 0;
+  virtual std::vector<WorkerInfo> workers() const = 0;
+
+  // Barrier: returns when every worker called join() and none has requests
+  // in flight (sent and unanswered); TimeoutError after `timeout`.
+  virtual void join(Timeout timeout) = 0;
+  // Stops serving and sending; fails pending futures with
+  // Error(kCancelled); joins every thread. Idempotent, never hangs.
+  virtual void shutdown() = 0;
+
+  // The pool that runs handlers and callbacks (shared with the RPC layer).
+  const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
+
+ private:
+  WorkerInfo self_;
+  std::shared_ptr<ThreadPool> pool_;
+};
+
+}  // namespace switchboard::rpc

@@ -1,0 +1,80 @@
+#include "rpc/function_registry.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace switchboard::rpc {
+
+namespace detail {
+
+Message make_response(uint64_t id) {
+  Message response;
+  response.type = MessageType::kResponse;
+  response.id = id;
+  return response;
+}
+
+Message make_error_response(uint64_t id, std::string_view worker,
+                            std::exception_ptr error) {
+  Message response = make_response(id);
+  encode_remote_error(response, worker, error);
+  return response;
+}
+
+}  // namespace detail
+
+FunctionRegistry::FunctionRegistry(std::string worker_name)
+    : worker_name_(std::move(worker_name)) {}
+
+void FunctionRegistry::add(std::string name, Handler handler) {
+  SB_REQUIRE(!name.empty(), "register_function on worker \"{}\": empty function name",
+             worker_name_);
+  auto shared = std::make_shared<const Handler>(std::move(handler));
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto [it, inserted] = handlers_.try_emplace(name, std::move(shared));
+  if (!inserted) {
+    throw RegistryError(fmt::format(
+        "function \"{}\" is already registered on worker \"{}\"", name, worker_name_));
+  }
+}
+
+bool FunctionRegistry::has_function(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return handlers_.find(name) != handlers_.end();
+}
+
+std::vector<std::string> FunctionRegistry::functions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> names;
+  names.reserve(handlers_.size());
+  for (const auto& entry : handlers_) names.push_back(entry.first);
+  return names;
+}
+
+Future<Message> FunctionRegistry::call(const Message& request,
+                                       const WorkerInfo& from) const {
+  std::shared_ptr<const Handler> handler;
+  try {
+    if (request.type != MessageType::kRequest) {
+      throw std::invalid_argument(
+          fmt::format("worker \"{}\" received message {} of type {} as a request",
+                      worker_name_, request.id, static_cast<int>(request.type)));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = handlers_.find(request.function);
+      if (it != handlers_.end()) handler = it->second;
+    }
+    if (!handler) {
+      throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"",
+                                      worker_name_, request.function));
+    }
+    return (*handler)(request);
+  } catch (...) {
+    return Future<Message>::ready(
+        detail::make_error_response(request.id, worker_name_, std::current_exception()));
+  }
+}
+
+}  // namespace switchboard::rpc

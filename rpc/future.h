@@ -1,0 +1,443 @@
+// Future and Promise: the one async result type of the RPC layer.
+//
+// A Promise<T> and the Future<T>s it hands out are handles to one shared
+// state that completes exactly once, with a value or with an error (an
+// std::exception_ptr, normally a switchboard::Error from common/error.h).
+// The producer (an agent, a handler) keeps a Promise and completes it; the
+// consumer waits on the Future or registers callbacks on it.
+//
+// Which thread runs a callback (add_callback, then): a Promise made with an
+// Executor (e.g. the agent's ThreadPool) posts every callback of its state
+// to that executor, also callbacks added after completion. Without an
+// executor, a callback runs inline: on the thread that completes the
+// promise, or on the thread calling add_callback()/then() when the state is
+// already complete. If the executor refuses the task (post() throws, e.g. a
+// pool that has shut down), the callback runs inline on the thread that
+// tried to post it. Each callback runs exactly once. Callbacks run outside
+// every lock, so they may use the same Future and Promise freely.
+// Exceptions that escape an add_callback() callback are logged and dropped;
+// then() turns them into the result future's error instead.
+//
+// Cancellation: none. Dropping a Future never cancels the operation, and
+// timeouts are the producer's business (agents fail the future with a
+// TimeoutError). When the last handle to a Promise is destroyed before it
+// completed, the state completes with Error(ErrorCode::kCancelled, "promise
+// abandoned ...") so nothing waits forever; callbacks that captured their
+// own Promise keep it alive and prevent this.
+//
+// Blocking on a pool thread: wait(), wait_for() and value() hold a
+// ThreadPool::BlockedScope while they block, so that the pool starts
+// another thread when needed (see rpc/thread_pool.h); nested waits on a
+// pool thread therefore cannot starve the pool.
+//
+// Thread safety: every method of Future and Promise may be called
+// concurrently from any number of threads, on the same handle or on
+// copies. Assigning to a handle object while another thread uses that same
+// object is a data race, as with std::shared_ptr.
+//
+// Errors: using an invalid Future (default-constructed) or a moved-from
+// Promise throws std::invalid_argument (a caller bug), as does completing
+// with a null exception_ptr.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "rpc/thread_pool.h"
+
+namespace switchboard::rpc {
+
+template <typename T>
+class Future;
+template <typename T>
+class Promise;
+
+namespace detail {
+
+// What the state stores for T (void stores nothing).
+template <typename T>
+using Stored = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
+
+template <typename T>
+class State;
+
+// Builds handles from a state (their constructors are private).
+struct Access {
+  template <typename T>
+  static Future<T> make(std::shared_ptr<State<T>> state) {
+    return Future<T>(std::move(state));
+  }
+};
+
+// The shared state. Invariants: `done_` goes from false to true once, under
+// `mu_`; `value_` (success) or `error_` (failure) is set in the same
+// critical section and never changes afterwards, so it may be read without
+// the lock by a thread that saw done_ == true under the lock.
+template <typename T>
+class State : public std::enable_shared_from_this<State<T>> {
+ public:
+  using Callback = std::function<void(const Future<T>&)>;
+
+  explicit State(std::shared_ptr<Executor> executor) : executor_(std::move(executor)) {}
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  const std::shared_ptr<Executor>& executor() const { return executor_; }
+
+  bool complete_value(Stored<T>&& value) { return complete(&value, nullptr); }
+  bool complete_error(std::exception_ptr error) { return complete(nullptr, error); }
+
+  bool done() const {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+  void wait() const {
+    if (done()) return;
+    ThreadPool::BlockedScope blocked;
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+  }
+
+  bool wait_for(std::chrono::milliseconds timeout) const {
+    if (done()) return true;
+    if (timeout.count() <= 0) return false;
+    ThreadPool::BlockedScope blocked;
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return done_; });
+  }
+
+  std::exception_ptr error() const {
+    std::lock_guard lock(mu_);
+    return done_ ? error_ : nullptr;
+  }
+
+  // Only after this thread saw done() == true (see the invariants).
+  const Stored<T>& value_when_done() const { return *value_; }
+  std::exception_ptr error_when_done() const { return error_; }
+
+  void add_callback(Callback callback) {
+    {
+      std::lock_guard lock(mu_);
+      if (!done_) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+    }
+    dispatch(std::move(callback));
+  }
+
+ private:
+  bool complete(Stored<T>* value, std::exception_ptr error) {
+    std::vector<Callback> callbacks;
+    {
+      std::lock_guard lock(mu_);
+      if (done_) return false;
+      if (value != nullptr) {
+        value_.emplace(std::move(*value));
+      } else {
+        error_ = std::move(error);
+      }
+      done_ = true;
+      callbacks.swap(callbacks_);
+    }
+    cv_.notify_all();
+    for (auto& callback : callbacks) dispatch(std::move(callback));
+    return true;
+  }
+
+  // Runs `callback` on the executor, or inline (also when the executor
+  // refuses it). Called without the lock, after completion.
+  void dispatch(Callback callback) {
+    Future<T> self = Access::make<T>(this->shared_from_this());
+    if (executor_ == nullptr) {
+      invoke(callback, self);
+      return;
+    }
+    auto shared = std::make_shared<Callback>(std::move(callback));
+    try {
+      executor_->post([self, shared] { invoke(*shared, self); });
+      return;
+    } catch (...) {
+      // The executor refused the task and dropped it: run it here instead.
+    }
+    invoke(*shared, self);
+  }
+
+  static void invoke(Callback& callback, const Future<T>& self) noexcept {
+    try {
+      callback(self);
+    } catch (...) {
+      log_uncaught("Future callback", std::current_exception());
+    }
+  }
+
+  const std::shared_ptr<Executor> executor_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;                // GUARDED_BY(mu_)
+  std::optional<Stored<T>> value_;   // see the invariants
+  std::exception_ptr error_;         // see the invariants
+  std::vector<Callback> callbacks_;  // GUARDED_BY(mu_)
+};
+
+// Owned by every copy of one Promise; abandons the state when the last
+// copy goes away without having completed it.
+template <typename T>
+struct PromiseCore {
+  explicit PromiseCore(std::shared_ptr<State<T>> state) : state(std::move(state)) {}
+  PromiseCore(const PromiseCore&) = delete;
+  PromiseCore& operator=(const PromiseCore&) = delete;
+  ~PromiseCore() {
+    if (state->done()) return;
+    try {
+      state->complete_error(std::make_exception_ptr(
+          Error(ErrorCode::kCancelled,
+                "promise abandoned: its last Promise handle was destroyed before "
+                "it was given a value or an error")));
+    } catch (...) {
+      log_uncaught("Promise destructor", std::current_exception());
+    }
+  }
+  const std::shared_ptr<State<T>> state;
+};
+
+// then(): Future<V> results are flattened.
+template <typename R>
+struct Unwrap {
+  using type = R;
+  static constexpr bool kIsFuture = false;
+};
+template <typename V>
+struct Unwrap<Future<V>> {
+  using type = V;
+  static constexpr bool kIsFuture = true;
+};
+
+// Completes `promise` the way `from` completed.
+template <typename V>
+void forward_result(const Promise<V>& promise, const Future<V>& from) {
+  if (auto error = from.error()) {
+    promise.set_error(error);
+  } else if constexpr (std::is_void_v<V>) {
+    promise.set_value();
+  } else {
+    promise.set_value(from.value());
+  }
+}
+
+// What Future<T> and Future<void> share; use Future<T>.
+template <typename T>
+class FutureCommon {
+ public:
+  // False for a default-constructed Future; every other method then throws
+  // std::invalid_argument.
+  bool valid() const { return state_ != nullptr; }
+
+  // True once completed (with a value or an error). Never blocks for long.
+  bool done() const { return state().done(); }
+
+  // Blocks until completed; never throws the future's error (value() does).
+  // On a pool thread, holds a ThreadPool::BlockedScope while blocked.
+  void wait() const { state().wait(); }
+
+  // Blocks at most `timeout`; true when completed (then or before).
+  bool wait_for(std::chrono::milliseconds timeout) const {
+    return state().wait_for(timeout);
+  }
+
+  // The error once completed with one, else nullptr (also while pending).
+  std::exception_ptr error() const { return state().error(); }
+  bool has_error() const { return error() != nullptr; }
+
+  // Runs `callback(future)` once after completion; see the top of this file
+  // for the thread. The state owns `callback` until it has run.
+  void add_callback(std::function<void(const Future<T>&)> callback) const {
+    SB_REQUIRE(callback != nullptr, "Future::add_callback() with an empty callback");
+    state().add_callback(std::move(callback));
+  }
+
+  // Returns a Future<U> (with this state's executor) completed with
+  // f(completed future) or failed with what f threw. f runs like an
+  // add_callback() callback; it must accept `const Future<T>&` (call
+  // value() in it to get the value or rethrow the error). When f returns a
+  // Future<V>, the result is a Future<V> that completes when that one does.
+  // F may be move-only; it is destroyed after it ran (or with the state).
+  template <typename F>
+  auto then(F f) const {
+    static_assert(std::is_invocable_v<F&, const Future<T>&>,
+                  "then(f): f must be callable as f(const Future<T>&)");
+    using R = std::remove_cvref_t<std::invoke_result_t<F&, const Future<T>&>>;
+    using V = typename Unwrap<R>::type;
+    Promise<V> promise(state().executor());
+    Future<V> result = promise.get_future();
+    auto fn = std::make_shared<F>(std::move(f));
+    add_callback([promise, fn](const Future<T>& self) {
+      try {
+        if constexpr (Unwrap<R>::kIsFuture) {
+          R inner = (*fn)(self);
+          if (!inner.valid()) {
+            throw std::invalid_argument("then(f): f returned an invalid Future");
+          }
+          inner.add_callback(
+              [promise](const R& done) { forward_result<V>(promise, done); });
+        } else if constexpr (std::is_void_v<R>) {
+          (*fn)(self);
+          promise.set_value();
+        } else {
+          promise.set_value((*fn)(self));
+        }
+      } catch (...) {
+        promise.set_error(std::current_exception());
+      }
+    });
+    return result;
+  }
+
+  // An already failed future (no executor). `error` must not be null.
+  static Future<T> failed(std::exception_ptr error) {
+    SB_REQUIRE(error != nullptr, "Future::failed() with a null exception_ptr");
+    auto state = std::make_shared<State<T>>(nullptr);
+    state->complete_error(std::move(error));
+    return Access::make<T>(std::move(state));
+  }
+
+ protected:
+  FutureCommon() = default;
+  explicit FutureCommon(std::shared_ptr<State<T>> state) : state_(std::move(state)) {}
+
+  State<T>& state() const {
+    SB_REQUIRE(state_ != nullptr, "use of an invalid (default-constructed) Future");
+    return *state_;
+  }
+
+  std::shared_ptr<State<T>> state_;
+};
+
+}  // namespace detail
+
+// A copyable handle to the result of an asynchronous operation; see the top
+// of this file. The value lives as long as any handle to the state does.
+template <typename T>
+class [[nodiscard]] Future : public detail::FutureCommon<T> {
+ public:
+  Future() = default;
+
+  // An already completed future (no executor).
+  static Future ready(T value) {
+    auto state = std::make_shared<detail::State<T>>(nullptr);
+    state->complete_value(std::move(value));
+    return Future(std::move(state));
+  }
+
+  // Waits, then returns the value or rethrows the error. The reference stays
+  // valid while any Future or Promise handle to this state exists.
+  const T& value() const {
+    this->wait();
+    if (auto error = this->state_->error_when_done()) std::rethrow_exception(error);
+    return this->state_->value_when_done();
+  }
+
+ private:
+  friend struct detail::Access;
+  explicit Future(std::shared_ptr<detail::State<T>> state)
+      : detail::FutureCommon<T>(std::move(state)) {}
+};
+
+template <>
+class [[nodiscard]] Future<void> : public detail::FutureCommon<void> {
+ public:
+  Future() = default;
+
+  // An already completed future (no executor).
+  static Future ready() {
+    auto state = std::make_shared<detail::State<void>>(nullptr);
+    state->complete_value(std::monostate{});
+    return Future(std::move(state));
+  }
+
+  // Waits, then returns or rethrows the error.
+  void value() const {
+    this->wait();
+    if (auto error = this->state_->error_when_done()) std::rethrow_exception(error);
+  }
+
+ private:
+  friend struct detail::Access;
+  explicit Future(std::shared_ptr<detail::State<void>> state)
+      : detail::FutureCommon<void>(std::move(state)) {}
+};
+
+namespace detail {
+
+// What Promise<T> and Promise<void> share; use Promise<T>.
+template <typename T>
+class PromiseCommon {
+ public:
+  // Every Future handed out refers to the same state.
+  Future<T> get_future() const { return Access::make<T>(core().state); }
+
+  // Fails the state with `error` (must not be null); false when it was
+  // already completed (then nothing changes).
+  bool set_error(std::exception_ptr error) const {
+    SB_REQUIRE(error != nullptr, "Promise::set_error() with a null exception_ptr");
+    return core().state->complete_error(std::move(error));
+  }
+
+  bool is_completed() const { return core().state->done(); }
+
+ protected:
+  explicit PromiseCommon(std::shared_ptr<Executor> executor)
+      : core_(std::make_shared<PromiseCore<T>>(
+            std::make_shared<State<T>>(std::move(executor)))) {}
+
+  PromiseCore<T>& core() const {
+    SB_REQUIRE(core_ != nullptr, "use of a moved-from Promise");
+    return *core_;
+  }
+
+ private:
+  std::shared_ptr<PromiseCore<T>> core_;
+};
+
+}  // namespace detail
+
+// The producer's copyable handle; see the top of this file. `executor`
+// (may be null) is where the state's callbacks run, shared by the state
+// until it is destroyed.
+template <typename T>
+class Promise : public detail::PromiseCommon<T> {
+ public:
+  explicit Promise(std::shared_ptr<Executor> executor = nullptr)
+      : detail::PromiseCommon<T>(std::move(executor)) {}
+
+  // Completes with `value`; false when already completed (then `value` is
+  // dropped and nothing changes).
+  bool set_value(T value) const {
+    return this->core().state->complete_value(std::move(value));
+  }
+};
+
+template <>
+class Promise<void> : public detail::PromiseCommon<void> {
+ public:
+  explicit Promise(std::shared_ptr<Executor> executor = nullptr)
+      : detail::PromiseCommon<void>(std::move(executor)) {}
+
+  // Completes; false when already completed.
+  bool set_value() const { return this->core().state->complete_value(std::monostate{}); }
+};
+
+}  // namespace switchboard::rpc

@@ -1,0 +1,49 @@
+// Message: what agents carry between workers.
+//
+// A request names a registered function and carries its arguments; a
+// response carries the result; an error response carries a RemoteError
+// (the remote worker's name, the exception's type and message). The body is
+// msgpack (rpc/serialize.h); tensors never go through msgpack: the body
+// holds their descriptors (index into `tensors`), and agents move the bytes
+// out of band.
+//
+// Thread safety: a value type; no internal synchronization.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collective/tensor.h"
+
+namespace switchboard::rpc {
+
+enum class MessageType : uint8_t {
+  kRequest = 1,
+  kResponse = 2,
+  kError = 3,  // payload: encode_remote_error() (rpc/serialize.h)
+};
+
+struct Message {
+  MessageType type = MessageType::kRequest;
+  // Set by the agent on send; a response carries its request's id.
+  uint64_t id = 0;
+  // Requests: the registered function's name. Empty otherwise.
+  std::string function;
+  // msgpack body (arguments, result or error).
+  std::vector<uint8_t> payload;
+  // Out-of-band tensors referenced from the body, in order. CPU tensors are
+  // contiguous when they travel (agents make them so or refuse).
+  std::vector<Tensor> tensors;
+};
+
+// A worker of the group: its unique name and its id (the rank in a static
+// group; assigned at join in a dynamic one).
+struct WorkerInfo {
+  std::string name;
+  int id = -1;
+
+  friend bool operator==(const WorkerInfo&, const WorkerInfo&) = default;
+};
+
+}  // namespace switchboard::rpc

@@ -1,0 +1,337 @@
+#include "rpc/thread_pool.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "common/error.h"
+
+namespace switchboard::rpc {
+
+// Invariants (all under mu): `live` counts threads that entered run() and
+// have not left it; each of them has its std::thread in `threads` (until
+// join_all() takes them) or, once it retired, in `retired`; idle <= live and
+// blocked <= live. No task runs and no thread is joined while mu is held.
+struct ThreadPool::Impl {
+  Impl(size_t num_threads, std::string name, size_t max_threads)
+      : num_threads(num_threads), name(std::move(name)), max_threads(max_threads) {}
+
+  const size_t num_threads;
+  const std::string name;
+  const size_t max_threads;
+  std::atomic<ThreadPool*> owner{nullptr};  // nullptr once the shell is destroyed
+
+  mutable std::mutex mu;
+  std::condition_variable work_cv;
+  std::deque<std::function<void()>> queue;  // GUARDED_BY(mu)
+  std::vector<std::thread> threads;         // GUARDED_BY(mu)
+  std::vector<std::thread> retired;         // GUARDED_BY(mu): exited when idle
+  size_t live = 0;                          // GUARDED_BY(mu)
+  size_t idle = 0;                          // GUARDED_BY(mu)
+  size_t blocked = 0;                       // GUARDED_BY(mu)
+  bool closed = false;                      // GUARDED_BY(mu)
+  std::chrono::milliseconds idle_timeout = kDefaultIdleTimeout;  // GUARDED_BY(mu)
+
+  std::mutex join_mu;  // one join_all() at a time
+
+  void start_thread();  // REQUIRES(mu)
+  void maybe_grow();    // REQUIRES(mu)
+  void retire_self();   // REQUIRES(mu)
+  void run();
+  void run_task(std::function<void()>& task);
+  void close();
+  void join_all();
+};
+
+namespace {
+
+thread_local ThreadPool::Impl* tl_pool = nullptr;  // the pool this thread serves
+thread_local int tl_blocked_depth = 0;             // nesting of BlockedScope
+
+void join_each(std::vector<std::thread>& threads) {
+  for (auto& t : threads) t.join();
+  threads.clear();
+}
+
+// Joins the threads of pools destroyed on one of their own threads (which
+// cannot join themselves). Its one thread is started on first use and
+// joined when the process exits.
+class Reaper {
+ public:
+  static Reaper& instance() {
+    static Reaper reaper;
+    return reaper;
+  }
+
+  void adopt(std::shared_ptr<ThreadPool::Impl> pool) {
+    std::lock_guard lock(mu_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    pending_.push_back(std::move(pool));
+    cv_.notify_one();
+  }
+
+  ~Reaper() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    pthread_setname_np(pthread_self(), "sb-pool-reaper");
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !pending_.empty() || stopping_; });
+      if (pending_.empty()) return;
+      auto pool = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();
+      pool->join_all();
+      pool.reset();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ThreadPool::Impl>> pending_;  // GUARDED_BY(mu_)
+  bool stopping_ = false;                                  // GUARDED_BY(mu_)
+  std::thread thread_;                                     // GUARDED_BY(mu_)
+};
+
+}  // namespace
+
+void ThreadPool::Impl::start_thread() {
+  threads.emplace_back([this] { run(); });
+  ++live;
+}
+
+// Growth rule: there is queued work no idle thread will take, and blocked
+// threads leave fewer than num_threads threads able to run it.
+void ThreadPool::Impl::maybe_grow() {
+  if (queue.size() <= idle || live - blocked >= num_threads || live >= max_threads) {
+    return;
+  }
+  try {
+    start_thread();
+  } catch (const std::exception& e) {
+    spdlog::warn("ThreadPool \"{}\": cannot start thread {} of at most {}: {}", name,
+                 live + 1, max_threads, e.what());
+  }
+}
+
+void ThreadPool::Impl::retire_self() {
+  auto self = std::find_if(threads.begin(), threads.end(), [](const std::thread& t) {
+    return t.get_id() == std::this_thread::get_id();
+  });
+  if (self != threads.end()) {
+    retired.push_back(std::move(*self));
+    threads.erase(self);
+  }
+  --live;
+}
+
+void ThreadPool::Impl::run_task(std::function<void()>& task) {
+  try {
+    task();
+  } catch (...) {
+    detail::log_uncaught(fmt::format("ThreadPool \"{}\" task", name),
+                         std::current_exception());
+  }
+  try {
+    task = nullptr;  // destroy what the task captured before taking the lock
+  } catch (...) {
+    detail::log_uncaught(fmt::format("ThreadPool \"{}\" task destructor", name),
+                         std::current_exception());
+  }
+}
+
+void ThreadPool::Impl::run() {
+  tl_pool = this;
+  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  std::unique_lock lock(mu);
+  for (;;) {
+    if (!queue.empty()) {
+      auto task = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      run_task(task);
+      lock.lock();
+      continue;
+    }
+    if (closed) break;
+    if (!retired.empty()) {  // join threads that left while idle
+      auto done = std::move(retired);
+      retired.clear();
+      lock.unlock();
+      join_each(done);
+      lock.lock();
+      continue;
+    }
+    ++idle;
+    bool woken =
+        work_cv.wait_for(lock, idle_timeout, [&] { return !queue.empty() || closed; });
+    --idle;
+    if (!woken && live > num_threads) {
+      retire_self();
+      return;
+    }
+  }
+  --live;
+}
+
+void ThreadPool::Impl::close() {
+  {
+    std::lock_guard lock(mu);
+    closed = true;
+  }
+  work_cv.notify_all();
+}
+
+// Called after close(), never on one of this pool's threads. Threads may
+// still be started while the queue drains (growth), hence the loop.
+void ThreadPool::Impl::join_all() {
+  std::lock_guard join_lock(join_mu);
+  for (;;) {
+    std::vector<std::thread> batch;
+    {
+      std::lock_guard lock(mu);
+      batch = std::move(threads);
+      threads.clear();
+      for (auto& t : retired) batch.push_back(std::move(t));
+      retired.clear();
+    }
+    if (batch.empty()) return;
+    join_each(batch);
+  }
+}
+
+ThreadPool::ThreadPool(size_t num_threads, std::string name, size_t max_threads) {
+  SB_REQUIRE(num_threads > 0, "ThreadPool \"{}\": num_threads must be at least 1", name);
+  if (max_threads == 0) max_threads = std::max<size_t>(32 * num_threads, 64);
+  SB_REQUIRE(max_threads >= num_threads,
+             "ThreadPool \"{}\": max_threads {} is below num_threads {}", name,
+             max_threads, num_threads);
+  impl_ = std::make_shared<Impl>(num_threads, std::move(name), max_threads);
+  impl_->owner.store(this);
+  try {
+    std::lock_guard lock(impl_->mu);
+    for (size_t i = 0; i < num_threads; ++i) impl_->start_thread();
+  } catch (...) {
+    impl_->close();
+    impl_->join_all();
+    throw;
+  }
+}
+
+ThreadPool::~ThreadPool() {
+  impl_->owner.store(nullptr);
+  impl_->close();
+  if (tl_pool != impl_.get()) {
+    impl_->join_all();
+    return;
+  }
+  try {
+    Reaper::instance().adopt(impl_);
+  } catch (const std::exception& e) {
+    // Without a reaper the threads cannot be joined; keep their state alive
+    // rather than free it under them.
+    spdlog::error(
+        "ThreadPool \"{}\": destroyed on its own thread and cannot hand "
+        "its threads to the reaper: {}",
+        impl_->name, e.what());
+    new std::shared_ptr<Impl>(impl_);
+  }
+}
+
+void ThreadPool::post(std::function<void()> task) {
+  SB_REQUIRE(task != nullptr, "ThreadPool \"{}\": post() of an empty task", impl_->name);
+  std::vector<std::thread> done;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->closed) {
+      throw Error(ErrorCode::kCancelled,
+                  fmt::format("ThreadPool \"{}\" is shut down: post() rejected the task",
+                              impl_->name));
+    }
+    impl_->queue.push_back(std::move(task));
+    impl_->maybe_grow();
+    done.swap(impl_->retired);
+  }
+  impl_->work_cv.notify_one();
+  join_each(done);
+}
+
+void ThreadPool::shutdown() {
+  impl_->close();
+  if (tl_pool == impl_.get()) return;  // cannot join ourselves; see the header
+  impl_->join_all();
+}
+
+size_t ThreadPool::size() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->live;
+}
+
+const std::string& ThreadPool::name() const { return impl_->name; }
+
+void ThreadPool::set_idle_timeout(std::chrono::milliseconds timeout) {
+  SB_REQUIRE(timeout.count() > 0, "ThreadPool \"{}\": idle timeout must be positive",
+             impl_->name);
+  std::lock_guard lock(impl_->mu);
+  impl_->idle_timeout = timeout;
+}
+
+ThreadPool* ThreadPool::current() {
+  return tl_pool == nullptr ? nullptr : tl_pool->owner.load();
+}
+
+ThreadPool::BlockedScope::BlockedScope() {
+  if (tl_pool == nullptr || tl_blocked_depth++ > 0) return;
+  std::lock_guard lock(tl_pool->mu);
+  ++tl_pool->blocked;
+  tl_pool->maybe_grow();
+}
+
+ThreadPool::BlockedScope::~BlockedScope() {
+  if (tl_pool == nullptr || --tl_blocked_depth > 0) return;
+  std::lock_guard lock(tl_pool->mu);
+  --tl_pool->blocked;
+}
+
+namespace detail {
+
+void log_uncaught(const std::string& where, const std::exception_ptr& error) noexcept {
+  if (error == nullptr) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    try {
+      spdlog::error("{}: uncaught exception: {}", where, e.what());
+    } catch (...) {
+    }
+  } catch (...) {
+    try {
+      spdlog::error("{}: uncaught exception of an unknown type", where);
+    } catch (...) {
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace switchboard::rpc
