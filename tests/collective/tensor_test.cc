@@ -15,9 +15,13 @@
 #include <thread>
 #include <vector>
 
+#include "tests/collective/tensor_test_util.h"
+
 namespace {
 
 using Catch::Contains;
+using sbtest::flag_owner;
+using sbtest::invalid_argument_message;
 using switchboard::bfloat16_to_float;
 using switchboard::Device;
 using switchboard::DType;
@@ -29,25 +33,6 @@ using switchboard::half_to_float;
 using switchboard::kAllDTypes;
 using switchboard::parse_dtype;
 using switchboard::Tensor;
-
-// The message of the std::invalid_argument that fn throws ("<no exception>"
-// when it throws nothing; other exception types propagate and fail the test).
-template <typename Fn>
-std::string invalid_argument_message(Fn fn) {
-  try {
-    fn();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "<no exception>";
-}
-
-// A shared_ptr owner whose deleter sets a flag, to observe when the last
-// reference to borrowed storage goes away.
-std::shared_ptr<void> flag_owner(bool* released) {
-  return std::shared_ptr<void>(static_cast<void*>(released),
-                               [](void* flag) { *static_cast<bool*>(flag) = true; });
-}
 
 float make_float(uint32_t bits) { return std::bit_cast<float>(bits); }
 
