@@ -1,0 +1,188 @@
+#include "agents/process_group_frame.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "agents/process_group_agent.h"
+
+namespace switchboard::agents::pg_frame {
+namespace {
+
+namespace wire = process_group_wire;
+
+class Writer {
+ public:
+  explicit Writer(uint8_t* out) : out_(out) {}
+  void u8(uint8_t v) { out_[pos_++] = v; }
+  void u16(uint16_t v) { little(v, 2); }
+  void u32(uint32_t v) { little(v, 4); }
+  void u64(uint64_t v) { little(v, 8); }
+  void bytes(const void* data, size_t n) {
+    if (n > 0) std::memcpy(out_ + pos_, data, n);
+    pos_ += n;
+  }
+  size_t pos() const { return pos_; }
+
+ private:
+  void little(uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_[pos_++] = static_cast<uint8_t>(v >> (8 * i));
+  }
+  uint8_t* out_;
+  size_t pos_ = 0;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return static_cast<uint8_t>(little(1)); }
+  uint16_t u16() { return static_cast<uint16_t>(little(2)); }
+  uint32_t u32() { return static_cast<uint32_t>(little(4)); }
+  uint64_t u64() { return little(8); }
+  const uint8_t* take(size_t n, const char* what) {
+    if (n > size_ - pos_) {
+      throw ProtocolError(
+          fmt::format("{} needs {} bytes, {} left", what, n, size_ - pos_));
+    }
+    const uint8_t* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+  size_t left() const { return size_ - pos_; }
+
+ private:
+  uint64_t little(int n) {
+    const uint8_t* p = take(static_cast<size_t>(n), "an integer");
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v |= uint64_t{p[i]} << (8 * i);
+    return v;
+  }
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+size_t descriptor_size(const Tensor& t) { return 8 + 8 * static_cast<size_t>(t.dim()); }
+
+uint8_t* bytes_of(const Tensor& t) { return static_cast<uint8_t*>(t.data()); }
+
+// The header and the body of `m` (body undefined when empty).
+std::pair<Tensor, Tensor> encode_frame(const Message& m) {
+  Header h;
+  h.type = m.type;
+  h.id = m.id;
+  h.function_length = static_cast<uint32_t>(m.function.size());
+  h.tensor_count = static_cast<uint32_t>(m.tensors.size());
+  h.payload_length = m.payload.size();
+  for (const Tensor& t : m.tensors) h.descriptors_length += descriptor_size(t);
+
+  Tensor header = Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
+  Writer w(bytes_of(header));
+  w.u32(wire::kMagic);
+  w.u8(wire::kVersion);
+  w.u8(static_cast<uint8_t>(h.type));
+  w.u16(0);
+  w.u64(h.id);
+  w.u32(h.function_length);
+  w.u32(h.tensor_count);
+  w.u64(h.payload_length);
+  w.u64(h.descriptors_length);
+
+  Tensor body;
+  if (h.body_length() > 0) {
+    body = Tensor::empty({static_cast<int64_t>(h.body_length())}, DType::kUInt8);
+    Writer b(bytes_of(body));
+    b.bytes(m.function.data(), m.function.size());
+    b.bytes(m.payload.data(), m.payload.size());
+    for (const Tensor& t : m.tensors) {
+      b.u8(static_cast<uint8_t>(t.dtype()));
+      b.u8(0);
+      b.u16(0);
+      b.u32(static_cast<uint32_t>(t.dim()));
+      for (int64_t extent : t.shape()) b.u64(static_cast<uint64_t>(extent));
+    }
+  }
+  return {header, body};
+}
+
+Header decode_header(const Tensor& header) {
+  Reader r(bytes_of(header), wire::kHeaderSize);
+  const uint32_t magic = r.u32();
+  if (magic != wire::kMagic) {
+    throw ProtocolError(
+        fmt::format("bad magic {:#010x} (expected {:#010x})", magic, wire::kMagic));
+  }
+  const uint8_t version = r.u8();
+  if (version != wire::kVersion) {
+    throw ProtocolError(
+        fmt::format("unsupported version {} (expected {})", version, wire::kVersion));
+  }
+  const uint8_t type = r.u8();
+  if (type < static_cast<uint8_t>(MessageType::kRequest) ||
+      type > static_cast<uint8_t>(MessageType::kError)) {
+    throw ProtocolError(fmt::format("unknown message type {}", type));
+  }
+  r.u16();
+  Header h;
+  h.type = static_cast<MessageType>(type);
+  h.id = r.u64();
+  h.function_length = r.u32();
+  h.tensor_count = r.u32();
+  h.payload_length = r.u64();
+  h.descriptors_length = r.u64();
+  if (h.function_length > wire::kMaxFunctionLength ||
+      h.tensor_count > wire::kMaxTensors || h.payload_length > kMaxPayloadLength ||
+      h.descriptors_length > uint64_t{h.tensor_count} * (8 + 8 * wire::kMaxDims) ||
+      (h.tensor_count > 0) != (h.descriptors_length > 0)) {
+    throw ProtocolError(fmt::format(
+        "message {}: sizes out of range (function {} bytes, payload {} bytes, {} "
+        "tensors in {} descriptor bytes)",
+        h.id, h.function_length, h.payload_length, h.tensor_count, h.descriptors_length));
+  }
+  return h;
+}
+
+// Allocates `count` bytes or throws ProtocolError (the size came from a peer).
+Tensor allocate(const Tensor::Shape& shape, DType dtype) {
+  try {
+    return Tensor::empty(shape, dtype);
+  } catch (const std::bad_alloc&) {
+    throw ProtocolError(fmt::format("cannot allocate a {} tensor of shape {}",
+                                    dtype_name(dtype), shape_str(shape)));
+  } catch (const std::invalid_argument& e) {
+    throw ProtocolError(e.what());
+  }
+}
+
+// Fills m.function, m.payload and m.tensors (allocated, not yet received).
+void decode_body(const Header& h, const Tensor& body, Message& m) {
+  Reader r(body.defined() ? bytes_of(body) : nullptr, h.body_length());
+  const uint8_t* function = r.take(h.function_length, "the function name");
+  m.function.assign(reinterpret_cast<const char*>(function), h.function_length);
+  const uint8_t* payload = r.take(h.payload_length, "the payload");
+  m.payload.assign(payload, payload + h.payload_length);
+  m.tensors.reserve(h.tensor_count);
+  for (uint32_t i = 0; i < h.tensor_count; ++i) {
+    const uint8_t dtype = r.u8();
+    r.u8();
+    r.u16();
+    const uint32_t ndim = r.u32();
+    if (dtype >= std::size(kAllDTypes) || ndim > wire::kMaxDims) {
+      throw ProtocolError(fmt::format("message {}: tensor {} has dtype {} and {} dims",
+                                      h.id, i, dtype, ndim));
+    }
+    Tensor::Shape shape(ndim);
+    for (auto& extent : shape) extent = static_cast<int64_t>(r.u64());
+    m.tensors.push_back(allocate(shape, kAllDTypes[dtype]));
+  }
+  if (r.left() != 0) {
+    throw ProtocolError(fmt::format(
+        "message {}: {} bytes left over after the descriptors", h.id, r.left()));
+  }
+}
+
+}  // namespace switchboard::agents::pg_frame

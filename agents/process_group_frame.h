@@ -1,0 +1,54 @@
+// The PROCESS_GROUP agent's frames: how a Message becomes a fixed-size
+// header tensor and a body tensor (function name, payload, tensor
+// descriptors), and back. Private to //agents:process_group_agent. The
+// layout is documented in process_group_agent.h (process_group_wire).
+//
+// Decoding validates everything it reads and throws ProtocolError for bad
+// bytes from a peer (never for local mistakes). Pure functions; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <utility>
+
+#include "collective/tensor.h"
+#include "rpc/message.h"
+
+namespace switchboard::agents::pg_frame {
+
+using rpc::Message;
+using rpc::MessageType;
+
+constexpr uint64_t kMaxPayloadLength = uint64_t{1} << 40;
+
+// Bad bytes from a peer. Never thrown for local mistakes.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Header {
+  MessageType type = MessageType::kRequest;
+  uint64_t id = 0;
+  uint32_t function_length = 0;
+  uint32_t tensor_count = 0;
+  uint64_t payload_length = 0;
+  uint64_t descriptors_length = 0;
+
+  uint64_t body_length() const {
+    return function_length + payload_length + descriptors_length;
+  }
+};
+
+size_t descriptor_size(const Tensor& t);
+uint8_t* bytes_of(const Tensor& t);
+// The header and the body of `m` (body undefined when empty).
+std::pair<Tensor, Tensor> encode_frame(const Message& m);
+Header decode_header(const Tensor& header);
+// A CPU tensor for received bytes; ProtocolError when it cannot be had.
+Tensor allocate(const Tensor::Shape& shape, DType dtype);
+// Fills m.function, m.payload and m.tensors (allocated, not yet received).
+void decode_body(const Header& h, const Tensor& body, Message& m);
+
+}  // namespace switchboard::agents::pg_frame
