@@ -45,8 +45,6 @@ using Clock = std::chrono::steady_clock;
 using namespace pg_frame;
 using Timeout = std::chrono::milliseconds;
 
-constexpr size_t kMaxNameLength = 128;
-
 // Gloo sends or recvs one peer's sender or listener posts at a time.
 constexpr size_t kMaxPosted = 8;
 
@@ -105,7 +103,7 @@ Store::Timeout store_timeout(Clock::time_point deadline, bool bounded) {
 
 void check_arguments(const std::shared_ptr<Store>& store, const std::string& name,
                      int rank, int world_size, const ProcessGroupAgentOptions& options) {
-  validate_worker_name(name);
+  rpc::validate_worker_name(name);
   SB_REQUIRE(store != nullptr, "rpc worker \"{}\": the store is null", name);
   SB_REQUIRE(world_size >= 1, "rpc worker \"{}\": world_size must be at least 1, got {}",
              name, world_size);
@@ -119,17 +117,6 @@ void check_arguments(const std::shared_ptr<Store>& store, const std::string& nam
 }
 
 }  // namespace
-
-void validate_worker_name(const std::string& name) {
-  const bool ok = !name.empty() && name.size() <= kMaxNameLength &&
-                  std::all_of(name.begin(), name.end(), [](char c) {
-                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                           (c >= '0' && c <= '9') || c == '_' || c == '-' || c == ':';
-                  });
-  SB_REQUIRE(
-      ok, "invalid rpc worker name \"{}\": use 1 to {} letters, digits, '_', '-' or ':'",
-      name, kMaxNameLength);
-}
 
 // ------------------------------------------------------------------ Impl
 

@@ -119,9 +119,6 @@ inline constexpr uint32_t kMaxTensors = 1 << 20;
 inline constexpr uint32_t kMaxDims = 64;
 }  // namespace process_group_wire
 
-// Throws std::invalid_argument unless `name` is 1 to 128 of [A-Za-z0-9_:-].
-void validate_worker_name(const std::string& name);
-
 class ProcessGroupAgent final : public rpc::RpcAgent {
  public:
   // Rendezvouses with the other ranks (see above); blocks until they all

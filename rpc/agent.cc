@@ -1,5 +1,6 @@
 #include "rpc/agent.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "common/check.h"
@@ -14,6 +15,17 @@ size_t checked_thread_count(const WorkerInfo& self, size_t num_worker_threads) {
 }
 
 }  // namespace
+
+void validate_worker_name(const std::string& name) {
+  const bool ok = !name.empty() && name.size() <= kMaxWorkerNameLength &&
+                  std::all_of(name.begin(), name.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                           (c >= '0' && c <= '9') || c == '_' || c == '-' || c == ':';
+                  });
+  SB_REQUIRE(
+      ok, "invalid rpc worker name \"{}\": use 1 to {} letters, digits, '_', '-' or ':'",
+      name, kMaxWorkerNameLength);
+}
 
 RpcAgent::RpcAgent(WorkerInfo self, size_t num_worker_threads)
     : self_(std::move(self)),

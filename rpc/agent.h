@@ -37,6 +37,11 @@
 
 namespace switchboard::rpc {
 
+// Worker names: 1 to kMaxWorkerNameLength letters, digits, '_', '-' or ':'.
+inline constexpr size_t kMaxWorkerNameLength = 128;
+// Throws std::invalid_argument naming `name` and the rule when it breaks it.
+void validate_worker_name(const std::string& name);
+
 class RpcAgent {
  public:
   using Timeout = std::chrono::milliseconds;

@@ -27,11 +27,21 @@ Message make_error_response(uint64_t id, std::string_view worker,
 FunctionRegistry::FunctionRegistry(std::string worker_name)
     : worker_name_(std::move(worker_name)) {}
 
+std::string FunctionRegistry::worker_name() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return worker_name_;
+}
+
+void FunctionRegistry::set_worker_name(std::string worker_name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  worker_name_ = std::move(worker_name);
+}
+
 void FunctionRegistry::add(std::string name, Handler handler) {
-  SB_REQUIRE(!name.empty(), "register_function on worker \"{}\": empty function name",
-             worker_name_);
   auto shared = std::make_shared<const Handler>(std::move(handler));
   std::lock_guard<std::mutex> lock(mutex_);
+  SB_REQUIRE(!name.empty(), "register_function on worker \"{}\": empty function name",
+             worker_name_);
   auto [it, inserted] = handlers_.try_emplace(name, std::move(shared));
   if (!inserted) {
     throw RegistryError(fmt::format(
@@ -55,25 +65,27 @@ std::vector<std::string> FunctionRegistry::functions() const {
 Future<Message> FunctionRegistry::call(const Message& request,
                                        const WorkerInfo& from) const {
   std::shared_ptr<const Handler> handler;
+  std::string worker;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    worker = worker_name_;
+    auto it = handlers_.find(request.function);
+    if (it != handlers_.end()) handler = it->second;
+  }
   try {
     if (request.type != MessageType::kRequest) {
       throw std::invalid_argument(
           fmt::format("worker \"{}\" received message {} of type {} as a request",
-                      worker_name_, request.id, static_cast<int>(request.type)));
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = handlers_.find(request.function);
-      if (it != handlers_.end()) handler = it->second;
+                      worker, request.id, static_cast<int>(request.type)));
     }
     if (!handler) {
-      throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"",
-                                      worker_name_, request.function));
+      throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"", worker,
+                                      request.function));
     }
-    return (*handler)(request);
+    return (*handler)(request, worker);
   } catch (...) {
     return Future<Message>::ready(
-        detail::make_error_response(request.id, worker_name_, std::current_exception()));
+        detail::make_error_response(request.id, worker, std::current_exception()));
   }
 }
 

@@ -65,7 +65,10 @@ class FunctionRegistry {
   bool has_function(std::string_view name) const;
   // The registered names, sorted.
   std::vector<std::string> functions() const;
-  const std::string& worker_name() const { return worker_name_; }
+  std::string worker_name() const;
+  // Renames this worker in later error responses (an RpcContext keeps its
+  // functions across shutdown and a new init_rpc under another name).
+  void set_worker_name(std::string worker_name);
 
   // Serves `request` (type kRequest; request.function names the function)
   // from `from` (currently unused: functions do not see their caller).
@@ -80,11 +83,12 @@ class FunctionRegistry {
  private:
   // Decodes a request's arguments, runs the function, returns the response;
   // may throw (call() turns the exception into an error response).
-  using Handler = std::function<Future<Message>(const Message& request)>;
+  using Handler =
+      std::function<Future<Message>(const Message& request, const std::string& worker)>;
 
   void add(std::string name, Handler handler);
 
-  const std::string worker_name_;
+  std::string worker_name_;  // GUARDED_BY(mutex_)
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<const Handler>, std::less<>>
       handlers_;  // GUARDED_BY(mutex_)
@@ -193,7 +197,7 @@ void FunctionRegistry::register_function(std::string name, F&& f) {
   using Args = typename Decoded::Type;
 
   auto fn = std::make_shared<Fn>(std::forward<F>(f));
-  Handler handler = [fn, name, worker = worker_name_](const Message& request) {
+  Handler handler = [fn, name](const Message& request, const std::string& worker) {
     Args args = decode_args<Args>(request, name);
     if constexpr (detail::FutureTraits<R>::value) {
       using V = typename detail::FutureTraits<R>::Value;

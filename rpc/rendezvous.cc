@@ -1,0 +1,120 @@
+#include "rpc/rendezvous.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+
+#include "common/check.h"
+#include "store/file_store.h"
+#include "store/tcp_store.h"
+
+namespace switchboard::rpc {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int parse_int(std::string_view what, const std::string& text, int min, int max) {
+  int value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  SB_REQUIRE(ec == std::errc() && ptr == end && value >= min && value <= max,
+             "{}: expected an integer in [{}, {}], got \"{}\"", what, min, max, text);
+  return value;
+}
+
+// The first of `names` that is set, parsed.
+std::optional<int> first_env(std::initializer_list<const char*> names, int min) {
+  for (const char* name : names) {
+    if (auto value = env(name)) {
+      return parse_int(fmt::format("environment variable {}", name), *value, min,
+                       1 << 30);
+    }
+  }
+  return std::nullopt;
+}
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+
+HostPort parse_host_port(std::string_view what, std::string_view text) {
+  const auto colon = text.rfind(':');
+  SB_REQUIRE(colon != std::string_view::npos && colon > 0 && colon + 1 < text.size(),
+             "{}: expected host:port, got \"{}\"", what, text);
+  std::string host(text.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [::1]:port
+  }
+  // Port 0 is only useful to the rank that hosts the store (an ephemeral
+  // port; TcpStore::port() tells which); a client fails to connect to it.
+  const int port = parse_int(what, std::string(text.substr(colon + 1)), 0, 65535);
+  return {host, static_cast<uint16_t>(port)};
+}
+
+std::shared_ptr<Store> tcp_store(const HostPort& at, int rank,
+                                 std::optional<int> world_size,
+                                 std::chrono::milliseconds timeout) {
+  TcpStoreOptions options;
+  options.is_master = rank == 0 && world_size.has_value() && !env("SWITCHBOARD_STORE");
+  options.world_size = world_size;
+  options.wait_for_workers = false;
+  options.timeout = timeout;
+  return std::make_shared<TcpStore>(at.host, at.port, options);
+}
+
+}  // namespace
+
+std::optional<int> env_rank() {
+  return first_env({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}, 0);
+}
+
+std::optional<int> env_world_size() {
+  return first_env({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}, 1);
+}
+
+Rendezvous rendezvous(const std::string& init_method, int rank,
+                      std::optional<int> world_size, std::chrono::milliseconds timeout) {
+  Rendezvous out;
+  out.rank = rank;
+  out.world_size = world_size;
+  const std::string_view method = init_method;
+  if (method == "env://" || method.empty()) {
+    if (out.rank < 0) out.rank = env_rank().value_or(-1);
+    if (!out.world_size) out.world_size = env_world_size();
+    auto addr = env("MASTER_ADDR");
+    auto port = env("MASTER_PORT");
+    SB_REQUIRE(addr && port,
+               "init_method \"env://\": environment variable{} {} not set",
+               addr || port ? " is" : "s are",
+               !addr && !port ? "MASTER_ADDR and MASTER_PORT"
+                              : (!addr ? "MASTER_ADDR" : "MASTER_PORT"));
+    const HostPort at{*addr, static_cast<uint16_t>(parse_int(
+                                 "environment variable MASTER_PORT", *port, 0, 65535))};
+    out.store = tcp_store(at, out.rank, out.world_size, timeout);
+  } else if (method.starts_with("tcp://")) {
+    const HostPort at = parse_host_port(fmt::format("init_method \"{}\"", init_method),
+                                        method.substr(6));
+    out.store = tcp_store(at, out.rank, out.world_size, timeout);
+  } else if (method.starts_with("file://")) {
+    const std::string path(method.substr(7));
+    SB_REQUIRE(!path.empty(), "init_method \"{}\": the path is empty", init_method);
+    out.store = std::make_shared<FileStore>(path, out.world_size);
+  } else {
+    throw std::invalid_argument(fmt::format(
+        "init_method \"{}\": expected env://, tcp://host:port or file://path",
+        init_method));
+  }
+  SB_REQUIRE(!out.world_size || (out.rank >= 0 && out.rank < *out.world_size),
+             "init_rpc: rank {} is outside [0, {}) (set rank or RANK)", out.rank,
+             out.world_size.value_or(0));
+  return out;
+}
+
+}  // namespace switchboard::rpc

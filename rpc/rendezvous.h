@@ -1,0 +1,55 @@
+// Where a worker finds its group: rank, world size and the Store, from
+// init_rpc's arguments and its init_method.
+//
+//   env://           MASTER_ADDR and MASTER_PORT name the TcpStore; RANK and
+//                    WORLD_SIZE (or SLURM_PROCID / SLURM_NTASKS, or Open
+//                    MPI's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE) fill
+//                    in what init_rpc was not given.
+//   tcp://host:port  the TcpStore at host:port.
+//   file://path      a FileStore shared through `path` (one machine or a
+//                    shared file system).
+//
+// Who serves the TcpStore: rank 0 starts it in-process (PyTorch's
+// is_master), unless SWITCHBOARD_STORE is set (tools/launch sets it to the
+// standalone store_server's tcp://host:port) — then every worker is a
+// client, and the store outlives any one worker. Dynamic groups (no world
+// size) always need a standalone store.
+//
+// Errors: std::invalid_argument naming the missing or malformed variable or
+// URL; whatever the store throws while connecting (ConnectionError,
+// TimeoutError).
+//
+// Thread safety: the functions read the environment; call them from one
+// thread at a time with respect to setenv.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace switchboard {
+class Store;
+}
+
+namespace switchboard::rpc {
+
+struct Rendezvous {
+  std::shared_ptr<Store> store;
+  int rank = -1;
+  std::optional<int> world_size;
+};
+
+// Rank and world size from the environment (RANK/WORLD_SIZE, then SLURM,
+// then Open MPI); nullopt when absent. Malformed values throw
+// std::invalid_argument naming the variable and value.
+std::optional<int> env_rank();
+std::optional<int> env_world_size();
+
+// Resolves everything; `rank` < 0 and `world_size` nullopt mean "from the
+// environment" (a dynamic group keeps world_size nullopt). `timeout` bounds
+// connecting to the store.
+Rendezvous rendezvous(const std::string& init_method, int rank,
+                      std::optional<int> world_size, std::chrono::milliseconds timeout);
+
+}  // namespace switchboard::rpc

@@ -1,0 +1,231 @@
+#include "rpc/rpc.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <exception>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "rpc/agent.h"
+#include "rpc/rendezvous.h"
+#include "store/prefix_store.h"
+#include "store/store.h"
+
+namespace switchboard::rpc {
+
+struct RpcContext::State {
+  BackendType backend;
+  std::shared_ptr<RpcBackendOptions> options;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<RpcAgent> agent;
+};
+
+namespace {
+
+// The store key space of one static group's incarnation: every rank adds 1
+// to a counter, so the ranks of the k-th init_rpc over this store read
+// values in [k*world_size + 1, (k+1)*world_size] and agree on k.
+std::shared_ptr<Store> generation_store(const std::shared_ptr<Store>& store,
+                                        int world_size) {
+  const int64_t arrival = store->add("rpc/inits", 1);
+  const int64_t generation = (arrival - 1) / world_size;
+  return std::make_shared<PrefixStore>(fmt::format("rpc/{}", generation), store);
+}
+
+}  // namespace
+
+RpcContext::RpcContext() : functions_(std::make_shared<FunctionRegistry>("")) {}
+
+RpcContext::~RpcContext() {
+  try {
+    shutdown(/*graceful=*/false);
+  } catch (const std::exception& e) {
+    spdlog::error("RpcContext destroyed: shutdown failed: {}", e.what());
+  }
+}
+
+RpcContext& RpcContext::global() {
+  // Leaked on purpose: workers' threads may still use it while static
+  // destructors run.
+  static RpcContext* context = new RpcContext();
+  return *context;
+}
+
+void RpcContext::init_rpc(const std::string& name, std::string_view backend, int rank,
+                          std::optional<int> world_size,
+                          std::shared_ptr<RpcBackendOptions> options,
+                          std::shared_ptr<Store> store) {
+  init_rpc(name, backend_type(backend), rank, world_size, std::move(options),
+           std::move(store));
+}
+
+void RpcContext::init_rpc(const std::string& name, const BackendType& backend, int rank,
+                          std::optional<int> world_size,
+                          std::shared_ptr<RpcBackendOptions> options,
+                          std::shared_ptr<Store> store) {
+  std::lock_guard lifecycle(lifecycle_mu_);
+  {
+    std::lock_guard lock(mu_);
+    SB_REQUIRE(state_ == nullptr,
+               "init_rpc(\"{}\"): worker \"{}\" is already initialized; call shutdown() "
+               "first",
+               name, functions_->worker_name());
+  }
+  validate_worker_name(name);
+  SB_REQUIRE(!world_size || *world_size >= 1,
+             "init_rpc(\"{}\"): world_size must be at least 1, got {}", name,
+             world_size.value_or(0));
+  if (!options) options = construct_rpc_backend_options(backend);
+
+  auto state = std::make_shared<State>(State{backend, options, nullptr, nullptr});
+  if (store) {
+    if (rank < 0) rank = env_rank().value_or(-1);
+    SB_REQUIRE(!world_size || (rank >= 0 && rank < *world_size),
+               "init_rpc(\"{}\"): rank {} is outside [0, {})", name, rank,
+               world_size.value_or(0));
+    state->store = std::move(store);
+  } else {
+    Rendezvous found = rendezvous(options->init_method, rank, world_size,
+                                  options->rpc_timeout);
+    state->store = std::move(found.store);
+    rank = found.rank;
+    world_size = found.world_size;
+  }
+
+  BackendInit init;
+  init.store = world_size ? generation_store(state->store, *world_size) : state->store;
+  init.name = name;
+  init.rank = rank;
+  init.world_size = world_size;
+  init.options = options;
+  state->agent = init_backend(backend, init);
+
+  functions_->set_worker_name(name);
+  std::shared_ptr<FunctionRegistry> functions = functions_;
+  state->agent->start([functions](Message request, const WorkerInfo& from) {
+    return functions->call(request, from);
+  });
+  std::lock_guard lock(mu_);
+  state_ = std::move(state);
+}
+
+bool RpcContext::initialized() const {
+  std::lock_guard lock(mu_);
+  return state_ != nullptr;
+}
+
+std::shared_ptr<RpcContext::State> RpcContext::state() const {
+  std::lock_guard lock(mu_);
+  if (state_ == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "RPC is not initialized on this worker: call init_rpc() first");
+  }
+  return state_;
+}
+
+namespace {
+
+WorkerInfo resolve(const RpcAgent& agent, const WorkerRef& to) {
+  return std::visit(
+      [&](const auto& ref) -> WorkerInfo {
+        using T = std::decay_t<decltype(ref)>;
+        if constexpr (std::is_same_v<T, WorkerInfo>) {
+          WorkerInfo found = agent.worker(ref.name);
+          SB_REQUIRE(ref.id < 0 || found.id == ref.id,
+                     "rpc to WorkerInfo{{\"{}\", {}}}: that worker's id is {}", ref.name,
+                     ref.id, found.id);
+          return found;
+        } else {
+          return agent.worker(ref);
+        }
+      },
+      to.get());
+}
+
+}  // namespace
+
+Future<Message> RpcContext::send(const WorkerRef& to, Message request,
+                                 std::optional<std::chrono::milliseconds> timeout) {
+  std::shared_ptr<State> state = this->state();
+  SB_REQUIRE(!timeout || timeout->count() >= 0,
+             "rpc to function \"{}\": the timeout must be >= 0 ms, got {}",
+             request.function, timeout.value_or(std::chrono::milliseconds(0)).count());
+  const WorkerInfo worker = resolve(*state->agent, to);
+  return state->agent->send(worker, std::move(request),
+                            timeout.value_or(state->options->rpc_timeout));
+}
+
+WorkerInfo RpcContext::get_worker_info() const { return state()->agent->self(); }
+
+WorkerInfo RpcContext::get_worker_info(const std::string& name) const {
+  return state()->agent->worker(name);
+}
+
+std::vector<WorkerInfo> RpcContext::get_worker_infos() const {
+  return state()->agent->workers();
+}
+
+std::shared_ptr<const RpcBackendOptions> RpcContext::options() const {
+  return state()->options;
+}
+
+void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
+  std::lock_guard lifecycle(lifecycle_mu_);
+  std::shared_ptr<State> state;
+  {
+    std::lock_guard lock(mu_);
+    state = state_;
+  }
+  if (state == nullptr) return;
+  std::exception_ptr join_error;
+  if (graceful) {
+    try {
+      state->agent->join(timeout.value_or(state->options->rpc_timeout));
+    } catch (...) {
+      join_error = std::current_exception();
+    }
+  }
+  {
+    // From here on, new calls fail with "not initialized"; calls that
+    // already hold the state fail with Error(kCancelled) from the agent.
+    std::lock_guard lock(mu_);
+    state_ = nullptr;
+  }
+  state->agent->shutdown();
+  if (join_error) {
+    spdlog::warn("rpc worker \"{}\": graceful shutdown's barrier failed; stopped anyway",
+                 state->agent->self().name);
+    std::rethrow_exception(join_error);
+  }
+}
+
+// ------------------------------------------------------------ free functions
+
+void init_rpc(const std::string& name, const BackendType& backend, int rank,
+              std::optional<int> world_size, std::shared_ptr<RpcBackendOptions> options,
+              std::shared_ptr<Store> store) {
+  RpcContext::global().init_rpc(name, backend, rank, world_size, std::move(options),
+                                std::move(store));
+}
+
+void init_rpc(const std::string& name, std::string_view backend, int rank,
+              std::optional<int> world_size, std::shared_ptr<RpcBackendOptions> options,
+              std::shared_ptr<Store> store) {
+  RpcContext::global().init_rpc(name, backend, rank, world_size, std::move(options),
+                                std::move(store));
+}
+
+WorkerInfo get_worker_info() { return RpcContext::global().get_worker_info(); }
+
+WorkerInfo get_worker_info(const std::string& name) {
+  return RpcContext::global().get_worker_info(name);
+}
+
+std::vector<WorkerInfo> get_worker_infos() { return RpcContext::global().get_worker_infos(); }
+
+void shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
+  RpcContext::global().shutdown(graceful, timeout);
+}
+
+}  // namespace switchboard::rpc
