@@ -75,7 +75,7 @@ class ExtrasReader {
 
  private:
   std::string backend_;
-  const Extras& extras_;
+  Extras extras_;  // a copy: readers may be built from temporaries
   std::set<std::string> known_;
 };
 

@@ -69,6 +69,15 @@ std::shared_ptr<Store> tcp_store(const HostPort& at, int rank,
   return std::make_shared<TcpStore>(at.host, at.port, options);
 }
 
+// Checked before any store is opened: a worker with a bad rank must not
+// connect, nor count itself into the group (a TcpStore with a world size
+// adds 1 to the "init/" key), nor start the server.
+void check_rank(const Rendezvous& out) {
+  SB_REQUIRE(!out.world_size || (out.rank >= 0 && out.rank < *out.world_size),
+             "init_rpc: rank {} is outside [0, {}) (set rank or RANK)", out.rank,
+             out.world_size.value_or(0));
+}
+
 }  // namespace
 
 std::optional<int> env_rank() {
@@ -90,30 +99,28 @@ Rendezvous rendezvous(const std::string& init_method, int rank,
     if (!out.world_size) out.world_size = env_world_size();
     auto addr = env("MASTER_ADDR");
     auto port = env("MASTER_PORT");
-    SB_REQUIRE(addr && port,
-               "init_method \"env://\": environment variable{} {} not set",
-               addr || port ? " is" : "s are",
-               !addr && !port ? "MASTER_ADDR and MASTER_PORT"
-                              : (!addr ? "MASTER_ADDR" : "MASTER_PORT"));
+    SB_REQUIRE(addr && port, "init_method \"env://\": environment variable{} not set",
+               !addr && !port ? "s MASTER_ADDR and MASTER_PORT are"
+                              : (!addr ? " MASTER_ADDR is" : " MASTER_PORT is"));
     const HostPort at{*addr, static_cast<uint16_t>(parse_int(
                                  "environment variable MASTER_PORT", *port, 0, 65535))};
+    check_rank(out);
     out.store = tcp_store(at, out.rank, out.world_size, timeout);
   } else if (method.starts_with("tcp://")) {
     const HostPort at = parse_host_port(fmt::format("init_method \"{}\"", init_method),
                                         method.substr(6));
+    check_rank(out);
     out.store = tcp_store(at, out.rank, out.world_size, timeout);
   } else if (method.starts_with("file://")) {
     const std::string path(method.substr(7));
     SB_REQUIRE(!path.empty(), "init_method \"{}\": the path is empty", init_method);
+    check_rank(out);
     out.store = std::make_shared<FileStore>(path, out.world_size);
   } else {
     throw std::invalid_argument(fmt::format(
         "init_method \"{}\": expected env://, tcp://host:port or file://path",
         init_method));
   }
-  SB_REQUIRE(!out.world_size || (out.rank >= 0 && out.rank < *out.world_size),
-             "init_rpc: rank {} is outside [0, {}) (set rank or RANK)", out.rank,
-             out.world_size.value_or(0));
   return out;
 }
 

@@ -1,0 +1,30 @@
+// The README's examples run as a user runs them: the custom backend
+// example alone, the minimal RPC program as two workers under the
+// launcher. Their output is what the README shows.
+#include <fmt/format.h>
+
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "tests/util/subprocess.h"
+
+using sbtest::Subprocess;
+
+TEST_CASE("the custom backend example serves a call over LOOPBACK", "[examples]") {
+  Subprocess example({sbtest::runfile("examples/custom_backend")});
+  const std::string out = example.read_all();
+  CHECK(example.wait() == 0);
+  CHECK(out == "hello, LOOPBACK\n");
+}
+
+TEST_CASE("the minimal RPC example runs as two workers under the launcher",
+          "[examples]") {
+  // The launcher's own lines go to stderr (the test log); the workers'
+  // stdout, prefixed with their rank, comes through stdout.
+  Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "2", "--",
+                     sbtest::runfile("examples/rpc_minimal")});
+  const std::string out = launch.read_all();
+  CHECK(launch.wait() == 0);
+  CHECK_THAT(out, Catch::Contains("[rank 0] worker0: add on worker1 gave 40, scale gave 2.5"));
+  CHECK_THAT(out, Catch::Contains("[rank 1] worker1: add on worker0 gave 41, scale gave 2.5"));
+}
