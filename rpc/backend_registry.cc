@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <mutex>
+#include <set>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -69,27 +70,29 @@ class Registry {
   }
 
  private:
-  // Runs the built-in registrar once, outside the lock. The registrar
-  // itself calls add(), which must not wait for the registrar to finish.
+  // Runs the installed registrar, once, outside mu_ (it calls add(), which
+  // must not wait for it to finish). A registrar installed after the
+  // registry was first consulted runs at the next consult; one that already
+  // ran never runs again.
   void ensure_builtins() {
     static thread_local bool in_registrar = false;
     if (in_registrar) return;
-    std::call_once(builtins_once_, [this] {
-      void (*registrar)() = nullptr;
-      {
-        std::lock_guard lock(mu_);
-        registrar = builtins_;
-      }
-      if (registrar == nullptr) return;
-      in_registrar = true;
-      try {
-        registrar();
-      } catch (...) {
-        in_registrar = false;
-        throw;
-      }
+    std::lock_guard serial(registrar_mu_);
+    void (*registrar)() = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      registrar = builtins_;
+      builtins_ = nullptr;
+      if (registrar == nullptr || !ran_.insert(registrar).second) return;
+    }
+    in_registrar = true;
+    try {
+      registrar();
+    } catch (...) {
       in_registrar = false;
-    });
+      throw;
+    }
+    in_registrar = false;
   }
 
   BackendType add_locked_free(std::string_view name, Entry entry) {
@@ -109,8 +112,9 @@ class Registry {
 
   std::mutex mu_;
   std::map<std::string, Entry> entries_;  // GUARDED_BY(mu_)
-  void (*builtins_)() = nullptr;          // GUARDED_BY(mu_)
-  std::once_flag builtins_once_;
+  void (*builtins_)() = nullptr;          // GUARDED_BY(mu_): not yet run
+  std::set<void (*)()> ran_;              // GUARDED_BY(mu_)
+  std::mutex registrar_mu_;               // held while a registrar runs
 };
 
 }  // namespace

@@ -131,8 +131,9 @@ std::unique_ptr<RpcAgent> init_backend(const BackendType& backend,
                                        const BackendInit& init);
 
 // Installed by agents/ at static-initialization time; the registry runs it
-// once, before it answers its first question. Passing a second registrar
-// replaces the first if it has not run yet.
+// once, before it answers its next question (also when installed after the
+// registry was first consulted). Passing a second registrar replaces the
+// first if it has not run yet; installing one that already ran does nothing.
 void set_builtin_backends(void (*registrar)());
 
 }  // namespace switchboard::rpc

@@ -155,6 +155,25 @@ TEST_CASE("the built-in registrar runs once, at the registry's first use",
   CHECK(builtin_runs == 1);
 }
 
+namespace {
+int late_runs = 0;
+void register_late() {
+  ++late_runs;
+  rpc::register_backend("LATE_BUILTIN", plain_options, plain_agent);
+}
+}  // namespace
+
+TEST_CASE("a registrar installed after the first lookup still runs, once",
+          "[backend_registry]") {
+  CHECK_FALSE(rpc::backend_registered("LATE_BUILTIN"));  // the registry is consulted
+  rpc::set_builtin_backends(&register_late);
+  CHECK(rpc::backend_registered("late_builtin"));
+  CHECK(late_runs == 1);
+  rpc::set_builtin_backends(&register_late);
+  CHECK(rpc::backend_registered("LATE_BUILTIN"));
+  CHECK(late_runs == 1);
+}
+
 TEST_CASE("register_backend: lookup is case-insensitive, names are upper case",
           "[backend_registry]") {
   rpc::BackendType type = rpc::register_backend("my_be", plain_options, plain_agent);
