@@ -14,6 +14,7 @@
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
 #include <netdb.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -338,9 +339,29 @@ struct GlooProcessGroup::Impl {
   }
 };
 
+namespace {
+
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
+}  // namespace
+
 GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions options)
     : ProcessGroup(rank, size, options.group_name, options.timeout),
       impl_(std::make_unique<Impl>(*this)) {
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that exited
+  // would kill this process with SIGPIPE instead of failing the op.
+  ignore_sigpipe_once();
   impl_->op_timeout = gloo_timeout(options.timeout);
   const std::string where_init = where("rendezvous");
   const auto attr = device_attr(options);

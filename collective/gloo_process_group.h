@@ -28,6 +28,13 @@
 // After such an error the group is unusable: destroy it and create a new
 // one.
 //
+// SIGPIPE: Gloo writes to its sockets without MSG_NOSIGNAL, so a write to
+// a peer that exited would raise SIGPIPE and kill the process. The first
+// GlooProcessGroup therefore sets SIGPIPE to SIG_IGN, process-wide, when
+// its disposition is still the default (a handler the program installed
+// is left alone); the write then fails and the op fails with
+// ConnectionError.
+//
 // Thread safety: as ProcessGroup. The destructor waits for the op that is
 // running and fails queued ones with Error(kCancelled).
 #pragma once

@@ -400,3 +400,53 @@ TEST_CASE("a peer process killed with SIGKILL mid-op fails the op instead of han
   CHECK_THAT(outcome.message, Catch::Contains("rank 0"));
   CHECK(outcome.elapsed < 60s);
 }
+
+// ---- SIGPIPE policy (in children: the disposition is process-wide) -------
+
+namespace {
+
+void report_sigpipe(const char* when) {
+  struct sigaction current {};
+  ::sigaction(SIGPIPE, nullptr, &current);
+  const char* what = current.sa_handler == SIG_DFL   ? "default"
+                     : current.sa_handler == SIG_IGN ? "ignored"
+                                                     : "handler";
+  fmt::print("{} {}\n", when, what);
+  std::fflush(stdout);
+}
+
+void make_one_rank_group() {
+  HashStore store;
+  GlooProcessGroup group(store, 0, 1, options_for("sigpipe", 10s));
+}
+
+void count_sigpipe(int) {}
+
+}  // namespace
+
+SB_CHILD_MAIN(sigpipe_default) {
+  ::signal(SIGPIPE, SIG_DFL);  // the test runner may have passed SIG_IGN down
+  report_sigpipe("before");
+  make_one_rank_group();
+  report_sigpipe("after");
+  return 0;
+}
+
+SB_CHILD_MAIN(sigpipe_handler) {
+  ::signal(SIGPIPE, count_sigpipe);
+  make_one_rank_group();
+  report_sigpipe("after");
+  return 0;
+}
+
+TEST_CASE("a Gloo group makes SIGPIPE harmless unless the program handles it",
+          "[gloo][failure]") {
+  // Gloo writes without MSG_NOSIGNAL; a write to a peer that exited would
+  // otherwise kill the process instead of failing the op.
+  sbtest::Subprocess child = sbtest::spawn_child("sigpipe_default");
+  CHECK(child.read_all() == "before default\nafter ignored\n");
+  CHECK(child.wait() == 0);
+  sbtest::Subprocess handled = sbtest::spawn_child("sigpipe_handler");
+  CHECK(handled.read_all() == "after handler\n");
+  CHECK(handled.wait() == 0);
+}
