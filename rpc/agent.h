@@ -19,7 +19,8 @@
 //
 // Lifecycle: construct (rendezvous is the backend's business) → start() →
 // send()/serve → join() (optional) → shutdown() → destroy. shutdown() is
-// idempotent and never hangs; the destructor calls it.
+// idempotent and bounded (it waits only for handlers that are already
+// running); the destructor calls it.
 //
 // Thread safety: every method may be called from any thread, except that
 // start() is called once before anything else and the destructor last.
@@ -73,7 +74,8 @@ class RpcAgent {
   // in flight (sent and unanswered); TimeoutError after `timeout`.
   virtual void join(Timeout timeout) = 0;
   // Stops serving and sending; fails pending futures with
-  // Error(kCancelled); joins every thread. Idempotent, never hangs.
+  // Error(kCancelled); joins every thread. Idempotent. Waits for handlers
+  // already running (a handler that never returns blocks it), nothing else.
   virtual void shutdown() = 0;
 
   // The pool that runs handlers and callbacks (shared with the RPC layer).
