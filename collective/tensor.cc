@@ -650,7 +650,12 @@ Tensor::Shape Tensor::contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     strides[d] = stride;
-    stride *= std::max<int64_t>(shape[d], 1);  // as PyTorch: empty dims count as 1
+    // As PyTorch: empty dims count as 1, and an overflow is an error (a
+    // zero-element shape may still have huge other extents).
+    if (d > 0 && __builtin_mul_overflow(stride, std::max<int64_t>(shape[d], 1), &stride)) {
+      throw std::invalid_argument(
+          fmt::format("Tensor: the strides of shape {} overflow int64", shape_str(shape)));
+    }
   }
   return strides;
 }

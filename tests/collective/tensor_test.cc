@@ -646,3 +646,15 @@ TEST_CASE("an undefined tensor throws from every accessor but defined and descri
 }
 
 }  // namespace
+
+TEST_CASE("a zero-element shape whose strides overflow is refused, not wrapped",
+          "[tensor][shape]") {
+  // numel is 0, but the contiguous strides multiply the other extents.
+  const int64_t huge = int64_t{1} << 40;
+  CHECK_THROWS_WITH(Tensor::empty({0, huge, huge}, DType::kFloat32),
+                    Catch::Contains("overflow"));
+  CHECK_THROWS_AS(Tensor::contiguous_strides({2, huge, huge}), std::invalid_argument);
+  // Large but representable strides are fine.
+  CHECK(Tensor::contiguous_strides({0, int64_t{1} << 31, int64_t{1} << 31}) ==
+        Tensor::Shape{int64_t{1} << 62, int64_t{1} << 31, 1});
+}
