@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "agents/pipe_agent.h"
 #include "agents/process_group_agent.h"
 #include "common/check.h"
 
@@ -27,6 +28,57 @@ std::shared_ptr<rpc::RpcBackendOptions> process_group_options(
   options->iface = reader.get("iface").value_or("");
   reader.finish();
   return options;
+}
+
+int64_t read_int(rpc::ExtrasReader& reader, const char* key, int64_t min, int64_t max,
+                 int64_t fallback) {
+  auto value = reader.get_int(key);
+  if (!value) return fallback;
+  SB_REQUIRE(*value >= min && *value <= max,
+             "RPC backend \"PIPE\": option \"{}\" must be in [{}, {}], got {}", key, min,
+             max, *value);
+  return *value;
+}
+
+std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds rpc_timeout,
+                                                     const std::string& init_method,
+                                                     const rpc::Extras& extras) {
+  auto options = std::make_shared<PipeRpcBackendOptions>();
+  options->rpc_timeout = rpc_timeout;
+  options->init_method = init_method;
+  rpc::ExtrasReader reader("PIPE", extras);
+  options->num_worker_threads = static_cast<int>(
+      read_int(reader, "num_worker_threads", 1, 4096, options->num_worker_threads));
+  options->num_io_threads =
+      static_cast<int>(read_int(reader, "num_io_threads", 1, 64, options->num_io_threads));
+  options->listen_address = reader.get("listen_address").value_or("");
+  options->heartbeat_interval = std::chrono::milliseconds(
+      read_int(reader, "heartbeat_interval_ms", 1, 3'600'000, 250));
+  options->heartbeat_timeout = std::chrono::milliseconds(
+      read_int(reader, "heartbeat_timeout_ms", 0, 86'400'000, 5'000));
+  options->device_count = static_cast<int>(read_int(reader, "device_count", 0, 1024, -1));
+  reader.finish();
+  return options;
+}
+
+std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
+  PipeAgentOptions options;
+  options.rpc_timeout = init.options->rpc_timeout;
+  SB_REQUIRE(init.options->num_worker_threads >= 1,
+             "RPC backend PIPE: num_worker_threads must be at least 1, got {}",
+             init.options->num_worker_threads);
+  options.num_worker_threads = static_cast<size_t>(init.options->num_worker_threads);
+  if (const auto* typed = dynamic_cast<const PipeRpcBackendOptions*>(init.options.get())) {
+    options.num_io_threads = static_cast<size_t>(typed->num_io_threads);
+    options.listen_address = typed->listen_address;
+    options.heartbeat_interval = typed->heartbeat_interval;
+    options.heartbeat_timeout = typed->heartbeat_timeout;
+    options.device_count = typed->device_count;
+    options.device_maps = typed->device_maps;
+    options.devices = typed->devices;
+  }
+  return std::make_unique<PipeAgent>(init.store, init.name, init.rank, init.world_size,
+                                     options);
 }
 
 std::unique_ptr<rpc::RpcAgent> init_process_group(const rpc::BackendInit& init) {
@@ -60,7 +112,20 @@ const bool kInstalled = (rpc::set_builtin_backends(&register_builtin_backends), 
 
 }  // namespace
 
+void PipeRpcBackendOptions::set_device_map(
+    const std::string& worker, const std::vector<std::pair<std::string, std::string>>& map) {
+  rpc::set_device_map(device_maps, worker, rpc::make_device_map(map, worker));
+}
+
+void PipeRpcBackendOptions::set_devices(const std::vector<std::string>& names) {
+  std::vector<Device> parsed;
+  for (const auto& name : names) parsed.push_back(Device::parse(name));
+  devices = std::move(parsed);
+}
+
+// The built-in backends, in one place.
 void register_builtin_backends() {
+  rpc::register_backend("PIPE", pipe_options, init_pipe);
   rpc::register_backend("PROCESS_GROUP", process_group_options, init_process_group);
 }
 

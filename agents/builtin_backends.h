@@ -5,15 +5,19 @@
 // rpc::set_builtin_backends(), so the registry runs it once, before it
 // answers its first question, and the built-ins are usable by name without
 // the user doing anything:
+//   PIPE           agents/pipe_agent.h, the default (static groups for now)
 //   PROCESS_GROUP  agents/process_group_agent.h (static groups only)
-//   PIPE           the default backend (not built yet: issue 5)
 //
 // Thread safety: as rpc/backend_registry.h.
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "collective/tensor.h"
 #include "rpc/backend_registry.h"
+#include "rpc/device_map.h"
 
 namespace switchboard::agents {
 
@@ -25,6 +29,36 @@ namespace switchboard::agents {
 struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
   std::string hostname;
   std::string iface;
+};
+
+// PIPE's options. Extras accepted by construct_rpc_backend_options:
+//   "num_worker_threads"     integer >= 1 (also a common field)
+//   "num_io_threads"         integer >= 1 (default 1)
+//   "listen_address"         an address or interface name (see
+//                            agents/pipe_address.h for the default)
+//   "heartbeat_interval_ms"  integer > 0 (default 250)
+//   "heartbeat_timeout_ms"   integer >= 0, 0 disables (default 5000)
+//   "device_count"           integer >= 0: the CUDA devices device maps are
+//                            validated against (default: ask CUDA)
+// Device maps are set on the options object, as in PyTorch:
+//   options->set_device_map("w1", {{"cuda:0", "cuda:1"}});
+//   options->set_devices({"cuda:0"});
+// set_device_map merges into the map for that worker and throws
+// std::invalid_argument when the result would not be 1-to-1 (naming the
+// worker and the devices); set_devices throws for unparsable names.
+struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
+  PipeRpcBackendOptions() { num_worker_threads = 16; }
+  int num_io_threads = 1;
+  std::string listen_address;
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds heartbeat_timeout{5'000};
+  int device_count = -1;
+  rpc::DeviceMaps device_maps;
+  std::vector<Device> devices;
+
+  void set_device_map(const std::string& worker,
+                      const std::vector<std::pair<std::string, std::string>>& map);
+  void set_devices(const std::vector<std::string>& names);
 };
 
 // Registers every built-in backend (called by the registry; calling it

@@ -1,0 +1,136 @@
+// PipeAgent: the PIPE RPC backend (the default), a TensorPipe-style
+// transport on Boost.Asio. Static groups for now (dynamic membership is
+// issue 6).
+//
+// Construction (a rendezvous; every rank constructs at about the same time):
+//   1. checks the name (rpc::validate_worker_name) and options, and starts
+//      listening on the listen address (agents/pipe_address.h), port 0;
+//   2. creates a GlooProcessGroup "pipe" over the store and all-gathers every
+//      worker's (name, address, port, device count, device maps, devices);
+//      a duplicate name is std::invalid_argument on every worker, naming the
+//      name and its ranks; device maps are validated on every worker
+//      (rpc/device_map.h: the same rules PyTorch enforces, errors naming the
+//      worker and the map), and the reverse maps are built;
+//   3. connects eagerly: rank i connects to every rank j < i and sends a
+//      hello frame naming itself; one connection per pair of workers, used
+//      in both directions. The constructor returns once this worker has a
+//      connection to every other worker, or throws TimeoutError naming the
+//      missing ones after options.rpc_timeout.
+//
+// Wire format: agents/pipe_frame.h (a 32-byte header, the function name and
+// msgpack payload, tensor descriptors, then each tensor's bytes out of
+// band). Everything queued for a peer while a write is in progress goes out
+// in the next write, as one gather write (headers and bodies packed into
+// one buffer, tensor bytes straight from the tensors); reads land in a
+// 64 KiB buffer that holds many small frames, and tensor bytes are read
+// straight into the receiving tensor. TCP_NODELAY on every socket.
+//
+// Threads: `num_io_threads` run the Asio io_context (every socket
+// operation); the pool (RpcAgent::pool(), num_worker_threads) runs handlers
+// and every future callback; no user code ever runs on an I/O thread. The
+// I/O threads complete response futures; their callbacks are posted to the
+// pool.
+//
+// Failure detection: a connection that fails (the peer's process died: the
+// kernel closes its sockets), sends bytes that are not a valid frame
+// (logged with the reason), or stays silent for options.heartbeat_timeout
+// (every connection carries a heartbeat every heartbeat_interval) is
+// closed; the calls pending on it fail at once with ConnectionError naming
+// the worker, and later calls to that worker fail at once too. The agent
+// keeps serving the other workers. A worker that shuts down says goodbye
+// first, so its peers fail calls to it as "left" rather than "lost".
+//
+// Tensors: CPU tensors of every dtype (non-contiguous ones travel as
+// contiguous copies). A CUDA tensor needs a device map entry for its
+// device towards the worker it goes to (std::invalid_argument naming both
+// otherwise); this build cannot move CUDA memory yet, so a mapped CUDA
+// tensor is refused with an error saying so, never a crash.
+//
+// Errors of send() (through the future; send() itself never throws):
+//   TimeoutError      `rpc to "w1" function "add": timed out after 200 ms`
+//   ConnectionError   the worker's connection failed or it left; names it
+//   Error(kCancelled) `... rpc agent "w0" shut down`
+//   NotFoundError     `to` is not a worker of this group
+//   std::invalid_argument  before start(), a request of the wrong type, or
+//                     a tensor that cannot travel
+//
+// Thread safety: as RpcAgent. Ownership: shares the store (construction
+// and join()); owns sockets, threads and the Gloo group.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agents/pipe_frame.h"
+#include "rpc/agent.h"
+#include "rpc/device_map.h"
+
+namespace switchboard {
+class Store;
+}
+
+namespace switchboard::agents {
+
+struct PipeAgentOptions {
+  size_t num_worker_threads = 16;
+  size_t num_io_threads = 1;
+  // Bounds the construction rendezvous and is join()'s default.
+  std::chrono::milliseconds rpc_timeout{60'000};
+  // An address or an interface name; empty: see agents/pipe_address.h.
+  std::string listen_address;
+  // A heartbeat goes out on every connection this often; a connection
+  // silent for heartbeat_timeout is declared dead.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds heartbeat_timeout{5'000};
+  pipe::FrameLimits limits;
+  // Device maps (local device → the target's device) per target worker,
+  // and the devices this worker uses (empty: derived, as PyTorch does).
+  rpc::DeviceMaps device_maps;
+  std::vector<Device> devices;
+  // CUDA devices of this machine as the maps are validated against; -1
+  // asks CUDA (0 in a build without CUDA).
+  int device_count = -1;
+};
+
+class PipeAgent final : public rpc::RpcAgent {
+ public:
+  // Rendezvous as described above. `world_size` nullopt (a dynamic group)
+  // is std::invalid_argument until issue 6.
+  PipeAgent(std::shared_ptr<Store> store, std::string name, int rank,
+            std::optional<int> world_size, const PipeAgentOptions& options = {});
+  ~PipeAgent() override;
+
+  void start(RequestHandler handler) override;
+  rpc::Future<rpc::Message> send(const rpc::WorkerInfo& to, rpc::Message request,
+                                 Timeout timeout) override;
+  rpc::WorkerInfo worker(const std::string& name) const override;
+  rpc::WorkerInfo worker(int id) const override;
+  std::vector<rpc::WorkerInfo> workers() const override;
+
+  // Waits until this agent has no call in flight and no request being
+  // handled, then meets every worker at a Gloo barrier. TimeoutError after
+  // `timeout` (0: none) naming what was still in flight or the barrier.
+  void join(Timeout timeout) override;
+  // Fails pending calls with Error(kCancelled), says goodbye to every peer,
+  // closes the sockets, joins the I/O threads and the pool. Idempotent;
+  // waits for handlers that are running.
+  void shutdown() override;
+
+  // The address and port this worker listens on.
+  std::string listen_address() const;
+  int listen_port() const;
+  // The device maps responses to each caller travel along (the inverse of
+  // the caller's map to this worker).
+  const rpc::DeviceMaps& reverse_device_maps() const;
+  const std::vector<Device>& devices() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace switchboard::agents

@@ -1,0 +1,659 @@
+#include "agents/pipe_frame.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <type_traits>
+
+#include "common/check.h"
+
+namespace switchboard::agents::pipe {
+namespace {
+
+// A tensor remainder smaller than this is read through the buffer (with
+// whatever follows it) rather than straight into the tensor.
+constexpr size_t kDirectReadMin = 16 * 1024;
+// A buffer grown past this for a large body is given back once it is empty.
+constexpr size_t kMaxRetainedBuffer = 1 << 20;
+constexpr size_t kNumDTypes = std::size(kAllDTypes);
+
+template <typename T>
+void store_le(uint8_t* p, T value) {
+  using U = std::make_unsigned_t<T>;
+  auto u = static_cast<U>(value);
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, &u, sizeof u);
+  } else {
+    for (size_t i = 0; i < sizeof u; ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
+  }
+}
+
+template <typename T>
+T load_le(const uint8_t* p) {
+  using U = std::make_unsigned_t<T>;
+  U u = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&u, p, sizeof u);
+  } else {
+    for (size_t i = 0; i < sizeof u; ++i) u |= static_cast<U>(U{p[i]} << (8 * i));
+  }
+  return static_cast<T>(u);
+}
+
+// One descriptor as it is on the wire (validated by check_descriptors).
+struct Descriptor {
+  uint8_t dtype;
+  uint8_t device_type;
+  int16_t device_index;
+  uint32_t ndim;
+  const uint8_t* extents;  // ndim little-endian i64
+
+  static Descriptor read(const uint8_t* p) {
+    return {p[0], p[1], load_le<int16_t>(p + 2), load_le<uint32_t>(p + 4), p + 8};
+  }
+  int64_t extent(size_t d) const { return load_le<int64_t>(extents + 8 * d); }
+  Tensor::Shape shape() const {
+    Tensor::Shape shape(ndim);
+    for (size_t d = 0; d < ndim; ++d) shape[d] = extent(d);
+    return shape;
+  }
+  Device device() const {
+    return device_type == 0 ? Device::cpu() : Device::cuda(device_index);
+  }
+};
+
+void check_kind_rules(const FrameHeader& h) {
+  auto must_be_zero = [&](const char* field, uint32_t value) {
+    if (value != 0) {
+      throw FrameError(fmt::format("pipe frame: {} frame {} has {} {} (must be 0)",
+                                   kind_name(h.kind), h.id, field, value));
+    }
+  };
+  switch (h.kind) {
+    case FrameKind::kRequest:
+      if (h.function_length == 0) {
+        throw FrameError(fmt::format(
+            "pipe frame: request frame {} has function_length 0 (a request names its "
+            "function)",
+            h.id));
+      }
+      break;
+    case FrameKind::kResponse:
+    case FrameKind::kError:
+      must_be_zero("function_length", h.function_length);
+      break;
+    case FrameKind::kHello:
+      must_be_zero("tensor_count", h.tensor_count);
+      must_be_zero("function_length", h.function_length);
+      break;
+    case FrameKind::kHeartbeat:
+    case FrameKind::kGoodbye:
+      must_be_zero("tensor_count", h.tensor_count);
+      must_be_zero("function_length", h.function_length);
+      must_be_zero("payload_length", h.payload_length);
+      break;
+  }
+}
+
+[[noreturn]] void descriptor_error(const FrameHeader& h, size_t index,
+                                   const std::string& what) {
+  throw FrameError(fmt::format("pipe frame: frame {} tensor {}: {}", h.id, index, what));
+}
+
+// Throws unless a whole descriptor (with its extents) fits in the
+// descriptors from byte `pos` on.
+void check_descriptor_fits(const FrameHeader& h, size_t index, const uint8_t* all,
+                           size_t pos) {
+  const size_t left = h.descriptors_length - pos;
+  if (left < descriptor_size(0)) {
+    throw FrameError(fmt::format(
+        "pipe frame: frame {}: descriptors_length {} is too short for tensor_count {} "
+        "(tensor {}'s descriptor starts at byte {})",
+        h.id, h.descriptors_length, h.tensor_count, index, pos));
+  }
+  const uint32_t ndim = Descriptor::read(all + pos).ndim;
+  if (ndim <= kMaxDims && (left - descriptor_size(0)) / 8 < ndim) {
+    throw FrameError(fmt::format(
+        "pipe frame: frame {}: descriptors_length {} is too short for tensor {}'s {} "
+        "extents (its descriptor starts at byte {})",
+        h.id, h.descriptors_length, index, ndim, pos));
+  }
+}
+
+// dtype, device and ndim.
+void check_descriptor_fields(const FrameHeader& h, size_t index, const Descriptor& d) {
+  if (d.dtype >= kNumDTypes) {
+    descriptor_error(
+        h, index,
+        fmt::format("dtype {} is not a dtype (0 to {})", d.dtype, kNumDTypes - 1));
+  }
+  if (d.device_type > 1) {
+    descriptor_error(h, index,
+                     fmt::format("device type {} is not a device type (0 cpu, 1 cuda)",
+                                 d.device_type));
+  }
+  if (d.device_type == 0 && d.device_index != 0) {
+    descriptor_error(h, index,
+                     fmt::format("device index {} for cpu (must be 0)", d.device_index));
+  }
+  if (d.device_type == 1 && d.device_index < 0) {
+    descriptor_error(h, index,
+                     fmt::format("device index {} for cuda is negative", d.device_index));
+  }
+  if (d.ndim > kMaxDims) {
+    descriptor_error(h, index,
+                     fmt::format("ndim {} exceeds the limit {}", d.ndim, kMaxDims));
+  }
+}
+
+// The tensor's byte count. Every extent is non-negative, and neither the
+// element count nor the contiguous strides (the product of the extents with
+// zeros counted as 1, as PyTorch computes them) overflow: [0, 2^62, 4] has
+// no elements but has no strides either.
+uint64_t descriptor_nbytes(const FrameHeader& h, size_t index, const Descriptor& d) {
+  int64_t numel = 1;
+  int64_t span = 1;
+  for (size_t dim = 0; dim < d.ndim; ++dim) {
+    const int64_t extent = d.extent(dim);
+    if (extent < 0) {
+      descriptor_error(h, index,
+                       fmt::format("extent {} in dimension {} is negative", extent, dim));
+    }
+    if (__builtin_mul_overflow(numel, extent, &numel)) {
+      descriptor_error(
+          h, index,
+          fmt::format("numel of shape {} overflows int64", shape_str(d.shape())));
+    }
+    if (__builtin_mul_overflow(span, std::max<int64_t>(extent, 1), &span)) {
+      descriptor_error(
+          h, index,
+          fmt::format("the strides of shape {} overflow int64", shape_str(d.shape())));
+    }
+  }
+  const DType dtype = kAllDTypes[d.dtype];
+  uint64_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(dtype), &nbytes) ||
+      nbytes > std::numeric_limits<size_t>::max()) {
+    descriptor_error(
+        h, index,
+        fmt::format("nbytes of {}{} overflows", dtype_name(dtype), shape_str(d.shape())));
+  }
+  return nbytes;
+}
+
+// Validates the descriptor that starts `pos` bytes into the descriptors and
+// returns its tensor's byte count.
+uint64_t check_descriptor(const FrameHeader& h, size_t index, const uint8_t* all,
+                          size_t pos) {
+  check_descriptor_fits(h, index, all, pos);
+  const Descriptor d = Descriptor::read(all + pos);
+  check_descriptor_fields(h, index, d);
+  return descriptor_nbytes(h, index, d);
+}
+
+// Validates every descriptor and the sum of the tensor bytes against the
+// limits, without allocating anything.
+void check_descriptors(const FrameHeader& h, const uint8_t* all,
+                       const FrameLimits& limits) {
+  size_t pos = 0;
+  uint64_t total = 0;
+  for (size_t i = 0; i < h.tensor_count; ++i) {
+    const uint64_t nbytes = check_descriptor(h, i, all, pos);
+    if (__builtin_add_overflow(total, nbytes, &total) ||
+        total > limits.max_tensor_bytes) {
+      throw FrameError(fmt::format(
+          "pipe frame: frame {}: tensor bytes {} (the sum through tensor {}) exceed the "
+          "limit {} (max_tensor_bytes)",
+          h.id, std::max(total, nbytes), i, limits.max_tensor_bytes));
+    }
+    pos += descriptor_size(Descriptor::read(all + pos).ndim);
+  }
+  if (pos != h.descriptors_length) {
+    throw FrameError(fmt::format(
+        "pipe frame: frame {}: descriptors_length {} does not match the {} bytes of the "
+        "descriptors of its {} tensors",
+        h.id, h.descriptors_length, pos, h.tensor_count));
+  }
+}
+
+FrameKind kind_of(rpc::MessageType type) {
+  const auto value = static_cast<uint8_t>(type);
+  SB_REQUIRE(value >= 1 && value <= 3, "append_frame: {} is not a message type", value);
+  return static_cast<FrameKind>(value);
+}
+
+uint32_t checked_u32(size_t value, const char* what) {
+  SB_REQUIRE(value <= std::numeric_limits<uint32_t>::max(),
+             "append_frame: {} {} does not fit the frame's u32 field", what, value);
+  return static_cast<uint32_t>(value);
+}
+
+void check_wire_device(Device device, size_t index) {
+  const bool ok = device.is_cpu()
+                      ? device.index == 0
+                      : device.is_cuda() && device.index >= 0 &&
+                            device.index <= std::numeric_limits<int16_t>::max();
+  SB_REQUIRE(ok, "append_frame: tensor {}: device (type {}, index {}) cannot be sent",
+             index, static_cast<int>(device.type), device.index);
+}
+
+uint8_t* write_descriptor(uint8_t* p, const Tensor& t, Device device) {
+  p[0] = static_cast<uint8_t>(t.dtype());
+  p[1] = device.is_cpu() ? 0 : 1;
+  store_le<int16_t>(p + 2, static_cast<int16_t>(device.index));
+  store_le<uint32_t>(p + 4, static_cast<uint32_t>(t.dim()));
+  p += descriptor_size(0);
+  for (int64_t extent : t.shape()) {
+    store_le<int64_t>(p, extent);
+    p += 8;
+  }
+  return p;
+}
+
+uint8_t* write_bytes(uint8_t* p, const void* data, size_t n) {
+  if (n > 0) std::memcpy(p, data, n);
+  return p + n;
+}
+
+// magic, version, kind, flags.
+void check_fixed_fields(const uint8_t* in) {
+  const auto magic = load_le<uint32_t>(in);
+  if (magic != kMagic) {
+    throw FrameError(fmt::format(
+        "pipe frame: bad magic {:#010x} (expected {:#010x}, \"SBPI\")", magic, kMagic));
+  }
+  if (in[4] != kVersion) {
+    throw FrameError(fmt::format("pipe frame: version {} is not supported (expected {})",
+                                 in[4], kVersion));
+  }
+  if (in[5] < 1 || in[5] > 6) {
+    throw FrameError(
+        fmt::format("pipe frame: kind {} is not a frame kind (1 to 6)", in[5]));
+  }
+  const auto flags = load_le<uint16_t>(in + 6);
+  if (flags != 0) {
+    throw FrameError(fmt::format("pipe frame: flags {:#06x} must be 0", flags));
+  }
+}
+
+void check_lengths(const FrameHeader& h, const FrameLimits& limits) {
+  if (h.function_length > limits.max_function_length) {
+    throw FrameError(fmt::format(
+        "pipe frame: function_length {} exceeds the limit {} (max_function_length)",
+        h.function_length, limits.max_function_length));
+  }
+  if (h.payload_length > limits.max_payload_bytes) {
+    throw FrameError(fmt::format(
+        "pipe frame: payload_length {} exceeds the limit {} (max_payload_bytes)",
+        h.payload_length, limits.max_payload_bytes));
+  }
+  if (h.tensor_count > limits.max_tensors) {
+    throw FrameError(
+        fmt::format("pipe frame: tensor_count {} exceeds the limit {} (max_tensors)",
+                    h.tensor_count, limits.max_tensors));
+  }
+  const uint64_t least = uint64_t{h.tensor_count} * descriptor_size(0);
+  const uint64_t most = uint64_t{h.tensor_count} * descriptor_size(kMaxDims);
+  if (h.descriptors_length < least || h.descriptors_length > most) {
+    throw FrameError(fmt::format(
+        "pipe frame: descriptors_length {} is out of range for tensor_count {} (must be "
+        "between {} and {})",
+        h.descriptors_length, h.tensor_count, least, most));
+  }
+}
+
+}  // namespace
+
+std::string kind_name(FrameKind kind) {
+  switch (kind) {
+    case FrameKind::kRequest:
+      return "request";
+    case FrameKind::kResponse:
+      return "response";
+    case FrameKind::kError:
+      return "error";
+    case FrameKind::kHello:
+      return "hello";
+    case FrameKind::kHeartbeat:
+      return "heartbeat";
+    case FrameKind::kGoodbye:
+      return "goodbye";
+  }
+  return fmt::format("kind {}", static_cast<int>(kind));
+}
+
+size_t FrameHeader::body_size() const {
+  return size_t{function_length} + payload_length + descriptors_length;
+}
+
+void encode_header(const FrameHeader& h, uint8_t* out) {
+  store_le<uint32_t>(out, kMagic);
+  out[4] = kVersion;
+  out[5] = static_cast<uint8_t>(h.kind);
+  store_le<uint16_t>(out + 6, 0);
+  store_le<uint64_t>(out + 8, h.id);
+  store_le<uint32_t>(out + 16, h.function_length);
+  store_le<uint32_t>(out + 20, h.payload_length);
+  store_le<uint32_t>(out + 24, h.tensor_count);
+  store_le<uint32_t>(out + 28, h.descriptors_length);
+}
+
+FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits) {
+  check_fixed_fields(in);
+  FrameHeader h;
+  h.kind = static_cast<FrameKind>(in[5]);
+  h.id = load_le<uint64_t>(in + 8);
+  h.function_length = load_le<uint32_t>(in + 16);
+  h.payload_length = load_le<uint32_t>(in + 20);
+  h.tensor_count = load_le<uint32_t>(in + 24);
+  h.descriptors_length = load_le<uint32_t>(in + 28);
+  check_lengths(h, limits);
+  check_kind_rules(h);
+  return h;
+}
+
+void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
+                  const std::vector<Device>& devices) {
+  FrameHeader h;
+  h.kind = kind_of(m.type);
+  h.id = m.id;
+  SB_REQUIRE(h.kind != FrameKind::kRequest || !m.function.empty(),
+             "append_frame: request {} has no function", m.id);
+  SB_REQUIRE(h.kind == FrameKind::kRequest || m.function.empty(),
+             "append_frame: {} {} has a function (\"{}\"); only requests name one",
+             kind_name(h.kind), m.id, m.function);
+  SB_REQUIRE(devices.empty() || devices.size() == m.tensors.size(),
+             "append_frame: {} devices for {} tensors", devices.size(), m.tensors.size());
+  size_t descriptors = 0;
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Tensor& t = m.tensors[i];
+    SB_REQUIRE(t.defined(), "append_frame: tensor {} is undefined", i);
+    SB_REQUIRE(t.is_contiguous(), "append_frame: tensor {} ({}) is not contiguous", i,
+               t.describe());
+    SB_REQUIRE(t.dim() <= kMaxDims,
+               "append_frame: tensor {} ({}) has more than {} dimensions", i,
+               t.describe(), kMaxDims);
+    check_wire_device(devices.empty() ? t.device() : devices[i], i);
+    descriptors += descriptor_size(static_cast<size_t>(t.dim()));
+  }
+  h.function_length = checked_u32(m.function.size(), "function_length");
+  h.payload_length = checked_u32(m.payload.size(), "payload_length");
+  h.tensor_count = checked_u32(m.tensors.size(), "tensor_count");
+  h.descriptors_length = checked_u32(descriptors, "descriptors_length");
+
+  const size_t start = out.size();
+  out.resize(start + kHeaderSize + h.body_size());
+  uint8_t* p = out.data() + start;
+  encode_header(h, p);
+  p = write_bytes(p + kHeaderSize, m.function.data(), m.function.size());
+  p = write_bytes(p, m.payload.data(), m.payload.size());
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    p = write_descriptor(p, m.tensors[i],
+                         devices.empty() ? m.tensors[i].device() : devices[i]);
+  }
+}
+
+void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
+                          const uint8_t* payload, size_t payload_size) {
+  SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kHeartbeat ||
+                 kind == FrameKind::kGoodbye,
+             "append_control_frame: {} is not a control frame", kind_name(kind));
+  SB_REQUIRE(kind == FrameKind::kHello || payload_size == 0,
+             "append_control_frame: a {} frame has no payload ({} bytes given)",
+             kind_name(kind), payload_size);
+  SB_REQUIRE(payload != nullptr || payload_size == 0,
+             "append_control_frame: null payload of {} bytes", payload_size);
+  FrameHeader h;
+  h.kind = kind;
+  h.id = id;
+  h.payload_length = checked_u32(payload_size, "payload_length");
+  const size_t start = out.size();
+  out.resize(start + kHeaderSize + payload_size);
+  encode_header(h, out.data() + start);
+  write_bytes(out.data() + start + kHeaderSize, payload, payload_size);
+}
+
+// ---------------------------------------------------------------------------
+// FrameReader
+
+FrameReader::FrameReader(FrameLimits limits, Allocate allocate)
+    : limits_(limits), allocate_(std::move(allocate)) {}
+
+void FrameReader::check_usable() const {
+  if (!failure_.empty()) throw FrameError(failure_);
+}
+
+void FrameReader::fail(const std::string& message) {
+  failure_ = message;
+  throw FrameError(message);
+}
+
+std::pair<uint8_t*, size_t> FrameReader::next_buffer() {
+  check_usable();
+  if (state_ == State::kTensors && tensor_size_ - tensor_filled_ >= kDirectReadMin) {
+    // The buffer is empty here (parse() drains it into the tensor).
+    offered_ = tensor_size_ - tensor_filled_;
+    offered_tensor_ = true;
+    return {tensor_data_ + tensor_filled_, offered_};
+  }
+  make_room();
+  offered_ = buffer_.size() - end_;
+  offered_tensor_ = false;
+  return {buffer_.data() + end_, offered_};
+}
+
+// Ensures kReadBufferSize free bytes after end_, and room for the rest of
+// the current frame's body.
+void FrameReader::make_room() {
+  size_t need = kReadBufferSize;
+  if (state_ == State::kBody)
+    need = std::max(need, header_.body_size() - (end_ - begin_));
+  if (buffer_.size() - end_ >= need) return;
+  if (begin_ > 0) {
+    std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  if (buffer_.size() - end_ >= need) return;
+  try {
+    buffer_.resize(end_ + need);
+  } catch (const std::bad_alloc&) {
+    fail(fmt::format("pipe frame: cannot allocate a {}-byte buffer for frame {}'s body",
+                     end_ + need, header_.id));
+  }
+}
+
+void FrameReader::commit(size_t n) {
+  check_usable();
+  SB_REQUIRE(n <= offered_, "FrameReader::commit: {} bytes committed, {} offered", n,
+             offered_);
+  offered_ = 0;
+  try {
+    if (offered_tensor_) {
+      tensor_filled_ += n;
+      if (tensor_filled_ == tensor_size_ && !next_tensor()) finish_frame();
+    } else {
+      end_ += n;
+    }
+    parse();
+  } catch (const FrameError& e) {
+    failure_ = e.what();
+    throw;
+  } catch (const std::bad_alloc&) {
+    fail(
+        fmt::format("pipe frame: out of memory receiving frame {} ({} body bytes, {} "
+                    "tensors)",
+                    header_.id, header_.body_size(), header_.tensor_count));
+  } catch (const std::exception& e) {
+    failure_ = fmt::format("pipe frame: the reader failed earlier: {}", e.what());
+    throw;
+  }
+}
+
+void FrameReader::parse() {
+  for (;;) {
+    switch (state_) {
+      case State::kHeader:
+        if (end_ - begin_ < kHeaderSize) {
+          if (begin_ == end_) begin_ = end_ = 0;
+          if (begin_ == 0 && end_ == 0 && buffer_.size() > kMaxRetainedBuffer) {
+            std::vector<uint8_t>().swap(buffer_);
+          }
+          return;
+        }
+        header_ = decode_header(buffer_.data() + begin_, limits_);
+        begin_ += kHeaderSize;
+        state_ = State::kBody;
+        [[fallthrough]];
+      case State::kBody:
+        if (end_ - begin_ < header_.body_size()) return;
+        decode_body(buffer_.data() + begin_);
+        begin_ += header_.body_size();
+        if (!first_tensor()) {
+          finish_frame();
+          continue;
+        }
+        state_ = State::kTensors;
+        [[fallthrough]];
+      case State::kTensors:
+        if (!fill_tensors_from_buffer()) {
+          begin_ = end_ = 0;  // drained into the tensor
+          return;
+        }
+        finish_frame();
+        continue;
+    }
+  }
+}
+
+void FrameReader::decode_body(const uint8_t* body) {
+  rpc::Message& m = current_.message;
+  current_.kind = header_.kind;
+  m.type = header_.kind <= FrameKind::kError ? static_cast<rpc::MessageType>(header_.kind)
+                                             : rpc::MessageType::kRequest;
+  m.id = header_.id;
+  m.function.assign(reinterpret_cast<const char*>(body), header_.function_length);
+  body += header_.function_length;
+  m.payload.assign(body, body + header_.payload_length);
+  body += header_.payload_length;
+  m.tensors.clear();
+  current_.devices.clear();
+  if (header_.tensor_count > 0) {
+    check_descriptors(header_, body, limits_);
+    allocate_tensors(body);
+  }
+}
+
+void FrameReader::allocate_tensors(const uint8_t* descriptors) {
+  rpc::Message& m = current_.message;
+  m.tensors.reserve(header_.tensor_count);
+  current_.devices.reserve(header_.tensor_count);
+  for (size_t i = 0; i < header_.tensor_count; ++i) {
+    const Descriptor d = Descriptor::read(descriptors);
+    shape_.resize(d.ndim);
+    for (size_t dim = 0; dim < d.ndim; ++dim) shape_[dim] = d.extent(dim);
+    current_.devices.push_back(d.device());
+    m.tensors.push_back(allocate_tensor(kAllDTypes[d.dtype], d.device()));
+    descriptors += descriptor_size(d.ndim);
+  }
+}
+
+Tensor FrameReader::allocate_tensor(DType dtype, Device device) {
+  if (!allocate_) return Tensor::empty(shape_, dtype);
+  Tensor t = allocate_(dtype, shape_, device);
+  SB_REQUIRE(
+      t.defined() && t.dtype() == dtype && t.shape() == shape_ && t.is_contiguous() &&
+          t.device().is_cpu(),
+      "FrameReader: the allocator returned {} for a contiguous CPU {}{} (descriptor "
+      "device {})",
+      t.describe(), dtype_name(dtype), shape_str(shape_), device.str());
+  return t;
+}
+
+// Points tensor_* at the first tensor with bytes; false when none has any.
+bool FrameReader::first_tensor() {
+  tensor_index_ = static_cast<size_t>(-1);
+  return next_tensor();
+}
+
+// Moves on to the next tensor with bytes; false when there is none.
+bool FrameReader::next_tensor() {
+  ++tensor_index_;
+  const auto& tensors = current_.message.tensors;
+  while (tensor_index_ < tensors.size() && tensors[tensor_index_].nbytes() == 0) {
+    ++tensor_index_;
+  }
+  if (tensor_index_ == tensors.size()) return false;
+  const Tensor& t = tensors[tensor_index_];
+  tensor_data_ = static_cast<uint8_t*>(t.data());
+  tensor_size_ = t.nbytes();
+  tensor_filled_ = 0;
+  return true;
+}
+
+// Copies buffered bytes into the tensors; true once the last one is full.
+bool FrameReader::fill_tensors_from_buffer() {
+  while (begin_ < end_) {
+    const size_t n = std::min(end_ - begin_, tensor_size_ - tensor_filled_);
+    std::memcpy(tensor_data_ + tensor_filled_, buffer_.data() + begin_, n);
+    begin_ += n;
+    tensor_filled_ += n;
+    if (tensor_filled_ == tensor_size_ && !next_tensor()) return true;
+  }
+  return false;
+}
+
+void FrameReader::finish_frame() {
+  if (ready_head_ == ready_.size()) {
+    ready_.clear();
+    ready_head_ = 0;
+  } else if (ready_head_ >= 64 && ready_head_ * 2 >= ready_.size()) {
+    ready_.erase(ready_.begin(), ready_.begin() + static_cast<ptrdiff_t>(ready_head_));
+    ready_head_ = 0;
+  }
+  ready_.push_back(std::move(current_));
+  state_ = State::kHeader;
+  tensor_data_ = nullptr;
+  tensor_size_ = tensor_filled_ = 0;
+}
+
+bool FrameReader::pop(InboundFrame& out) {
+  if (ready_head_ == ready_.size()) return false;
+  out = std::move(ready_[ready_head_++]);
+  if (ready_head_ == ready_.size()) {
+    ready_.clear();
+    ready_head_ = 0;
+  }
+  return true;
+}
+
+bool FrameReader::mid_frame() const { return state_ != State::kHeader || end_ > begin_; }
+
+std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
+                                     const FrameLimits& limits) {
+  FrameReader reader(limits);
+  std::vector<InboundFrame> frames;
+  InboundFrame frame;
+  size_t offset = 0;
+  while (offset < size) {
+    auto [buffer, capacity] = reader.next_buffer();
+    const size_t n = std::min(capacity, size - offset);
+    std::memcpy(buffer, data + offset, n);
+    offset += n;
+    reader.commit(n);
+    while (reader.pop(frame)) frames.push_back(std::move(frame));
+  }
+  if (reader.mid_frame()) {
+    throw FrameError(
+        fmt::format("pipe frame: truncated: the {} bytes end inside a frame (after {} "
+                    "complete frames)",
+                    size, frames.size()));
+  }
+  return frames;
+}
+
+}  // namespace switchboard::agents::pipe

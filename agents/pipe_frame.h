@@ -1,0 +1,252 @@
+// The PIPE agent's wire codec: how a Message (or a control frame) becomes
+// bytes on a connection, and an incremental reader that turns received
+// bytes back into frames, reading large tensors straight into their
+// destination. Pure code: no sockets, no threads.
+//
+// Wire format (every integer little endian):
+//
+//   header, kHeaderSize = 32 bytes
+//     u32 magic = kMagic ("SBPI" in memory)   u8 version = kVersion
+//     u8  kind (FrameKind)                    u16 flags (must be 0)
+//     u64 id
+//     u32 function_length   u32 payload_length
+//     u32 tensor_count      u32 descriptors_length
+//   body, FrameHeader::body_size() bytes
+//     function bytes, payload bytes, then one descriptor per tensor:
+//       u8 dtype (the DType enum's value, kAllDTypes order)
+//       u8 device type (0 cpu, 1 cuda)   i16 device index (0 for cpu)
+//       u32 ndim (<= kMaxDims)           ndim x i64 extents
+//     (descriptor_size(ndim) = 8 + 8 * ndim bytes)
+//   then each tensor's bytes in order, numel x element size; a tensor of
+//   zero bytes sends nothing.
+//
+// Frame kinds: kRequest, kResponse and kError carry a Message of the
+// MessageType with the same value. A request names its function; a response
+// or an error has none. kHello carries opaque bytes in its payload (what the
+// agent wants to say on connecting) and no function; kHeartbeat and
+// kGoodbye have no body at all. Only request/response/error carry tensors.
+//
+// Errors: bad bytes from a peer throw FrameError (below), whose message
+// names the field, its value and the limit it broke; the reader that threw
+// is unusable and the connection should be closed. Local mistakes (a
+// non-contiguous tensor to encode, a commit larger than the buffer offered,
+// an allocator that returns the wrong tensor) throw std::invalid_argument.
+//
+// Thread safety: the free functions are pure and thread-safe; a FrameReader
+// is used by one thread at a time (one connection's reads are serialized).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "rpc/message.h"
+
+namespace switchboard::agents::pipe {
+
+inline constexpr uint32_t kMagic = 0x49504253;  // bytes 53 42 50 49: "SBPI"
+inline constexpr uint8_t kVersion = 1;
+inline constexpr size_t kHeaderSize = 32;
+// Most dimensions a tensor may have on the wire.
+inline constexpr uint32_t kMaxDims = 32;
+// Free space FrameReader::next_buffer() offers at least when header or
+// body bytes are expected (one read can bring many small frames).
+inline constexpr size_t kReadBufferSize = 64 * 1024;
+
+enum class FrameKind : uint8_t {
+  kRequest = 1,   // rpc::MessageType::kRequest
+  kResponse = 2,  // rpc::MessageType::kResponse
+  kError = 3,     // rpc::MessageType::kError
+  kHello = 4,     // payload: the agent's hello (opaque here)
+  kHeartbeat = 5,
+  kGoodbye = 6,
+};
+
+// "request", "response", "error", "hello", "heartbeat", "goodbye" (or
+// "kind N" for other values).
+std::string kind_name(FrameKind kind);
+
+// Bytes on the wire for one tensor descriptor.
+constexpr size_t descriptor_size(size_t ndim) { return 8 + 8 * ndim; }
+
+// A peer sent bytes that are not a valid frame. Code kUnavailable: the
+// connection that carried them must be closed (a reconnect may help); no
+// frame after the bad one can be trusted. Never thrown for local mistakes.
+class FrameError : public Error {
+ public:
+  explicit FrameError(const std::string& message)
+      : Error(ErrorCode::kUnavailable, message) {}
+};
+
+// What a receiver accepts; anything larger is a FrameError. Defaults suit
+// the agent; the fuzzer and tests use smaller ones.
+struct FrameLimits {
+  uint32_t max_function_length = 64 * 1024;
+  uint64_t max_payload_bytes = 1ull << 30;
+  uint32_t max_tensors = 65536;
+  // The sum of the tensor bytes of one frame.
+  uint64_t max_tensor_bytes = 64ull << 30;
+};
+
+struct FrameHeader {
+  FrameKind kind = FrameKind::kRequest;
+  uint64_t id = 0;
+  uint32_t function_length = 0;
+  uint32_t payload_length = 0;
+  uint32_t tensor_count = 0;
+  uint32_t descriptors_length = 0;
+
+  // function_length + payload_length + descriptors_length.
+  size_t body_size() const;
+};
+
+// Writes kHeaderSize bytes at `out` (magic, version, flags 0, then `h`).
+void encode_header(const FrameHeader& h, uint8_t* out);
+// Reads and validates kHeaderSize bytes at `in`: magic, version, kind,
+// flags, every length against `limits` and the kind's rules (see the top of
+// this file). Throws FrameError.
+FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits);
+
+// Appends the header and body of `m` (kind from m.type) to `out`; the
+// caller sends the bytes of m.tensors after them, in order (tensors of zero
+// bytes send nothing). The descriptor of tensors[i] names devices[i] when
+// `devices` is non-empty (the device the receiver should allocate on, from
+// the device maps), else the tensor's own device. `out` keeps what it held.
+// Throws std::invalid_argument, naming the tensor's index where one is at
+// fault, for: an m.type that is not a MessageType, a request without a
+// function or a response/error with one, an undefined or non-contiguous
+// tensor, more than kMaxDims dimensions, devices.size() != tensors.size(),
+// a device not representable (cpu index != 0, cuda index outside 0..32767),
+// or a length that does not fit its u32 field.
+void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
+                  const std::vector<Device>& devices = {});
+
+// Appends a hello, heartbeat or goodbye frame (header and payload) to
+// `out`. `payload` (not retained) is allowed for kHello only.
+// std::invalid_argument for another kind or a payload where none is allowed.
+void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
+                          const uint8_t* payload = nullptr, size_t payload_size = 0);
+
+// One received frame.
+struct InboundFrame {
+  FrameKind kind = FrameKind::kRequest;
+  // Request/response/error: the message (type mirrors kind). Hello,
+  // heartbeat, goodbye: message.id is the frame's id, message.payload holds
+  // the hello bytes (empty otherwise), message.type is meaningless.
+  rpc::Message message;
+  // The device each tensor's descriptor named, parallel to message.tensors
+  // (empty when there are none). The default allocator puts every tensor on
+  // the CPU whatever its descriptor says; the agent compares the two and
+  // moves the tensor (or refuses a device it cannot serve).
+  std::vector<Device> devices;
+};
+
+// Incremental reader for one connection's byte stream. The connection asks
+// where to read next (next_buffer), reads there, and reports how many bytes
+// it got (commit); completed frames come out of pop() in order.
+//
+// Buffering: header and body bytes land in one internal buffer (at least
+// kReadBufferSize free bytes offered each time, so one read can bring many
+// small frames); it is compacted when needed, grown to fit a body larger
+// than its free space (bounded by the limits) and given back once a body
+// over 1 MiB is done. Tensor bytes that arrive in that buffer are copied
+// into the tensor; once it holds no more, next_buffer() offers the tensor's
+// own unfilled storage, so a large tensor is read straight into its
+// destination with no copy (a remainder under 16 KiB is read through the
+// buffer instead, with whatever follows it).
+//
+// Thread safety: none; one connection's reads use it from one thread at a
+// time. Movable (the span next_buffer() offered stays valid; a moved-from
+// reader may only be destroyed or assigned to), not copyable.
+class FrameReader {
+ public:
+  // Makes the tensor a descriptor's bytes are read into, from the dtype,
+  // the shape and the device the descriptor names. It must return a defined,
+  // contiguous tensor of exactly that dtype and shape whose bytes the CPU
+  // can write (device() cpu); anything else makes commit() throw
+  // std::invalid_argument. std::bad_alloc from it becomes FrameError; other
+  // exceptions propagate (and leave the reader unusable).
+  // Default: Tensor::empty(shape, dtype) on the CPU whatever the device;
+  // the descriptor's device is in InboundFrame::devices for the agent.
+  using Allocate = std::function<Tensor(DType, const Tensor::Shape&, Device)>;
+
+  explicit FrameReader(FrameLimits limits = {}, Allocate allocate = nullptr);
+  FrameReader(FrameReader&&) = default;
+  FrameReader& operator=(FrameReader&&) = default;
+
+  // Where the next received bytes go: free space at the end of the internal
+  // buffer (at least kReadBufferSize bytes, more when the current frame's
+  // body needs it) or the unfilled remainder of the current tensor's
+  // storage. Never empty. The span stays valid until the next commit();
+  // calling next_buffer() again before that returns the same span.
+  // Throws FrameError after a failure, or if the buffer cannot grow.
+  std::pair<uint8_t*, size_t> next_buffer();
+
+  // Records that `n` bytes were written at the start of the last
+  // next_buffer() (n <= its size; 0 is allowed) and parses every frame now
+  // complete. Throws FrameError on invalid input; the reader is then
+  // unusable (next_buffer and commit throw it again) but frames completed
+  // before the bad one can still be popped. std::invalid_argument when `n`
+  // exceeds the span offered (or none was) or the allocator misbehaves.
+  void commit(size_t n);
+
+  // Moves the oldest completed frame into `out`; false when there is none.
+  bool pop(InboundFrame& out);
+
+  // True when bytes of a frame not yet complete have been received.
+  bool mid_frame() const;
+
+ private:
+  enum class State { kHeader, kBody, kTensors };
+
+  void parse();
+  void decode_body(const uint8_t* body);
+  void allocate_tensors(const uint8_t* descriptors);
+  Tensor allocate_tensor(DType dtype, Device device);
+  bool first_tensor();
+  bool next_tensor();
+  bool fill_tensors_from_buffer();
+  void finish_frame();
+  void make_room();
+  [[noreturn]] void fail(const std::string& message);
+  void check_usable() const;
+
+  FrameLimits limits_;
+  Allocate allocate_;
+  // Received bytes: [begin_, end_) is not parsed yet.
+  std::vector<uint8_t> buffer_;
+  size_t begin_ = 0;
+  size_t end_ = 0;
+  // The size of the span next_buffer() last offered (0: none), and whether
+  // it was the current tensor's storage.
+  size_t offered_ = 0;
+  bool offered_tensor_ = false;
+  std::string failure_;  // non-empty once a commit failed
+
+  State state_ = State::kHeader;
+  FrameHeader header_;  // of the frame in progress (kBody, kTensors)
+  InboundFrame current_;
+  Tensor::Shape shape_;  // reused while allocating
+  // kTensors: the tensor being filled.
+  size_t tensor_index_ = 0;
+  uint8_t* tensor_data_ = nullptr;
+  size_t tensor_size_ = 0;
+  size_t tensor_filled_ = 0;
+
+  std::vector<InboundFrame> ready_;
+  size_t ready_head_ = 0;  // ready_[ready_head_..] are not popped yet
+};
+
+// Feeds `data` through a FrameReader (default allocator) and returns every
+// frame. Throws FrameError for invalid bytes, and for a trailing incomplete
+// frame ("truncated").
+std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
+                                     const FrameLimits& limits = {});
+
+}  // namespace switchboard::agents::pipe

@@ -1,0 +1,125 @@
+#include "agents/pipe_info.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <msgpack.hpp>
+#include <stdexcept>
+
+#include "collective/process_group.h"
+#include "collective/work.h"
+
+namespace switchboard::agents {
+namespace {
+
+// On the wire: [name, address, port, device_count,
+//               {target: [[src, dst], ...]}, [device, ...]] (devices as text).
+using MapWire = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
+using AnnouncementWire =
+    std::tuple<std::string, std::string, int, int, MapWire, std::vector<std::string>>;
+
+template <typename T>
+T unpack_as(const uint8_t* data, size_t size, const char* what) {
+  try {
+    msgpack::object_handle handle =
+        msgpack::unpack(reinterpret_cast<const char*>(data), size);
+    return handle.get().as<T>();
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("PIPE agent: malformed {}: {}", what, e.what()));
+  }
+}
+
+template <typename T>
+std::vector<uint8_t> pack(const T& value) {
+  msgpack::sbuffer buffer;
+  msgpack::pack(buffer, value);
+  return std::vector<uint8_t>(buffer.data(), buffer.data() + buffer.size());
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_announcement(const WorkerAnnouncement& a) {
+  MapWire maps;
+  for (const auto& [target, map] : a.device_maps) {
+    auto& pairs = maps[target];
+    for (const auto& [src, dst] : map) pairs.emplace_back(src.str(), dst.str());
+  }
+  std::vector<std::string> devices;
+  for (const Device& d : a.devices) devices.push_back(d.str());
+  return pack(AnnouncementWire{a.name, a.address, a.port, a.device_count, maps, devices});
+}
+
+WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size) {
+  auto [name, address, port, count, maps, devices] =
+      unpack_as<AnnouncementWire>(data, size, "worker announcement");
+  WorkerAnnouncement a;
+  a.name = std::move(name);
+  a.address = std::move(address);
+  a.port = port;
+  a.device_count = count;
+  for (const auto& [target, pairs] : maps) {
+    rpc::DeviceMap& map = a.device_maps[target];
+    for (const auto& [src, dst] : pairs) map.emplace(Device::parse(src), Device::parse(dst));
+  }
+  for (const auto& d : devices) a.devices.push_back(Device::parse(d));
+  return a;
+}
+
+std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup& group,
+                                                        const WorkerAnnouncement& mine,
+                                                        std::chrono::milliseconds timeout) {
+  const std::vector<uint8_t> bytes = encode_announcement(mine);
+  const int n = group.size();
+  auto wait = [&](const collective::Work& work) {
+    if (timeout.count() > 0) {
+      work.wait(timeout);
+    } else {
+      work.wait();
+    }
+  };
+  Tensor length = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(bytes.size())});
+  std::vector<Tensor> lengths;
+  for (int r = 0; r < n; ++r) lengths.push_back(Tensor::empty({1}, DType::kInt64));
+  wait(group.allgather(lengths, length));
+  int64_t longest = 0;
+  for (const Tensor& l : lengths) longest = std::max(longest, l.data_as<int64_t>()[0]);
+
+  Tensor padded = Tensor::zeros({longest}, DType::kUInt8);
+  std::memcpy(padded.data(), bytes.data(), bytes.size());
+  std::vector<Tensor> gathered;
+  for (int r = 0; r < n; ++r) gathered.push_back(Tensor::empty({longest}, DType::kUInt8));
+  wait(group.allgather(gathered, padded));
+
+  std::vector<WorkerAnnouncement> all;
+  for (int r = 0; r < n; ++r) {
+    all.push_back(decode_announcement(static_cast<const uint8_t*>(gathered[r].data()),
+                                      static_cast<size_t>(lengths[r].data_as<int64_t>()[0])));
+  }
+  return all;
+}
+
+void check_unique_names(const std::vector<WorkerAnnouncement>& all) {
+  std::map<std::string, std::vector<int>> ranks;
+  for (size_t r = 0; r < all.size(); ++r) ranks[all[r].name].push_back(static_cast<int>(r));
+  for (const auto& [name, used_by] : ranks) {
+    if (used_by.size() > 1) {
+      throw std::invalid_argument(fmt::format(
+          "rpc worker name \"{}\" is used by ranks {}; names must be unique in the group",
+          name, fmt::join(used_by, ", ")));
+    }
+  }
+}
+
+std::vector<uint8_t> encode_hello(int rank, const std::string& name) {
+  return pack(std::make_tuple(rank, name));
+}
+
+std::pair<int, std::string> decode_hello(const std::vector<uint8_t>& payload) {
+  auto [rank, name] =
+      unpack_as<std::tuple<int, std::string>>(payload.data(), payload.size(), "hello");
+  return {rank, std::move(name)};
+}
+
+}  // namespace switchboard::agents
