@@ -60,6 +60,13 @@ void RpcContext::init_rpc(const std::string& name, std::string_view backend, int
            std::move(store));
 }
 
+void RpcContext::init_rpc(const std::string& name, int rank, std::optional<int> world_size,
+                          std::shared_ptr<RpcBackendOptions> options,
+                          std::shared_ptr<Store> store) {
+  init_rpc(name, backend_type(kDefaultBackend), rank, world_size, std::move(options),
+           std::move(store));
+}
+
 void RpcContext::init_rpc(const std::string& name, const BackendType& backend, int rank,
                           std::optional<int> world_size,
                           std::shared_ptr<RpcBackendOptions> options,
@@ -214,6 +221,11 @@ void init_rpc(const std::string& name, std::string_view backend, int rank,
               std::shared_ptr<Store> store) {
   RpcContext::global().init_rpc(name, backend, rank, world_size, std::move(options),
                                 std::move(store));
+}
+
+void init_rpc(const std::string& name, int rank, std::optional<int> world_size,
+              std::shared_ptr<RpcBackendOptions> options, std::shared_ptr<Store> store) {
+  RpcContext::global().init_rpc(name, rank, world_size, std::move(options), std::move(store));
 }
 
 WorkerInfo get_worker_info() { return RpcContext::global().get_worker_info(); }

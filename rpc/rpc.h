@@ -16,7 +16,8 @@
 //     (the backend checks that at rendezvous: a duplicate is an error on
 //     every worker that has it).
 //   - `backend`: a BackendType or a registered name (rpc/backend_registry.h;
-//     built-ins PROCESS_GROUP, and PIPE once it exists).
+//     built-ins PIPE and PROCESS_GROUP); the overload without one uses
+//     kDefaultBackend, "PIPE" (PyTorch's default is TensorPipe).
 //   - `rank`, `world_size`: -1 and nullopt take them from the environment
 //     (env://: RANK/WORLD_SIZE, SLURM, Open MPI; see rpc/rendezvous.h).
 //     A world size makes a static group; none, a dynamic one (backends
@@ -132,6 +133,9 @@ class WorkerRef {
   std::variant<std::string, WorkerInfo, int> ref_;
 };
 
+// The backend init_rpc uses when none is named.
+inline constexpr const char* kDefaultBackend = "PIPE";
+
 class RpcContext {
  public:
   RpcContext();
@@ -150,6 +154,11 @@ class RpcContext {
                 std::shared_ptr<RpcBackendOptions> options = nullptr,
                 std::shared_ptr<Store> store = nullptr);
   void init_rpc(const std::string& name, std::string_view backend, int rank = -1,
+                std::optional<int> world_size = std::nullopt,
+                std::shared_ptr<RpcBackendOptions> options = nullptr,
+                std::shared_ptr<Store> store = nullptr);
+  // With the default backend (kDefaultBackend).
+  void init_rpc(const std::string& name, int rank = -1,
                 std::optional<int> world_size = std::nullopt,
                 std::shared_ptr<RpcBackendOptions> options = nullptr,
                 std::shared_ptr<Store> store = nullptr);
@@ -206,6 +215,10 @@ void init_rpc(const std::string& name, const BackendType& backend, int rank = -1
               std::shared_ptr<RpcBackendOptions> options = nullptr,
               std::shared_ptr<Store> store = nullptr);
 void init_rpc(const std::string& name, std::string_view backend, int rank = -1,
+              std::optional<int> world_size = std::nullopt,
+              std::shared_ptr<RpcBackendOptions> options = nullptr,
+              std::shared_ptr<Store> store = nullptr);
+void init_rpc(const std::string& name, int rank = -1,
               std::optional<int> world_size = std::nullopt,
               std::shared_ptr<RpcBackendOptions> options = nullptr,
               std::shared_ptr<Store> store = nullptr);
