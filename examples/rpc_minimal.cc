@@ -32,12 +32,13 @@ int main() {
     return out;
   });
 
-  // Rank and world size come from the environment; 127.0.0.1 keeps Gloo
-  // on the loopback interface (drop the extra for a multi-host group).
+  // The default backend (PIPE), rendezvous through env:// (the launcher's
+  // store). 127.0.0.1 keeps the workers on the loopback interface; drop
+  // the extra for a multi-host group.
   auto options = rpc::construct_rpc_backend_options(
-      rpc::backend_type("PROCESS_GROUP"), std::chrono::seconds(30), "env://",
-      {{"hostname", "127.0.0.1"}});
-  rpc::init_rpc(fmt::format("worker{}", rank), "PROCESS_GROUP", rank, world_size, options);
+      rpc::backend_type("PIPE"), std::chrono::seconds(30), "env://",
+      {{"listen_address", "127.0.0.1"}});
+  rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size, options);
 
   const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
   const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
