@@ -111,6 +111,7 @@ struct Connection : std::enable_shared_from_this<Connection> {
   tcp::socket socket;
   pipe::FrameReader reader;           // strand only
   std::atomic<int> peer{-1};          // set at hello
+  std::atomic<bool> failed{false};    // connection_failed() ran
   std::atomic<int64_t> last_recv_ns;  // for the heartbeat check
 
  private:
@@ -689,19 +690,28 @@ void PipeAgent::Impl::serve(int from, Message request) {
 }
 
 void PipeAgent::Impl::deliver_reply(int to, Message reply) {
+  const uint64_t id = reply.id;
+  // A reply that cannot travel (its tensors) becomes an error reply.
+  auto replace_with_error = [&] {
+    reply = Message{};
+    reply.type = MessageType::kError;
+    reply.id = id;
+    rpc::encode_remote_error(reply, name, std::current_exception());
+  };
   if (to == rank) {
-    complete(copy_tensors(std::move(reply)));
+    try {
+      reply = copy_tensors(std::move(reply));
+    } catch (...) {
+      replace_with_error();
+    }
+    complete(std::move(reply));
     return;
   }
   std::vector<Device> wire;
   try {
     wire = wire_devices(reply, to, /*reply=*/true);
   } catch (...) {
-    const uint64_t id = reply.id;
-    reply = Message{};
-    reply.type = MessageType::kError;
-    reply.id = id;
-    rpc::encode_remote_error(reply, name, std::current_exception());
+    replace_with_error();
   }
   std::shared_ptr<Connection> connection;
   {
@@ -750,6 +760,7 @@ void PipeAgent::Impl::fail_pending_if(
 
 void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& connection,
                                         const std::string& reason) {
+  if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
   const int peer = connection->peer;
   bool was_current = false;
@@ -856,11 +867,20 @@ void PipeAgent::Impl::heartbeat() {
       std::chrono::duration_cast<std::chrono::nanoseconds>(options.heartbeat_timeout)
           .count();
   std::vector<std::shared_ptr<Connection>> up;
+  std::vector<std::shared_ptr<Connection>> anonymous;
   {
     std::lock_guard lock(mu);
     if (stopping) return;
     for (const Peer& p : peers) {
       if (p.connection && p.state == PeerState::kUp) up.push_back(p.connection);
+    }
+    anonymous = unidentified;
+  }
+  // A connection that never said hello gets no heartbeats, only the limit.
+  for (const auto& connection : anonymous) {
+    if (limit > 0 && now - connection->last_recv_ns.load() > limit) {
+      connection_failed(connection,
+                        fmt::format("no hello within {} ms", options.heartbeat_timeout.count()));
     }
   }
   for (const auto& connection : up) {
@@ -925,15 +945,15 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
   Impl& s = *impl_;
   Promise<Message> promise(pool());
   Future<Message> result = promise.get_future();
+  uint64_t id = 0;  // nonzero once the call may be registered as pending
   try {
     SB_REQUIRE(s.started, "PIPE agent \"{}\": send() before start()", s.name);
     SB_REQUIRE(request.type == MessageType::kRequest,
                "PIPE agent \"{}\": send() takes a request", s.name);
     SB_REQUIRE(timeout.count() >= 0, "rpc to \"{}\": negative timeout", to.name);
     const int dst = worker(to.name).id;
-    const std::vector<Device> wire =
-        dst == s.rank ? std::vector<Device>{} : s.wire_devices(request, dst, false);
-    const uint64_t id = s.next_id++;
+    const std::vector<Device> wire = s.wire_devices(request, dst, false);
+    id = s.next_id++;
     request.id = id;
     std::shared_ptr<Connection> connection;
     {
@@ -965,6 +985,9 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
                          to.name, request.function, to.name))));
     }
   } catch (...) {
+    // What threw after the call was registered (a self-send's tensor copy,
+    // encoding the frame) must not leave it pending: join() waits for it.
+    if (id != 0) s.fail_one(id, std::current_exception());
     promise.set_error(std::current_exception());
   }
   return result;

@@ -1,0 +1,917 @@
+// PipeAgent beyond the RPC conformance suite (tests/rpc/rpc_pipe_test.cc
+// runs that): peers that die (SIGKILL) or stop answering (SIGSTOP) in real
+// processes, bytes that are not the protocol on a raw socket, device maps
+// at init and at call time, the listen address rules, and join() with a
+// nested chain in flight.
+//
+// In-process workers are RpcContexts (or PipeAgents) on threads over one
+// HashStore; multi-process cases re-execute this binary (SB_CHILD_MAIN) and
+// meet through a TcpStoreServer on 127.0.0.1, port 0. Nothing here sleeps
+// hoping for an order: the test waits on the child's stdout lines, on
+// futures, on a Gate a handler blocks on, all bounded by kGuard. The only
+// tight timing assertion is the requirement that a killed peer's
+// calls fail within 1 s of the kill.
+#include "agents/pipe_agent.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agents/builtin_backends.h"
+#include "agents/pipe_address.h"
+#include "agents/pipe_frame.h"
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "rpc/backend_registry.h"
+#include "rpc/remote_error.h"
+#include "rpc/rpc.h"
+#include "store/hash_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
+#include "tests/util/subprocess.h"
+
+using namespace switchboard;
+using namespace std::chrono_literals;
+using agents::PipeAgent;
+using agents::PipeAgentOptions;
+using rpc::Future;
+using rpc::Message;
+using rpc::MessageType;
+using rpc::RpcContext;
+using rpc::WorkerInfo;
+using rpc::with_timeout;
+using sbtest::Subprocess;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Bounds every wait for something that must happen.
+constexpr std::chrono::milliseconds kGuard = 60s;
+
+std::string worker_name(int rank) { return fmt::format("w{}", rank); }
+
+// Runs body(rank) on one thread per rank and returns what each threw.
+std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& body) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < n; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return errors;
+}
+
+void rethrow_first(const std::vector<std::exception_ptr>& errors) {
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+// A one-shot gate: pass() blocks until open() (bounded by kGuard) and counts
+// arrivals, so the test can wait for a handler to be running.
+class Gate {
+ public:
+  void open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool pass() {
+    std::unique_lock lock(mu_);
+    ++arrived_;
+    cv_.notify_all();
+    return cv_.wait_for(lock, kGuard, [&] { return open_; });
+  }
+  bool wait_arrived(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, kGuard, [&] { return arrived_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int arrived_ = 0;
+};
+
+// How a future ended: the error's kind and message, and when.
+struct Outcome {
+  std::string kind;  // "none", "ConnectionError", "TimeoutError", "RemoteError", ...
+  std::string message;
+  Clock::time_point at;
+};
+
+std::string kind_of(std::exception_ptr error, std::string& message) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ConnectionError& e) {
+    message = e.what();
+    return "ConnectionError";
+  } catch (const TimeoutError& e) {
+    message = e.what();
+    return "TimeoutError";
+  } catch (const rpc::RemoteError& e) {
+    message = e.what();
+    return "RemoteError";
+  } catch (const Error& e) {
+    message = e.what();
+    return fmt::format("Error({})", error_code_name(e.code()));
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+    return "invalid_argument";
+  } catch (const std::exception& e) {
+    message = e.what();
+    return "std::exception";
+  }
+}
+
+template <typename T>
+Outcome outcome_of(const Future<T>& future) {
+  Outcome outcome;
+  if (!future.wait_for(kGuard)) {
+    outcome.kind = "still pending";
+    outcome.at = Clock::now();
+    return outcome;
+  }
+  outcome.at = Clock::now();
+  outcome.kind = future.has_error() ? kind_of(future.error(), outcome.message) : "none";
+  return outcome;
+}
+
+// PIPE options for the tests: loopback, a small pool, plus `more`.
+std::shared_ptr<rpc::RpcBackendOptions> pipe_options(const rpc::Extras& more = {},
+                                                     std::chrono::milliseconds timeout = 30s) {
+  rpc::Extras extras{{"listen_address", "127.0.0.1"}, {"num_worker_threads", "4"}};
+  for (const auto& [key, value] : more) extras[key] = value;
+  return rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), timeout, "env://",
+                                            extras);
+}
+
+agents::PipeRpcBackendOptions& typed(const std::shared_ptr<rpc::RpcBackendOptions>& options) {
+  return dynamic_cast<agents::PipeRpcBackendOptions&>(*options);
+}
+
+TcpStoreOptions client_options() {
+  TcpStoreOptions options;
+  options.timeout = kGuard;
+  return options;
+}
+
+void say(const std::string& line) {
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+// Reads the child's stdout until `line` (log lines share stdout and are
+// skipped); fails the test on EOF or after kGuard.
+void expect_line(Subprocess& child, const std::string& line) {
+  const auto deadline = Clock::now() + kGuard;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - Clock::now());
+    const std::string got = child.read_line(std::max(left, std::chrono::seconds(1)));
+    if (got == line) return;
+    UNSCOPED_INFO("child: " << got);
+  }
+}
+
+// A CUDA tensor over host memory: the agent must refuse it before ever
+// reading its bytes.
+Tensor fake_cuda_tensor() {
+  auto host = std::make_shared<std::vector<float>>(4, 1.5f);
+  return Tensor::from_blob(host->data(), {4}, DType::kFloat32, Device::cuda(0), host);
+}
+
+}  // namespace
+
+// ---- a PIPE worker in its own process ---------------------------------------
+
+// args: store port, rank, world size, heartbeat_interval_ms,
+// heartbeat_timeout_ms. Joins the group as "w<rank>", says "ready", serves
+// "add" and "block" (which says "running" and then waits on a gate nobody
+// opens), and stays up until killed or until the store key "release" is set.
+SB_CHILD_MAIN(pipe_worker) {
+  const auto port = static_cast<uint16_t>(std::stoi(args.at(0)));
+  const int rank = std::stoi(args.at(1));
+  const int world_size = std::stoi(args.at(2));
+  auto store = std::make_shared<TcpStore>("127.0.0.1", port, client_options());
+  auto never = std::make_shared<Gate>();
+  RpcContext context;
+  context.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  context.register_function("block", [never] {
+    say("running");
+    never->pass();
+    return int64_t{0};
+  });
+  context.init_rpc(worker_name(rank), "PIPE", rank, world_size,
+                   pipe_options({{"heartbeat_interval_ms", args.at(3)},
+                                 {"heartbeat_timeout_ms", args.at(4)}}),
+                   store);
+  say("ready");
+  TcpStore waiter("127.0.0.1", port, client_options());
+  waiter.wait({"release"}, kGuard);
+  context.shutdown(false);
+  return 0;
+}
+
+// ---- 1. a peer killed mid-call ------------------------------------------------
+
+TEST_CASE(
+    "a peer killed with SIGKILL mid-call fails the call within 1 s naming it, and the "
+    "agent keeps serving the others",
+    "[pipe][failure][multiprocess]") {
+  TcpStoreServer server;
+  const std::string port = std::to_string(server.port());
+  // w1 is the child; w0 and w2 live here. The parent's heartbeat check is
+  // off: only the closed socket can fail the call in time.
+  Subprocess child = sbtest::spawn_child("pipe_worker", {port, "1", "3", "250", "5000"});
+  auto options = pipe_options({{"heartbeat_timeout_ms", "0"}});
+  RpcContext contexts[2];  // w0, w2
+  for (auto& context : contexts) {
+    context.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  }
+  rethrow_first(on_threads(2, [&](int i) {
+    const int rank = i == 0 ? 0 : 2;
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
+    contexts[i].init_rpc(worker_name(rank), "PIPE", rank, 3, options, store);
+  }));
+  RpcContext& w0 = contexts[0];
+  RpcContext& w2 = contexts[1];
+  expect_line(child, "ready");
+
+  Future<int64_t> call = w0.rpc_async<int64_t>("w1", "block", with_timeout(60s));
+  expect_line(child, "running");
+  const auto killed_at = Clock::now();
+  child.kill(SIGKILL);
+  const Outcome outcome = outcome_of(call);
+  const auto after_kill =
+      std::chrono::duration_cast<std::chrono::milliseconds>(outcome.at - killed_at);
+  INFO(outcome.kind << " " << after_kill.count() << " ms after the kill: "
+                    << outcome.message);
+  WARN("case 1: the call to the killed worker failed " << after_kill.count()
+                                                       << " ms after SIGKILL");
+  CHECK(outcome.kind == "ConnectionError");
+  CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
+  CHECK_THAT(outcome.message, Catch::Contains("block"));
+  CHECK(after_kill < 1s);
+  CHECK(child.wait() == 128 + SIGKILL);
+
+  // The agent still serves (and reaches) the third worker, both ways.
+  CHECK(w0.rpc_sync<int64_t>("w2", "add", with_timeout(kGuard), int64_t{2},
+                             int64_t{3}) == 5);
+  CHECK(w2.rpc_sync<int64_t>("w0", "add", with_timeout(kGuard), int64_t{4},
+                             int64_t{5}) == 9);
+  // A new call to the dead worker fails at once, from either survivor.
+  for (RpcContext* from : {&w0, &w2}) {
+    const auto start = Clock::now();
+    const Outcome again = outcome_of(
+        from->rpc_async<int64_t>("w1", "add", with_timeout(60s), int64_t{1}, int64_t{2}));
+    INFO(again.kind << ": " << again.message);
+    CHECK(again.kind == "ConnectionError");
+    CHECK_THAT(again.message, Catch::Contains("\"w1\""));
+    CHECK(again.at - start < 5s);
+  }
+  w0.shutdown(false);
+  w2.shutdown(false);
+}
+
+// ---- 2. a peer that stops answering -------------------------------------------
+
+TEST_CASE(
+    "a peer stopped with SIGSTOP fails a pending call with ConnectionError after the "
+    "heartbeat timeout",
+    "[pipe][failure][heartbeat][multiprocess]") {
+  TcpStoreServer server;
+  Subprocess child = sbtest::spawn_child(
+      "pipe_worker", {std::to_string(server.port()), "1", "2", "100", "1000"});
+  RpcContext w0;
+  auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
+  w0.init_rpc("w0", "PIPE", 0, 2,
+              pipe_options({{"heartbeat_interval_ms", "100"},
+                            {"heartbeat_timeout_ms", "1000"}}),
+              store);
+  expect_line(child, "ready");
+  // The connection works before the stop.
+  REQUIRE(w0.rpc_sync<int64_t>("w1", "add", with_timeout(kGuard), int64_t{1},
+                               int64_t{1}) == 2);
+
+  child.kill(SIGSTOP);
+  int status = 0;
+  REQUIRE(::waitpid(child.pid(), &status, WUNTRACED) == child.pid());
+  REQUIRE(WIFSTOPPED(status));
+  const auto stopped_at = Clock::now();
+  Future<int64_t> call =
+      w0.rpc_async<int64_t>("w1", "add", with_timeout(60s), int64_t{1}, int64_t{2});
+  const Outcome outcome = outcome_of(call);
+  const auto after_stop =
+      std::chrono::duration_cast<std::chrono::milliseconds>(outcome.at - stopped_at);
+  INFO(outcome.kind << " " << after_stop.count() << " ms after the stop: "
+                    << outcome.message);
+  WARN("case 2: the call to the stopped worker failed " << after_stop.count()
+                                                        << " ms after SIGSTOP");
+  CHECK(outcome.kind == "ConnectionError");
+  CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
+  CHECK_THAT(outcome.message, Catch::Contains("heartbeat"));
+  CHECK(after_stop < 5s);
+  // Later calls fail at once.
+  const Outcome again = outcome_of(
+      w0.rpc_async<int64_t>("w1", "add", with_timeout(60s), int64_t{1}, int64_t{2}));
+  CHECK(again.kind == "ConnectionError");
+  CHECK_THAT(again.message, Catch::Contains("heartbeat"));
+
+  child.kill(SIGKILL);
+  CHECK(child.wait() == 128 + SIGKILL);
+  w0.shutdown(false);
+}
+
+// ---- 3. bytes that are not the protocol ---------------------------------------
+
+namespace {
+
+// A plain TCP client of 127.0.0.1:port.
+class RawSocket {
+ public:
+  explicit RawSocket(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) ==
+            0);
+  }
+  ~RawSocket() { ::close(fd_); }
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
+
+  // Sends every byte; false when the peer closed first (then the bytes it
+  // already had were enough to judge us).
+  bool send_all(const std::vector<uint8_t>& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Waits (at most `guard`) until the peer closes: EOF, or a reset when it
+  // closed with our bytes unread. Discards whatever it is sent meanwhile.
+  bool closed_by_peer(std::chrono::milliseconds guard) {
+    const auto deadline = Clock::now() + guard;
+    uint8_t buffer[4096];
+    while (Clock::now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+              .count());
+      const int ready = ::poll(&p, 1, std::max(left, 1));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready <= 0) return false;
+      const ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
+      if (n == 0) return true;
+      if (n < 0 && errno == ECONNRESET) return true;
+      if (n < 0 && errno != EINTR) return false;
+    }
+    return false;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::vector<uint8_t> header_bytes(const agents::pipe::FrameHeader& header) {
+  std::vector<uint8_t> bytes(agents::pipe::kHeaderSize);
+  agents::pipe::encode_header(header, bytes.data());
+  return bytes;
+}
+
+// A hello as rank 1 ("w1") sends it: msgpack [1, "w1"].
+std::vector<uint8_t> hello_from_w1() {
+  const std::vector<uint8_t> payload{0x92, 0x01, 0xa2, 'w', '1'};
+  std::vector<uint8_t> bytes;
+  agents::pipe::append_control_frame(bytes, agents::pipe::FrameKind::kHello, 0,
+                                     payload.data(), payload.size());
+  return bytes;
+}
+
+Message request(const std::string& function, std::vector<uint8_t> payload) {
+  Message m;
+  m.type = MessageType::kRequest;
+  m.function = function;
+  m.payload = std::move(payload);
+  return m;
+}
+
+// Two PipeAgents ("w0", "w1") on 127.0.0.1 over one HashStore, answering
+// every request with its payload and counting the requests per function.
+struct AgentPair {
+  explicit AgentPair(std::chrono::milliseconds heartbeat_timeout = 5s) {
+    auto store = std::make_shared<HashStore>();
+    agents.resize(2);
+    rethrow_first(on_threads(2, [&](int rank) {
+      PipeAgentOptions options;
+      options.listen_address = "127.0.0.1";
+      options.num_worker_threads = 2;
+      options.rpc_timeout = 30s;
+      options.heartbeat_interval = 50ms;
+      options.heartbeat_timeout = heartbeat_timeout;
+      agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, 2, options);
+    }));
+    for (auto& agent : agents) {
+      agent->start([this](Message m, const WorkerInfo&) {
+        {
+          std::lock_guard lock(mu);
+          served.push_back(m.function);
+        }
+        Message reply;
+        reply.type = MessageType::kResponse;
+        reply.payload = std::move(m.payload);
+        return Future<Message>::ready(std::move(reply));
+      });
+    }
+  }
+
+  // A round trip between the two agents, in both directions.
+  void check_round_trips() {
+    for (int from = 0; from < 2; ++from) {
+      PipeAgent& agent = *agents[from];
+      const std::vector<uint8_t> payload{7, static_cast<uint8_t>(from), 9};
+      Future<Message> reply =
+          agent.send(agent.worker(1 - from), request("echo", payload), kGuard);
+      REQUIRE(reply.wait_for(kGuard));
+      CHECK(reply.value().payload == payload);
+    }
+  }
+
+  bool served_function(const std::string& function) {
+    std::lock_guard lock(mu);
+    return std::find(served.begin(), served.end(), function) != served.end();
+  }
+
+  std::vector<std::unique_ptr<PipeAgent>> agents;
+  std::mutex mu;
+  std::vector<std::string> served;  // GUARDED_BY(mu)
+};
+
+}  // namespace
+
+TEST_CASE(
+    "a connection that sends bytes which are not the protocol is closed and the agent "
+    "keeps serving its real peer",
+    "[pipe][protocol]") {
+  namespace pipe = agents::pipe;
+  AgentPair pair;
+  pair.check_round_trips();
+  const int port = pair.agents[0]->listen_port();
+  REQUIRE(port > 0);
+
+  struct Bad {
+    std::string what;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Bad> cases;
+  {
+    std::vector<uint8_t> garbage(100);
+    for (size_t i = 0; i < garbage.size(); ++i) garbage[i] = static_cast<uint8_t>(i * 37 + 11);
+    cases.push_back({"garbage bytes", garbage});
+  }
+  {
+    pipe::FrameHeader header;
+    header.kind = pipe::FrameKind::kHeartbeat;
+    std::vector<uint8_t> bytes = header_bytes(header);
+    bytes[0] ^= 0xff;
+    cases.push_back({"a header with a bad magic", bytes});
+  }
+  {
+    std::vector<uint8_t> bytes;
+    pipe::append_frame(bytes, request("sneaky", {1, 2, 3}));
+    cases.push_back({"a request before any hello", bytes});
+  }
+  {
+    std::vector<uint8_t> bytes;
+    pipe::append_control_frame(bytes, pipe::FrameKind::kHeartbeat, 0);
+    cases.push_back({"a heartbeat before any hello", bytes});
+  }
+  cases.push_back({"a hello claiming rank 1, which is already connected", hello_from_w1()});
+  {
+    // The same hello, then a request that must not be served as w1's.
+    std::vector<uint8_t> bytes = hello_from_w1();
+    pipe::append_frame(bytes, request("impostor", {4}));
+    cases.push_back({"a hello claiming rank 1 followed by a request", bytes});
+  }
+  {
+    pipe::FrameHeader header;
+    header.kind = pipe::FrameKind::kRequest;
+    header.id = 1;
+    header.function_length = pipe::FrameLimits{}.max_function_length + 1;
+    cases.push_back({"an oversized function_length", header_bytes(header)});
+  }
+
+  for (const Bad& bad : cases) {
+    INFO(bad.what);
+    {
+      RawSocket raw(port);
+      raw.send_all(bad.bytes);
+      CHECK(raw.closed_by_peer(10s));
+    }
+    pair.check_round_trips();
+  }
+  CHECK_FALSE(pair.served_function("sneaky"));
+  CHECK_FALSE(pair.served_function("impostor"));
+}
+
+TEST_CASE("a connection that never says hello is closed after the heartbeat timeout",
+          "[pipe][protocol]") {
+  AgentPair pair(300ms);
+  RawSocket silent(pair.agents[0]->listen_port());
+  // Nothing is sent; the agent must not keep the socket forever.
+  CHECK(silent.closed_by_peer(kGuard));
+  pair.check_round_trips();
+}
+
+// ---- 4. device maps at init ---------------------------------------------------
+
+TEST_CASE("a device map with an invalid target index fails init on every worker",
+          "[pipe][device_map]") {
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<RpcContext>> contexts;
+  for (int rank = 0; rank < 2; ++rank) contexts.push_back(std::make_unique<RpcContext>());
+  const auto errors = on_threads(2, [&](int rank) {
+    auto options = pipe_options({{"device_count", "1"}});
+    if (rank == 0) typed(options).set_device_map("w1", {{"cuda:0", "cuda:1"}});
+    contexts[rank]->init_rpc(worker_name(rank), "PIPE", rank, 2, options, store);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("w" << rank);
+    REQUIRE(errors[rank] != nullptr);
+    std::string message;
+    CHECK(kind_of(errors[rank], message) == "invalid_argument");
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("\"w0\""));
+    CHECK_THAT(message, Catch::Contains("{cuda:0: cuda:1}"));
+    CHECK_THAT(message, Catch::Contains("target devices with invalid indices"));
+    CHECK_FALSE(contexts[rank]->initialized());
+  }
+}
+
+TEST_CASE("a valid device map initializes and gives the target its reverse map",
+          "[pipe][device_map]") {
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<rpc::RpcAgent>> agents(2);
+  rethrow_first(on_threads(2, [&](int rank) {
+    auto options = pipe_options({{"device_count", "1"}});
+    if (rank == 0) typed(options).set_device_map("w1", {{"cuda:0", "cuda:0"}});
+    rpc::BackendInit init;
+    init.store = store;
+    init.name = worker_name(rank);
+    init.rank = rank;
+    init.world_size = 2;
+    init.options = options;
+    agents[rank] = rpc::init_backend(rpc::backend_type("PIPE"), init);
+  }));
+  auto& w0 = dynamic_cast<PipeAgent&>(*agents[0]);
+  auto& w1 = dynamic_cast<PipeAgent&>(*agents[1]);
+  const rpc::DeviceMaps expected{{"w0", {{Device::cuda(0), Device::cuda(0)}}}};
+  CHECK(w1.reverse_device_maps() == expected);
+  CHECK(w0.reverse_device_maps().empty());
+  CHECK(w0.devices() == std::vector<Device>{Device::cuda(0)});
+  CHECK(w1.devices() == std::vector<Device>{Device::cuda(0)});
+  for (auto& agent : agents) agent->shutdown();
+}
+
+TEST_CASE("set_device_map refuses a map that is not 1-to-1, naming both sources",
+          "[pipe][device_map]") {
+  auto options = pipe_options();
+  try {
+    typed(options).set_device_map("w1", {{"cuda:0", "cuda:1"}, {"cuda:1", "cuda:1"}});
+    FAIL("set_device_map accepted two sources for cuda:1");
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("\"w1\""));
+    CHECK_THAT(message, Catch::Contains("cuda:0"));
+    CHECK_THAT(message, Catch::Contains("cuda:1 both map to cuda:1"));
+  }
+  CHECK(typed(options).device_maps.empty());
+}
+
+// ---- 5. CUDA tensors at call time ---------------------------------------------
+
+namespace {
+
+// Two RpcContexts "w0", "w1" with device_count 1 each; `map_w0_to_w1`
+// gives w0 the map {cuda:0: cuda:0} to w1. Both serve "echo", "add" and
+// "make_cuda" (returns a CUDA tensor).
+struct CudaPair {
+  explicit CudaPair(bool map_w0_to_w1) {
+    auto store = std::make_shared<HashStore>();
+    for (int rank = 0; rank < 2; ++rank) {
+      contexts.push_back(std::make_unique<RpcContext>());
+      contexts[rank]->register_function("echo", [](Tensor t) { return t; });
+      contexts[rank]->register_function("add", [](int64_t a, int64_t b) { return a + b; });
+      contexts[rank]->register_function("make_cuda", [] { return fake_cuda_tensor(); });
+    }
+    rethrow_first(on_threads(2, [&](int rank) {
+      auto options = pipe_options({{"device_count", "1"}});
+      if (rank == 0 && map_w0_to_w1) typed(options).set_device_map("w1", {{"cuda:0", "cuda:0"}});
+      contexts[rank]->init_rpc(worker_name(rank), "PIPE", rank, 2, options, store);
+    }));
+  }
+  ~CudaPair() {
+    on_threads(2, [&](int rank) { contexts[rank]->shutdown(true, kGuard); });
+  }
+  RpcContext& operator[](int rank) { return *contexts[rank]; }
+
+  std::vector<std::unique_ptr<RpcContext>> contexts;
+};
+
+// rpc_async of "echo" with a CUDA tensor; records whether it threw instead
+// of failing the future.
+Outcome echo_cuda(RpcContext& from, const std::string& to,
+                  std::chrono::milliseconds timeout = kGuard) {
+  std::optional<Future<Tensor>> call;
+  try {
+    call = from.rpc_async<Tensor>(to, "echo", with_timeout(timeout), fake_cuda_tensor());
+  } catch (...) {
+    Outcome thrown;
+    thrown.kind = "thrown " + kind_of(std::current_exception(), thrown.message);
+    return thrown;
+  }
+  return outcome_of(*call);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a CUDA tensor to a worker without a device map fails the call naming the worker and "
+    "the device, and the agent keeps working",
+    "[pipe][device_map][cuda]") {
+  CudaPair pair(/*map_w0_to_w1=*/false);
+  // rpc_async encodes the tensor as is; the agent's send() refuses it
+  // through the future (send never throws).
+  const Outcome outcome = echo_cuda(pair[0], "w1");
+  INFO(outcome.kind << ": " << outcome.message);
+  CHECK(outcome.kind == "invalid_argument");
+  CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
+  CHECK_THAT(outcome.message, Catch::Contains("cuda:0"));
+  CHECK_THAT(outcome.message, Catch::Contains("set_device_map"));
+  // A reply holding a CUDA tensor has no reverse map to travel by.
+  const Outcome reply = outcome_of(pair[0].rpc_async<Tensor>("w1", "make_cuda"));
+  INFO("reply: " << reply.kind << ": " << reply.message);
+  CHECK(reply.kind == "RemoteError");
+  CHECK_THAT(reply.message, Catch::Contains("cuda:0"));
+  CHECK_THAT(reply.message, Catch::Contains("\"w0\""));
+  CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
+  CHECK(pair[1].rpc_sync<int64_t>("w0", "add", int64_t{1}, int64_t{2}) == 3);
+}
+
+TEST_CASE(
+    "a mapped CUDA tensor is refused with an error saying this build cannot move CUDA "
+    "memory, and the agent keeps working",
+    "[pipe][device_map][cuda]") {
+  CudaPair pair(/*map_w0_to_w1=*/true);
+  const Outcome outcome = echo_cuda(pair[0], "w1");
+  INFO(outcome.kind << ": " << outcome.message);
+  CHECK(outcome.kind == "invalid_argument");
+  CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
+  CHECK_THAT(outcome.message, Catch::Contains("cannot travel in this build"));
+  // The reply path: w1's reverse map sends cuda:0 back to w0's cuda:0,
+  // which this build cannot do either.
+  const Outcome reply = outcome_of(pair[0].rpc_async<Tensor>("w1", "make_cuda"));
+  INFO("reply: " << reply.kind << ": " << reply.message);
+  CHECK(reply.kind == "RemoteError");
+  CHECK_THAT(reply.message, Catch::Contains("cannot travel in this build"));
+  CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
+}
+
+// Regression: send() registered a self-send as pending before copying its
+// tensors; a copy that threw (a CUDA tensor) failed the future but left
+// the entry behind, so join() (graceful shutdown) waited for a call that
+// could never complete.
+TEST_CASE("a self-send of a CUDA tensor fails and leaves nothing pending for join",
+          "[pipe][device_map][cuda][join]") {
+  CudaPair pair(/*map_w0_to_w1=*/false);
+  const Outcome outcome = echo_cuda(pair[0], "w0", /*timeout=*/0ms);
+  INFO(outcome.kind << ": " << outcome.message);
+  CHECK(outcome.kind == "invalid_argument");
+  CHECK_THAT(outcome.message, Catch::Contains("cuda:0"));
+  CHECK(pair[0].rpc_sync<int64_t>("w0", "add", int64_t{1}, int64_t{1}) == 2);
+  // The reply of a self-send holding a CUDA tensor: its copy threw on the
+  // pool, so the call never completed and the handler was never counted
+  // out (join waited forever).
+  const Outcome reply =
+      outcome_of(pair[0].rpc_async<Tensor>("w0", "make_cuda", with_timeout(0ms)));
+  INFO("reply: " << reply.kind << ": " << reply.message);
+  CHECK(reply.kind == "RemoteError");
+  CHECK_THAT(reply.message, Catch::Contains("cuda:0"));
+  const auto errors =
+      on_threads(2, [&](int rank) { pair[rank].shutdown(true, 20s); });
+  for (const auto& error : errors) {
+    std::string message;
+    if (error) FAIL_CHECK(kind_of(error, message) << ": " << message);
+  }
+}
+
+// ---- 6. the listen address ----------------------------------------------------
+
+namespace {
+
+// Sets (or unsets, for nullopt) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) {
+      ::setenv(name, value->c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+bool is_numeric_address(const std::string& text) {
+  in_addr v4{};
+  in6_addr v6{};
+  return inet_pton(AF_INET, text.c_str(), &v4) == 1 ||
+         inet_pton(AF_INET6, text.c_str(), &v6) == 1;
+}
+
+// Whether an up, non-loopback interface has an IPv4 address.
+bool has_external_ipv4() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != AF_INET) continue;
+    if ((it->ifa_flags & IFF_UP) != 0 && (it->ifa_flags & IFF_LOOPBACK) == 0) found = true;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
+
+TEST_CASE("the listen address is an address, an interface, the environment's or a default",
+          "[pipe][address]") {
+  using agents::resolve_listen_address;
+  ScopedEnv no_switchboard("SWITCHBOARD_PIPE_SOCKET_IFNAME", std::nullopt);
+  CHECK(resolve_listen_address("127.0.0.1") == "127.0.0.1");
+  CHECK(resolve_listen_address("::1") == "::1");
+  CHECK(resolve_listen_address("lo") == "127.0.0.1");
+  try {
+    resolve_listen_address("no_such_if0");
+    FAIL("an unknown interface was accepted");
+  } catch (const std::invalid_argument& e) {
+    CHECK_THAT(e.what(), Catch::Contains("\"no_such_if0\""));
+  }
+  {
+    ScopedEnv tp("TP_SOCKET_IFNAME", "lo");
+    CHECK(resolve_listen_address("") == "127.0.0.1");
+    // An explicit option wins over the environment.
+    CHECK(resolve_listen_address("127.0.0.2") == "127.0.0.2");
+  }
+  {
+    ScopedEnv tp("TP_SOCKET_IFNAME", "no_such_if0");
+    try {
+      resolve_listen_address("");
+      FAIL("an unknown interface in TP_SOCKET_IFNAME was accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(e.what(), Catch::Contains("TP_SOCKET_IFNAME"));
+      CHECK_THAT(e.what(), Catch::Contains("\"no_such_if0\""));
+    }
+  }
+  ScopedEnv no_tp("TP_SOCKET_IFNAME", std::nullopt);
+  const std::string chosen = resolve_listen_address("");
+  INFO("the default listen address: " << chosen);
+  CHECK(is_numeric_address(chosen));
+  CHECK(chosen != "127.0.1.1");
+  if (chosen.rfind("127.", 0) == 0) {
+    CHECK(chosen == "127.0.0.1");
+    CHECK_FALSE(has_external_ipv4());
+  }
+}
+
+TEST_CASE("an agent listens on the interface its options name", "[pipe][address]") {
+  auto store = std::make_shared<HashStore>();
+  PipeAgentOptions options;
+  options.listen_address = "lo";
+  options.num_worker_threads = 1;
+  PipeAgent agent(store, "solo", 0, 1, options);
+  CHECK(agent.listen_address() == "127.0.0.1");
+  CHECK(agent.listen_port() > 0);
+  agent.shutdown();
+  options.listen_address = "no_such_if0";
+  CHECK_THROWS_AS(PipeAgent(std::make_shared<HashStore>(), "solo", 0, 1, options),
+                  std::invalid_argument);
+}
+
+// ---- 7. join with a nested chain in flight ------------------------------------
+
+TEST_CASE(
+    "graceful shutdown on every worker waits for a nested chain in flight and delivers "
+    "its result",
+    "[pipe][join]") {
+  auto gate = std::make_shared<Gate>();
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<RpcContext>> contexts;
+  for (int rank = 0; rank < 3; ++rank) {
+    contexts.push_back(std::make_unique<RpcContext>());
+    RpcContext& self = *contexts.back();
+    // w1: asks `to` for gated(v), adds one. w2: waits at the gate.
+    self.register_function("relay", [&self](std::string to, int64_t v) {
+      return self.rpc_sync<int64_t>(to, "gated", with_timeout(kGuard), v) + 1;
+    });
+    self.register_function("gated", [gate](int64_t v) {
+      gate->pass();
+      return v * 10;
+    });
+  }
+  rethrow_first(on_threads(3, [&](int rank) {
+    contexts[rank]->init_rpc(worker_name(rank), "PIPE", rank, 3, pipe_options(), store);
+  }));
+  Future<int64_t> chain = contexts[0]->rpc_async<int64_t>(
+      "w1", "relay", with_timeout(kGuard), std::string("w2"), int64_t{4});
+  REQUIRE(gate->wait_arrived(1));
+
+  // Every worker calls shutdown while the chain is held at the gate; the
+  // gate opens once all three are about to (whether each is already inside
+  // join() does not matter: none may return before the gate opened).
+  std::mutex mu;
+  std::condition_variable cv;
+  int entered = 0;
+  std::atomic<bool> gate_opened{false};
+  std::vector<int> returned_after_gate(3, 0);  // per rank; bools would share bytes
+  std::optional<bool> chain_done_at_return;
+  std::thread opener([&] {
+    std::unique_lock lock(mu);
+    cv.wait_for(lock, kGuard, [&] { return entered == 3; });
+    gate_opened = true;
+    gate->open();
+  });
+  const auto errors = on_threads(3, [&](int rank) {
+    {
+      std::lock_guard lock(mu);
+      ++entered;
+      cv.notify_all();
+    }
+    contexts[rank]->shutdown(true, kGuard);
+    returned_after_gate[rank] = gate_opened.load() ? 1 : 0;
+    if (rank == 0) chain_done_at_return = chain.done();
+  });
+  opener.join();
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("w" << rank);
+    std::string message;
+    if (errors[rank]) FAIL_CHECK(kind_of(errors[rank], message) << ": " << message);
+    CHECK(returned_after_gate[rank] == 1);
+  }
+  CHECK(chain_done_at_return == true);
+  const Outcome outcome = outcome_of(chain);
+  INFO(outcome.kind << ": " << outcome.message);
+  REQUIRE(outcome.kind == "none");
+  CHECK(chain.value() == 41);
+}
