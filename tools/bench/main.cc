@@ -2,6 +2,7 @@
 //
 //   bazel run -c opt //tools/bench -- store [--seconds S]
 //   bazel run -c opt //tools/bench -- collective [--rounds N]
+//   bazel run -c opt //tools/bench -- rpc [--quick]
 //
 // Each subcommand prints `# ...` header lines and `name=value` results.
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "tools/bench/collective_bench.h"
+#include "tools/bench/rpc_bench.h"
 #include "tools/bench/store_bench.h"
 
 namespace {
@@ -30,6 +32,8 @@ constexpr Subcommand kSubcommands[] = {
      run_store_bench},
     {"collective", "Gloo allreduce/alltoall, 1 and 64 MiB, 2 and 4 ranks, vs PyTorch's",
      run_collective_bench},
+    {"rpc", "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's",
+     run_rpc_bench},
 };
 
 int usage() {

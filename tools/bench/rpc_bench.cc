@@ -1,0 +1,823 @@
+// `bench rpc`: our RPC backends against raw TCP and PyTorch's RPC.
+//
+//   bench rpc [--quick]
+//
+// Every figure is measured between two processes on 127.0.0.1, in this
+// order, one side at a time:
+//   tcp:    this process (client) and `bench rpc --tcp-server` (a child
+//           that prints port=N, echoes 64-byte messages on its first
+//           connection and acks every 64 MiB with one byte on its second);
+//   ours:   per backend, a TcpStore master in this process and two children
+//           in worker mode (`bench rpc --worker BACKEND server|client PORT`)
+//           that init_rpc over it; the server serves "noop" and "echo", the
+//           client measures, and both shut down gracefully;
+//   torch:  /usr/bin/python3 tools/bench/torch_rpc.py (or $SB_TORCH_RPC), a
+//           launcher that hosts a torch TCPStore, prints port=N and runs the
+//           same two roles with PyTorch's TensorPipe backend.
+// The RPC sides run the same measurements with the same counts (the script
+// gets them as flags) and report the same way: each role sets
+// "bench/<role>_results" (name=value lines) and then "bench/<role>_done"
+// ("ok", or its error) in the store, where this process reads them.
+//
+// Deadlines: sockets time out after kSocketTimeout, calls after
+// kRpcTimeout; this process waits kSideTimeout at most for a side and stops
+// its children (SIGTERM) on the way out, also when it fails.
+#include "tools/bench/rpc_bench.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "rpc/rpc.h"
+#include "store/tcp_store.h"
+#include "tools/bench/process.h"
+
+namespace switchboard::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr const char* kHost = "127.0.0.1";
+constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kServer = "server";
+constexpr const char* kClient = "client";
+
+constexpr size_t kPingBytes = 64;
+constexpr size_t kBulkBytes = size_t{64} << 20;
+
+constexpr auto kSocketTimeout = 30s;  // each TCP accept, send and recv
+constexpr auto kRpcTimeout = 60s;     // each call
+// The server's graceful shutdown waits for the client's measurements.
+constexpr auto kShutdownTimeout = 300s;
+constexpr auto kSideTimeout = 400s;   // one side's run, as this process waits for it
+constexpr auto kStartTimeout = 120s;  // a child's port=N (PyTorch imports slowly)
+
+// The targets (our default backend's; checked for every backend).
+constexpr double kTargetRttRatio = 1.3;         // rtt p50 / raw TCP rtt p50
+constexpr double kTargetCallsPerS = 170'000;    // rpc_async calls/s
+constexpr double kTargetEchoFraction = 0.75;    // 64 MiB echo / raw TCP one-way
+constexpr double kTargetPeakRssMiB = 4.0 * 64;  // 4 x the 64 MiB payload
+
+struct Echo {
+  size_t bytes;
+  int warmup;
+  int iters;
+  std::string label() const { return fmt::format("echo_{}MiB", bytes >> 20); }
+};
+
+// How much of everything; --quick shrinks it all.
+struct Counts {
+  int tcp_warmup;
+  int tcp_round_trips;
+  int tcp_bulk_sends;  // after one untimed send
+  int rtt_warmup;
+  int rtt_calls;
+  int async_window;      // calls in flight
+  double async_seconds;  // timed, after a third of it untimed
+  Echo echoes[2];
+};
+
+constexpr Counts kFull{.tcp_warmup = 2'000,
+                       .tcp_round_trips = 20'000,
+                       .tcp_bulk_sends = 8,
+                       .rtt_warmup = 1'000,
+                       .rtt_calls = 10'000,
+                       .async_window = 1'000,
+                       .async_seconds = 3.0,
+                       .echoes = {{1 << 20, 20, 100}, {64 << 20, 2, 8}}};
+constexpr Counts kQuick{.tcp_warmup = 200,
+                        .tcp_round_trips = 2'000,
+                        .tcp_bulk_sends = 2,
+                        .rtt_warmup = 100,
+                        .rtt_calls = 1'000,
+                        .async_window = 1'000,
+                        .async_seconds = 0.3,
+                        .echoes = {{1 << 20, 2, 10}, {64 << 20, 1, 2}}};
+
+const Counts& counts_for(bool quick) { return quick ? kQuick : kFull; }
+
+// A backend under test: its registry name, the prefix of its figures, and
+// the extra that keeps it on 127.0.0.1.
+struct Backend {
+  const char* name;
+  const char* prefix;
+  const char* address_extra;
+};
+
+constexpr Backend kBackends[] = {
+    {"PIPE", "pipe", "listen_address"},
+    {"PROCESS_GROUP", "process_group", "hostname"},
+};
+
+const Backend* find_backend(const std::string& name) {
+  for (const Backend& b : kBackends) {
+    if (name == b.name) return &b;
+  }
+  return nullptr;
+}
+
+// The figures every RPC side reports, and which way is better.
+struct Figure {
+  const char* name;
+  bool lower_is_better;
+  int precision;
+};
+
+constexpr Figure kFigures[] = {
+    {"rtt_us_p50", true, 1},         {"rtt_us_p99", true, 1},
+    {"async_calls_per_s", false, 0}, {"echo_1MiB_GBps", false, 3},
+    {"echo_64MiB_GBps", false, 3},   {"echo_64MiB_peak_rss_MiB", true, 1},
+};
+
+using Figures = std::map<std::string, double>;
+
+void print_value(const std::string& name, const std::string& value) {
+  fmt::print("{}={}\n", name, value);
+  std::fflush(stdout);
+}
+
+void print_number(const std::string& name, double value, int precision) {
+  print_value(name, fmt::format("{:.{}f}", value, precision));
+}
+
+// ---- statistics, as torch_rpc.py computes them ----
+
+// Nearest rank: the smallest sample with at least q of the samples <= it.
+double percentile(std::vector<double> samples, double q) {
+  std::sort(samples.begin(), samples.end());
+  auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(samples.size())));
+  return samples[std::max<size_t>(rank, 1) - 1];
+}
+
+// Python's statistics.median.
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  size_t mid = samples.size() / 2;
+  return samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// VmHWM of this process (peak resident set), in MiB.
+double peak_rss_mib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  throw std::runtime_error("no VmHWM in /proc/self/status");
+}
+
+// Blocks until the bench closes our stdin (it holds the other end).
+void wait_for_stdin_eof() {
+  char buffer[64];
+  while (::read(STDIN_FILENO, buffer, sizeof buffer) > 0) {
+  }
+}
+
+std::string self_exe() {
+  char path[4096];
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
+  return std::string(path, static_cast<size_t>(n));
+}
+
+// ---- raw TCP ----
+
+// Owns a socket.
+class Socket {
+ public:
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Socket& operator=(Socket&&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void throw_errno(const char* what) {
+  throw std::runtime_error(fmt::format("tcp {}: {}", what, std::strerror(errno)));
+}
+
+// TCP_NODELAY, and kSocketTimeout on every send and recv.
+Socket configure(int fd) {
+  if (fd < 0) throw_errno("socket");
+  Socket socket(fd);
+  int one = 1;
+  timeval timeout{std::chrono::seconds(kSocketTimeout).count(), 0};
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout) != 0) {
+    throw_errno("setsockopt");
+  }
+  return socket;
+}
+
+sockaddr_in loopback(uint16_t port) {
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(port);
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return address;
+}
+
+void send_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(errno == EAGAIN ? "send timed out" : "send");
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// Reads exactly `size` bytes; false when the peer closed before the first.
+bool recv_all(int fd, char* data, size_t size) {
+  for (size_t got = 0; got < size;) {
+    ssize_t n = ::recv(fd, data + got, size - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(errno == EAGAIN ? "recv timed out" : "recv");
+    if (n == 0) {
+      if (got == 0) return false;
+      throw std::runtime_error("tcp recv: the peer closed mid-message");
+    }
+    got += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+Socket accept_one(int listener) {
+  pollfd readable{listener, POLLIN, 0};
+  int waited = ::poll(
+      &readable, 1, static_cast<int>(std::chrono::milliseconds(kSocketTimeout).count()));
+  if (waited == 0) throw std::runtime_error("tcp accept: nobody connected in time");
+  if (waited < 0) throw_errno("poll");
+  return configure(::accept(listener, nullptr, nullptr));
+}
+
+// `bench rpc --tcp-server`: the far end of the raw TCP baseline.
+int run_tcp_server() {
+  Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address = loopback(0);
+  socklen_t length = sizeof address;
+  if (listener.fd() < 0 ||
+      ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::listen(listener.fd(), 4) != 0 ||
+      ::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    throw_errno("listen");
+  }
+  print_value("port", std::to_string(ntohs(address.sin_port)));
+  {  // ping-pong until the client closes
+    Socket peer = accept_one(listener.fd());
+    char message[kPingBytes];
+    while (recv_all(peer.fd(), message, sizeof message)) {
+      send_all(peer.fd(), message, sizeof message);
+    }
+  }
+  {  // bulk: one ack per whole 64 MiB
+    Socket peer = accept_one(listener.fd());
+    std::vector<char> buffer(kBulkBytes);
+    const char ack = 1;
+    while (recv_all(peer.fd(), buffer.data(), buffer.size()))
+      send_all(peer.fd(), &ack, 1);
+  }
+  wait_for_stdin_eof();
+  return 0;
+}
+
+Socket connect_to(uint16_t port) {
+  Socket socket = configure(::socket(AF_INET, SOCK_STREAM, 0));
+  sockaddr_in address = loopback(port);
+  if (::connect(socket.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) !=
+      0) {
+    throw_errno("connect");
+  }
+  return socket;
+}
+
+void measure_tcp_rtt(uint16_t port, const Counts& counts, Figures& figures) {
+  Socket socket = connect_to(port);
+  char message[kPingBytes] = {};
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(counts.tcp_round_trips));
+  for (int i = 0; i < counts.tcp_warmup + counts.tcp_round_trips; ++i) {
+    auto start = Clock::now();
+    send_all(socket.fd(), message, sizeof message);
+    if (!recv_all(socket.fd(), message, sizeof message)) {
+      throw std::runtime_error("tcp server closed during ping-pong");
+    }
+    if (i >= counts.tcp_warmup) us.push_back(seconds_since(start) * 1e6);
+  }
+  figures["rtt_us_p50"] = percentile(us, 0.50);
+  figures["rtt_us_p99"] = percentile(us, 0.99);
+}
+
+void measure_tcp_oneway(uint16_t port, const Counts& counts, Figures& figures) {
+  Socket socket = connect_to(port);
+  std::vector<char> data(kBulkBytes, 1);
+  std::vector<double> gbps;
+  for (int i = 0; i < 1 + counts.tcp_bulk_sends; ++i) {
+    auto start = Clock::now();
+    send_all(socket.fd(), data.data(), data.size());
+    char ack = 0;
+    if (!recv_all(socket.fd(), &ack, 1))
+      throw std::runtime_error("tcp server sent no ack");
+    if (i > 0)
+      gbps.push_back(static_cast<double>(kBulkBytes) / seconds_since(start) / 1e9);
+  }
+  figures["oneway_GBps"] = median(gbps);
+  figures["oneway_GBps_best"] = *std::max_element(gbps.begin(), gbps.end());
+}
+
+Figures run_tcp(const Counts& counts) {
+  ChildProcess server({self_exe(), "rpc", "--tcp-server"});
+  uint16_t port = server.read_port(kStartTimeout);
+  Figures figures;
+  measure_tcp_rtt(port, counts, figures);
+  measure_tcp_oneway(port, counts, figures);
+  server.stop();
+  return figures;
+}
+
+// ---- worker mode: one role of an RPC pair, our backends ----
+
+std::vector<double> time_calls_us(int warmup, int iters,
+                                  const std::function<void()>& call) {
+  std::vector<double> us;
+  us.reserve(static_cast<size_t>(iters));
+  for (int i = 0; i < warmup + iters; ++i) {
+    auto start = Clock::now();
+    call();
+    if (i >= warmup) us.push_back(seconds_since(start) * 1e6);
+  }
+  return us;
+}
+
+// Issues noop calls for `seconds`, keeping `window` in flight (waiting for
+// the oldest before each new one once the window is full), then waits for
+// the rest; returns the number of calls completed.
+int64_t run_async_window(int window, double seconds) {
+  std::deque<rpc::Future<void>> in_flight;
+  int64_t completed = 0;
+  auto start = Clock::now();
+  while (seconds_since(start) < seconds) {
+    if (in_flight.size() >= static_cast<size_t>(window)) {
+      in_flight.front().value();
+      in_flight.pop_front();
+      ++completed;
+    }
+    in_flight.push_back(rpc::rpc_async<void>(kServer, "noop"));
+  }
+  for (; !in_flight.empty(); in_flight.pop_front(), ++completed)
+    in_flight.front().value();
+  return completed;
+}
+
+double async_calls_per_s(const Counts& counts) {
+  run_async_window(counts.async_window, counts.async_seconds / 3);
+  auto start = Clock::now();
+  int64_t completed = run_async_window(counts.async_window, counts.async_seconds);
+  return static_cast<double>(completed) / seconds_since(start);
+}
+
+// GB/s of echoing a float32 tensor of `echo.bytes`: 2 x bytes / the median
+// round trip. Checks each reply's size and last element.
+double echo_gbps(const Echo& echo) {
+  auto numel = static_cast<int64_t>(echo.bytes / sizeof(float));
+  Tensor input = Tensor::empty({numel}, DType::kFloat32);
+  std::span<float> values = input.span<float>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  std::vector<double> seconds;
+  for (int i = 0; i < echo.warmup + echo.iters; ++i) {
+    auto start = Clock::now();
+    Tensor reply = rpc::rpc_sync<Tensor>(kServer, "echo", input);
+    double elapsed = seconds_since(start);
+    if (reply.nbytes() != echo.bytes ||
+        reply.data_as<float>()[numel - 1] != values.back()) {
+      throw std::runtime_error(
+          fmt::format("echo of {} returned {}", input.describe(), reply.describe()));
+    }
+    if (i >= echo.warmup) seconds.push_back(elapsed);
+  }
+  return 2.0 * static_cast<double>(echo.bytes) / median(seconds) / 1e9;
+}
+
+// The client's measurements, as name=value lines.
+std::string measure_client(const Counts& counts) {
+  std::string lines;
+  auto add = [&](const std::string& name, double value) {
+    lines += fmt::format("{}={:.6f}\n", name, value);
+  };
+  std::vector<double> rtt = time_calls_us(counts.rtt_warmup, counts.rtt_calls,
+                                          [] { rpc::rpc_sync<void>(kServer, "noop"); });
+  add("rtt_us_p50", percentile(rtt, 0.50));
+  add("rtt_us_p99", percentile(rtt, 0.99));
+  add("async_calls_per_s", async_calls_per_s(counts));
+  for (const Echo& echo : counts.echoes) add(echo.label() + "_GBps", echo_gbps(echo));
+  add("client_peak_rss_MiB", peak_rss_mib());
+  return lines;
+}
+
+struct WorkerArgs {
+  const Backend* backend = nullptr;
+  std::string role;
+  uint16_t port = 0;
+  bool quick = false;
+};
+
+// args: --worker BACKEND server|client PORT [--quick]
+std::optional<WorkerArgs> parse_worker_args(const std::vector<std::string>& args) {
+  if (args.size() < 4 || args.size() > 5) return std::nullopt;
+  WorkerArgs parsed;
+  parsed.backend = find_backend(args[1]);
+  parsed.role = args[2];
+  parsed.port = static_cast<uint16_t>(std::stoi(args[3]));
+  parsed.quick = args.size() == 5 && args[4] == "--quick";
+  bool role_ok = parsed.role == kServer || parsed.role == kClient;
+  if (!parsed.backend || !role_ok || (args.size() == 5 && !parsed.quick))
+    return std::nullopt;
+  return parsed;
+}
+
+std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend) {
+  return rpc::construct_rpc_backend_options(rpc::backend_type(backend.name), kRpcTimeout,
+                                            "env://", {{backend.address_extra, kHost}});
+}
+
+// Runs one role: init_rpc, the client's measurements, graceful shutdown,
+// then the results and "ok" into the store. Throws what fails.
+void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
+  bool server = args.role == kServer;
+  if (server) {
+    rpc::register_function("noop", [] {});
+    rpc::register_function("echo", [](Tensor tensor) { return tensor; });
+  }
+  rpc::init_rpc(args.role, args.backend->name, server ? 0 : 1, 2,
+                backend_options(*args.backend), store);
+  std::string results = server ? std::string() : measure_client(counts_for(args.quick));
+  rpc::shutdown(true, kShutdownTimeout);
+  if (server) results = fmt::format("server_peak_rss_MiB={:.6f}\n", peak_rss_mib());
+  store->set(fmt::format("bench/{}_results", args.role), results);
+  store->set(fmt::format("bench/{}_done", args.role), "ok");
+}
+
+int run_worker(const std::vector<std::string>& args) {
+  std::optional<WorkerArgs> parsed = parse_worker_args(args);
+  if (!parsed) {
+    fmt::print(stderr,
+               "usage: bench rpc --worker BACKEND server|client PORT [--quick]\n");
+    return 2;
+  }
+  TcpStoreOptions store_options;
+  store_options.timeout = kSideTimeout;
+  auto store = std::make_shared<TcpStore>(kHost, parsed->port, store_options);
+  try {
+    run_role(*parsed, store);
+  } catch (const std::exception& e) {
+    std::string error =
+        fmt::format("our {} ({}): {}", parsed->role, parsed->backend->name, e.what());
+    fmt::print(stderr, "bench rpc: {}\n", error);
+    rpc::shutdown(false);
+    store->set(fmt::format("bench/{}_done", parsed->role), error);
+    return 1;
+  }
+  wait_for_stdin_eof();
+  return 0;
+}
+
+// ---- the bench: run each side, collect, compare ----
+
+// True once `pid` (our child) has exited, i.e. is a zombie or gone.
+bool has_exited(pid_t pid) {
+  std::ifstream file(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  if (!std::getline(file, stat)) return true;
+  size_t paren = stat.rfind(')');
+  return paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+// Waits until `key` is in `store`; throws std::runtime_error naming `side`
+// when one of `children` exits first or `deadline` passes.
+void wait_for_key(Store& store, const std::string& key,
+                  const std::vector<pid_t>& children, const std::string& side,
+                  Clock::time_point deadline) {
+  for (;;) {
+    try {
+      store.wait({key}, std::chrono::seconds(1));
+      return;
+    } catch (const TimeoutError&) {
+    }
+    for (pid_t pid : children) {
+      if (has_exited(pid) && !store.check({key})) {
+        throw std::runtime_error(fmt::format("{}: process {} exited early", side, pid));
+      }
+    }
+    if (Clock::now() > deadline) {
+      throw std::runtime_error(fmt::format("{}: no {} within {} s", side, key,
+                                           std::chrono::seconds(kSideTimeout).count()));
+    }
+  }
+}
+
+// Adds the name=value lines of `text` to `values`.
+void parse_lines(const std::string& text, Figures& values) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    size_t equals = line.find('=');
+    if (equals != std::string::npos)
+      values[line.substr(0, equals)] = std::stod(line.substr(equals + 1));
+  }
+}
+
+// Waits for both roles of one RPC side and returns their figures, with
+// echo_64MiB_peak_rss_MiB the larger of the two processes' peaks.
+Figures collect(Store& store, const std::vector<pid_t>& children,
+                const std::string& side) {
+  auto deadline = Clock::now() + kSideTimeout;
+  Figures values;
+  for (const char* role : {kClient, kServer}) {
+    std::string done_key = fmt::format("bench/{}_done", role);
+    wait_for_key(store, done_key, children, side, deadline);
+    if (std::string done = to_string(store.get(done_key)); done != "ok") {
+      throw std::runtime_error(fmt::format("{}: {}", side, done));
+    }
+    parse_lines(to_string(store.get(fmt::format("bench/{}_results", role))), values);
+  }
+  values["echo_64MiB_peak_rss_MiB"] =
+      std::max(values.at("client_peak_rss_MiB"), values.at("server_peak_rss_MiB"));
+  return values;
+}
+
+// One of our backends; nullopt (after printing why) when it is not here.
+std::optional<Figures> run_ours(const Backend& backend, bool quick) {
+  if (!rpc::backend_registered(backend.name)) {
+    fmt::print("{}: skipped (not registered in this build)\n", backend.name);
+    return std::nullopt;
+  }
+  try {
+    backend_options(backend);
+  } catch (const std::exception& e) {
+    fmt::print("{}: skipped ({})\n", backend.name, e.what());
+    return std::nullopt;
+  }
+  TcpStoreOptions options;
+  options.is_master = true;
+  options.wait_for_workers = false;
+  options.timeout = kSideTimeout;
+  TcpStore store(kHost, 0, options);
+  std::vector<std::unique_ptr<ChildProcess>> workers;
+  std::vector<pid_t> pids;
+  for (const char* role : {kServer, kClient}) {
+    std::vector<std::string> argv = {self_exe(),   "rpc", "--worker",
+                                     backend.name, role,  std::to_string(store.port())};
+    if (quick) argv.push_back("--quick");
+    workers.push_back(std::make_unique<ChildProcess>(argv));
+    pids.push_back(workers.back()->pid());
+  }
+  Figures figures = collect(store, pids, backend.name);
+  for (auto& worker : workers) worker->stop();
+  return figures;
+}
+
+// PyTorch's side; nullopt with `why_not` set when PyTorch cannot start.
+std::optional<Figures> run_torch(const std::string& script, const Counts& counts,
+                                 std::string& why_not, std::string& version) {
+  if (::access(kPython, X_OK) != 0) {
+    why_not = fmt::format("no {}", kPython);
+    return std::nullopt;
+  }
+  std::vector<std::string> argv = {
+      kPython,
+      script,
+      fmt::format("--rtt-warmup={}", counts.rtt_warmup),
+      fmt::format("--rtt-calls={}", counts.rtt_calls),
+      fmt::format("--window={}", counts.async_window),
+      fmt::format("--seconds={}", counts.async_seconds),
+  };
+  for (const Echo& echo : counts.echoes) {
+    argv.push_back(fmt::format("--echo={}:{}:{}", echo.bytes, echo.warmup, echo.iters));
+  }
+  std::unique_ptr<ChildProcess> launcher;
+  uint16_t port = 0;
+  try {
+    launcher = std::make_unique<ChildProcess>(argv);
+    port = launcher->read_port(kStartTimeout);
+  } catch (const std::exception& e) {
+    why_not = fmt::format("{} (is python3-torch installed? see stderr)", e.what());
+    return std::nullopt;
+  }
+  TcpStoreOptions options;
+  options.timeout = kSideTimeout;
+  TcpStore store(kHost, port, options);
+  Figures figures = collect(store, {launcher->pid()}, "torch");
+  version = to_string(store.get("bench/torch_version"));
+  launcher->stop();
+  return figures;
+}
+
+int usable_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
+  return CPU_COUNT(&set);
+}
+
+std::string load_average() {
+  std::ifstream file("/proc/loadavg");
+  std::string one_minute;
+  return file >> one_minute ? one_minute : "?";
+}
+
+void print_header(const Counts& counts, bool quick) {
+  int cpus = usable_cpus();
+  fmt::print(
+      "# rpc: every figure between two processes on 127.0.0.1 sharing {} usable cores; "
+      "ours = this binary's worker mode per backend (a server and a client, rendezvous "
+      "through a TcpStore in the bench); torch = PyTorch's TensorPipe RPC "
+      "(/usr/bin/python3 tools/bench/torch_rpc.py, num_worker_threads=16, "
+      "TP_SOCKET_IFNAME=lo)\n",
+      cpus);
+  fmt::print(
+      "# rpc: tcp = blocking sockets, TCP_NODELAY: rtt = {}-byte ping-pong; oneway = {} "
+      "MiB "
+      "sends, each acked with one byte (median; _best = fastest)\n",
+      kPingBytes, kBulkBytes >> 20);
+  fmt::print(
+      "# rpc: rtt = rpc_sync of \"noop\" (no arguments, no result), p50/p99 after "
+      "warm-up; async = rpc_async of noop, {} calls in flight; echo = rpc_sync of a "
+      "float32 tensor the server returns as is, GBps = 2 x bytes / median round trip "
+      "(GB = 1e9 bytes); peak_rss = the larger peak RSS (VmHWM; ru_maxrss for torch) of "
+      "client and server, read after the echoes\n",
+      counts.async_window);
+  fmt::print(
+      "# rpc: ratio_* and *_vs_torch_* = ours / theirs: below 1 is better for rtt and "
+      "rss, above 1 for calls_per_s and GBps\n");
+  print_value("nproc", std::to_string(cpus));
+  print_value("loadavg_start", load_average());
+  print_value("quick", quick ? "1" : "0");
+  print_value("tcp_round_trips", std::to_string(counts.tcp_round_trips));
+  print_value("tcp_oneway_sends", std::to_string(counts.tcp_bulk_sends));
+  print_value("rtt_calls", std::to_string(counts.rtt_calls));
+  print_value("async_seconds", fmt::format("{}", counts.async_seconds));
+  for (const Echo& echo : counts.echoes) {
+    print_value(echo.label() + "_iters", std::to_string(echo.iters));
+  }
+}
+
+void print_tcp(const Figures& tcp) {
+  print_number("tcp_rtt_us_p50", tcp.at("rtt_us_p50"), 1);
+  print_number("tcp_rtt_us_p99", tcp.at("rtt_us_p99"), 1);
+  print_number("tcp_oneway_GBps", tcp.at("oneway_GBps"), 3);
+  print_number("tcp_oneway_GBps_best", tcp.at("oneway_GBps_best"), 3);
+}
+
+void print_side(const std::string& prefix, const Figures& figures) {
+  for (const Figure& figure : kFigures) {
+    print_number(fmt::format("{}_{}", prefix, figure.name), figures.at(figure.name),
+                 figure.precision);
+  }
+  print_number(prefix + "_client_peak_rss_MiB", figures.at("client_peak_rss_MiB"), 1);
+  print_number(prefix + "_server_peak_rss_MiB", figures.at("server_peak_rss_MiB"), 1);
+}
+
+void print_target(const std::string& name, bool met) {
+  print_value("target_" + name, met ? "met" : "missed");
+}
+
+// Ratios and targets of one of our backends.
+void compare(const Backend& backend, const Figures& ours, const Figures& tcp,
+             const std::optional<Figures>& torch) {
+  const std::string prefix = backend.prefix;
+  // PIPE, the default backend, owns the plain names.
+  const std::string ratio = prefix == "pipe" ? "ratio" : prefix + "_ratio";
+  double rtt_ratio = ours.at("rtt_us_p50") / tcp.at("rtt_us_p50");
+  double echo_fraction = ours.at("echo_64MiB_GBps") / tcp.at("oneway_GBps");
+  print_number(ratio + "_rtt", rtt_ratio, 3);
+  print_number(ratio + "_echo_64MiB", echo_fraction, 3);
+  std::vector<std::string> worse;
+  if (torch) {
+    for (const Figure& figure : kFigures) {
+      double vs = ours.at(figure.name) / torch->at(figure.name);
+      print_number(fmt::format("{}_vs_torch_{}", prefix, figure.name), vs, 3);
+      if (figure.lower_is_better ? vs >= 1 : vs <= 1) worse.push_back(figure.name);
+    }
+  }
+  print_target(prefix + "_rtt_p50_le_130pct_tcp", rtt_ratio <= kTargetRttRatio);
+  print_target(prefix + "_async_ge_170000_calls_per_s",
+               ours.at("async_calls_per_s") >= kTargetCallsPerS);
+  print_target(prefix + "_echo_64MiB_ge_75pct_tcp", echo_fraction >= kTargetEchoFraction);
+  print_target(prefix + "_peak_rss_le_256MiB",
+               ours.at("echo_64MiB_peak_rss_MiB") <= kTargetPeakRssMiB);
+  if (!torch) {
+    print_value(fmt::format("target_{}_beats_torch", prefix), "unknown");
+    return;
+  }
+  print_target(prefix + "_beats_torch", worse.empty());
+  if (!worse.empty()) {
+    fmt::print("# rpc: {} not better than torch: {}\n", backend.name,
+               fmt::join(worse, ", "));
+  }
+}
+
+// Runs one side, printing `NAME: failed (...)` instead of throwing; false
+// when it failed.
+template <typename F>
+bool run_side(const std::string& name, F&& run) {
+  try {
+    run();
+    return true;
+  } catch (const std::exception& e) {
+    fmt::print("{}: failed ({})\n", name, e.what());
+    std::fflush(stdout);
+    return false;
+  }
+}
+
+int run_bench(const std::string& argv0, bool quick) {
+  const Counts& counts = counts_for(quick);
+  std::string script = find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
+  print_header(counts, quick);
+  Figures tcp = run_tcp(counts);
+  print_tcp(tcp);
+  bool ok = true;
+  std::vector<std::pair<const Backend*, Figures>> ours;
+  for (const Backend& backend : kBackends) {
+    ok &= run_side(backend.name, [&] {
+      if (std::optional<Figures> figures = run_ours(backend, quick)) {
+        print_side(backend.prefix, *figures);
+        ours.emplace_back(&backend, std::move(*figures));
+      }
+    });
+  }
+  std::optional<Figures> torch;
+  ok &= run_side("torch", [&] {
+    std::string why_not, version;
+    torch = run_torch(script, counts, why_not, version);
+    if (!torch) {
+      fmt::print("torch: skipped ({})\n", why_not);
+      return;
+    }
+    print_value("torch_version", version);
+    print_side("torch", *torch);
+  });
+  for (const auto& [backend, figures] : ours) compare(*backend, figures, tcp, torch);
+  for (const Backend& backend : kBackends) {
+    bool measured = std::any_of(ours.begin(), ours.end(),
+                                [&](const auto& side) { return side.first == &backend; });
+    if (!measured) fmt::print("# rpc: no targets for {} (not measured)\n", backend.name);
+  }
+  print_value("loadavg_end", load_average());
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int run_rpc_bench(const std::string& argv0, const std::vector<std::string>& args) {
+  try {
+    if (!args.empty() && args[0] == "--tcp-server") return run_tcp_server();
+    if (!args.empty() && args[0] == "--worker") return run_worker(args);
+    if (args.size() > 1 || (args.size() == 1 && args[0] != "--quick")) {
+      fmt::print(stderr, "usage: bench rpc [--quick]\n");
+      return 2;
+    }
+    return run_bench(argv0, args.size() == 1);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench rpc: {}\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace switchboard::bench
