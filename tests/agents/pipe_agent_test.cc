@@ -31,7 +31,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,6 +50,7 @@
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 #include "tests/util/subprocess.h"
+#include "tests/util/threads.h"
 
 using namespace switchboard;
 using namespace std::chrono_literals;
@@ -63,6 +63,9 @@ using rpc::RpcContext;
 using rpc::WorkerInfo;
 using rpc::with_timeout;
 using sbtest::Subprocess;
+using switchboard::testing::Gate;
+using switchboard::testing::on_threads;
+using switchboard::testing::rethrow_first;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -71,56 +74,6 @@ namespace {
 constexpr std::chrono::milliseconds kGuard = 60s;
 
 std::string worker_name(int rank) { return fmt::format("w{}", rank); }
-
-// Runs body(rank) on one thread per rank and returns what each threw.
-std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return errors;
-}
-
-void rethrow_first(const std::vector<std::exception_ptr>& errors) {
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
-
-// A one-shot gate: pass() blocks until open() (bounded by kGuard) and counts
-// arrivals, so the test can wait for a handler to be running.
-class Gate {
- public:
-  void open() {
-    std::lock_guard lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  bool pass() {
-    std::unique_lock lock(mu_);
-    ++arrived_;
-    cv_.notify_all();
-    return cv_.wait_for(lock, kGuard, [&] { return open_; });
-  }
-  bool wait_arrived(int n) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, kGuard, [&] { return arrived_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int arrived_ = 0;
-};
 
 // How a future ended: the error's kind and message, and when.
 struct Outcome {
@@ -222,7 +175,7 @@ SB_CHILD_MAIN(pipe_worker) {
   const int rank = std::stoi(args.at(1));
   const int world_size = std::stoi(args.at(2));
   auto store = std::make_shared<TcpStore>("127.0.0.1", port, client_options());
-  auto never = std::make_shared<Gate>();
+  auto never = std::make_shared<Gate>(kGuard);
   RpcContext context;
   context.register_function("add", [](int64_t a, int64_t b) { return a + b; });
   context.register_function("block", [never] {
@@ -855,7 +808,7 @@ TEST_CASE(
     "graceful shutdown on every worker waits for a nested chain in flight and delivers "
     "its result",
     "[pipe][join]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto store = std::make_shared<HashStore>();
   std::vector<std::unique_ptr<RpcContext>> contexts;
   for (int rank = 0; rank < 3; ++rank) {

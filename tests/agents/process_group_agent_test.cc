@@ -2,7 +2,7 @@
 // Gloo on 127.0.0.1.
 //
 // Nothing here sleeps hoping for an order: a handler that must still be
-// running blocks on a latch the test releases, and every wait for something
+// running blocks on a Gate the test opens, and every wait for something
 // that must happen is bounded by kGuard so that a hang fails the test.
 #include "agents/process_group_agent.h"
 
@@ -13,7 +13,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -30,6 +29,8 @@
 #include "rpc/remote_error.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
+#include "tests/util/agent_helpers.h"
+#include "tests/util/threads.h"
 
 using namespace switchboard;
 using namespace std::chrono_literals;
@@ -40,6 +41,16 @@ using rpc::Message;
 using rpc::MessageType;
 using rpc::Promise;
 using rpc::WorkerInfo;
+using switchboard::testing::blocking_handler;
+using switchboard::testing::bytes;
+using switchboard::testing::echo_handler;
+using switchboard::testing::echo_of;
+using switchboard::testing::Failure;
+using switchboard::testing::Gate;
+using switchboard::testing::on_threads;
+using switchboard::testing::request;
+using switchboard::testing::rethrow_first;
+using switchboard::testing::text;
 
 namespace {
 
@@ -54,29 +65,6 @@ ProcessGroupAgentOptions test_options() {
   return options;
 }
 
-// Runs body(rank) on one thread per rank; returns what each rank threw.
-std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return errors;
-}
-
-void rethrow_first(const std::vector<std::exception_ptr>& errors) {
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
-
 using Agents = std::vector<std::unique_ptr<ProcessGroupAgent>>;
 
 // One agent per name (rank = index), constructed concurrently.
@@ -89,34 +77,6 @@ Agents make_agents(const std::vector<std::string>& names,
         std::make_unique<ProcessGroupAgent>(store, names[rank], rank, n, test_options());
   }));
   return agents;
-}
-
-Message echo_of(const Message& request) {
-  Message response;
-  response.type = MessageType::kResponse;
-  response.function = request.function;
-  response.payload = request.payload;
-  response.tensors = request.tensors;
-  return response;
-}
-
-rpc::RpcAgent::RequestHandler echo_handler() {
-  return [](Message request, const WorkerInfo&) {
-    return Future<Message>::ready(echo_of(request));
-  };
-}
-
-std::vector<uint8_t> bytes(std::string_view text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
-
-Message request(std::string function, std::string_view payload,
-                std::vector<Tensor> tensors = {}) {
-  Message m;
-  m.type = MessageType::kRequest;
-  m.function = std::move(function);
-  m.payload = bytes(payload);
-  m.tensors = std::move(tensors);
-  return m;
 }
 
 // A tensor whose bytes follow a pattern seeded by `seed` (bool: 0 or 1).
@@ -136,78 +96,15 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
-// Waits (bounded) and returns the response.
-Message get(const Future<Message>& f) {
-  REQUIRE(f.wait_for(kGuard));
-  return f.value();
-}
-
-// What a future failed with.
-struct Failure {
-  std::string kind;  // "none", "TimeoutError", "ConnectionError", "NotFoundError",
-                     // "Error", "invalid_argument", "other"
-  std::string message;
-  ErrorCode code = ErrorCode::kInternal;
-};
+// tests/util/agent_helpers.h's waits, bounded by this file's kGuard.
+Message get(const Future<Message>& f) { return switchboard::testing::get(f, kGuard); }
 
 Failure failure_of(const Future<Message>& f) {
-  REQUIRE(f.wait_for(kGuard));
-  try {
-    (void)f.value();
-    return {"none", ""};
-  } catch (const TimeoutError& e) {
-    return {"TimeoutError", e.what(), e.code()};
-  } catch (const ConnectionError& e) {
-    return {"ConnectionError", e.what(), e.code()};
-  } catch (const NotFoundError& e) {
-    return {"NotFoundError", e.what(), e.code()};
-  } catch (const Error& e) {
-    return {"Error", e.what(), e.code()};
-  } catch (const std::invalid_argument& e) {
-    return {"invalid_argument", e.what()};
-  } catch (const std::exception& e) {
-    return {"other", e.what()};
-  }
-}
-
-// A one-shot gate a handler blocks on until the test opens it; also lets
-// the test wait until the handler got there.
-class Latch {
- public:
-  void arrive_and_wait() {
-    std::unique_lock lock(mu_);
-    ++arrived_;
-    cv_.notify_all();
-    cv_.wait_for(lock, kGuard, [&] { return open_; });
-  }
-  bool wait_arrived(int count = 1) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, kGuard, [&] { return arrived_ >= count; });
-  }
-  void open() {
-    std::lock_guard lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  bool open_ = false;
-};
-
-// Echoes, except that "block" waits on `latch` first.
-rpc::RpcAgent::RequestHandler blocking_handler(std::shared_ptr<Latch> latch) {
-  return [latch](Message request, const WorkerInfo&) {
-    if (request.function == "block") latch->arrive_and_wait();
-    return Future<Message>::ready(echo_of(request));
-  };
+  return switchboard::testing::failure_of(f, kGuard);
 }
 
 void join_all(Agents& agents, std::chrono::milliseconds timeout = kGuard) {
-  rethrow_first(on_threads(static_cast<int>(agents.size()),
-                           [&](int rank) { agents[rank]->join(timeout); }));
+  switchboard::testing::join_all(agents, timeout);
 }
 
 }  // namespace
@@ -398,7 +295,7 @@ TEST_CASE(
     "a call times out naming worker, function and timeout; the late answer is dropped",
     "[agents][pg_agent][timeout]") {
   Agents agents = make_agents({"w0", "w1"});
-  auto latch = std::make_shared<Latch>();
+  auto latch = std::make_shared<Gate>(kGuard);
   agents[0]->start(echo_handler());
   agents[1]->start(blocking_handler(latch));
   const auto start = std::chrono::steady_clock::now();
@@ -423,7 +320,7 @@ TEST_CASE(
 
 TEST_CASE("a timeout of 0 never expires", "[agents][pg_agent][timeout]") {
   Agents agents = make_agents({"w0", "w1"});
-  auto latch = std::make_shared<Latch>();
+  auto latch = std::make_shared<Gate>(kGuard);
   agents[0]->start(echo_handler());
   agents[1]->start(blocking_handler(latch));
   Future<Message> f =
@@ -578,7 +475,7 @@ TEST_CASE("join returns at once with no traffic, repeatedly",
 TEST_CASE("join waits for calls in flight and requests being handled",
           "[agents][pg_agent][join]") {
   Agents agents = make_agents({"w0", "w1"});
-  auto latch = std::make_shared<Latch>();
+  auto latch = std::make_shared<Gate>(kGuard);
   agents[0]->start(echo_handler());
   agents[1]->start(blocking_handler(latch));
   Future<Message> f =
@@ -632,7 +529,7 @@ TEST_CASE("join times out naming the workers that did not arrive",
 TEST_CASE("shutdown fails a pending call with kCancelled; it is idempotent",
           "[agents][pg_agent][shutdown]") {
   Agents agents = make_agents({"w0", "w1"});
-  auto latch = std::make_shared<Latch>();
+  auto latch = std::make_shared<Gate>(kGuard);
   agents[0]->start(echo_handler());
   agents[1]->start(blocking_handler(latch));
   Future<Message> f = agents[0]->send(agents[0]->worker("w1"), request("block", ""), 0ms);
@@ -657,7 +554,7 @@ TEST_CASE("shutdown fails a pending call with kCancelled; it is idempotent",
 TEST_CASE("a worker that goes away fails calls to it with ConnectionError; others go on",
           "[agents][pg_agent][shutdown]") {
   Agents agents = make_agents({"w0", "w1", "w2"});
-  auto latch = std::make_shared<Latch>();
+  auto latch = std::make_shared<Gate>(kGuard);
   agents[0]->start(echo_handler());
   agents[1]->start(echo_handler());
   agents[2]->start(blocking_handler(latch));

@@ -12,7 +12,6 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -27,6 +26,7 @@
 #include "rpc/serialize.h"
 #include "rpc/thread_pool.h"
 #include "store/hash_store.h"
+#include "tests/util/threads.h"
 
 using namespace switchboard;
 using namespace std::chrono_literals;
@@ -34,6 +34,9 @@ using rpc::Future;
 using rpc::RpcContext;
 using rpc::WorkerInfo;
 using rpc::with_timeout;
+using switchboard::testing::Gate;
+using switchboard::testing::on_threads;
+using switchboard::testing::rethrow_first;
 
 namespace conformance_types {
 struct Point {
@@ -66,28 +69,6 @@ std::shared_ptr<rpc::RpcBackendOptions> make_options(std::chrono::milliseconds r
                                             extras);
 }
 
-std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  return errors;
-}
-
-void rethrow_first(const std::vector<std::exception_ptr>& errors) {
-  for (const auto& error : errors) {
-    if (error) std::rethrow_exception(error);
-  }
-}
-
 Cluster::Cluster(int n, const Prepare& prepare,
                  std::shared_ptr<rpc::RpcBackendOptions> options)
     : store_(std::make_shared<HashStore>()) {
@@ -117,37 +98,6 @@ namespace {
 using conformance::Cluster;
 using conformance::kGuard;
 using conformance::make_options;
-using conformance::on_threads;
-using conformance::rethrow_first;
-
-// A one-shot gate: wait() blocks until open() (bounded by kGuard); also
-// counts arrivals so the test can wait for a handler to be running.
-class Gate {
- public:
-  void open() {
-    std::lock_guard lock(mu_);
-    open_ = true;
-    cv_.notify_all();
-  }
-  // Called by a handler: records the arrival, then waits for open().
-  bool pass() {
-    std::unique_lock lock(mu_);
-    ++arrived_;
-    cv_.notify_all();
-    return cv_.wait_for(lock, kGuard, [&] { return open_; });
-  }
-  // Waits until `n` handlers arrived.
-  bool wait_arrived(int n) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, kGuard, [&] { return arrived_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-  int arrived_ = 0;
-};
 
 // The functions every worker of the common cluster serves.
 void register_common(int rank, RpcContext& self, std::shared_ptr<Gate> gate) {
@@ -240,7 +190,7 @@ rpc::RemoteError remote_error(Fn fn) {
 }  // namespace
 
 TEST_CASE("rpc_sync and rpc_async carry ordinary values both ways", "[rpc]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   CHECK(w0.rpc_sync<int64_t>("w1", "add", int64_t{2}, int64_t{40}) == 42);
   CHECK(w0.rpc_sync<std::string>("w1", "whoami") == "w1");
@@ -271,9 +221,9 @@ TEST_CASE("rpc_sync and rpc_async carry ordinary values both ways", "[rpc]") {
 }
 
 TEST_CASE("future callbacks run on the agent's pool", "[rpc]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   std::atomic<bool> on_pool{false};
   Future<int64_t> chained =
       w0.rpc_async<int64_t>("w1", "add", int64_t{1}, int64_t{1})
@@ -288,7 +238,7 @@ TEST_CASE("future callbacks run on the agent's pool", "[rpc]") {
 }
 
 TEST_CASE("worker infos name every worker by rank", "[rpc]") {
-  auto cluster = common_cluster(3, std::make_shared<Gate>());
+  auto cluster = common_cluster(3, std::make_shared<Gate>(kGuard));
   for (int rank = 0; rank < 3; ++rank) {
     RpcContext& self = (*cluster)[rank];
     CHECK(self.get_worker_info() == WorkerInfo{fmt::format("w{}", rank), rank});
@@ -307,7 +257,7 @@ TEST_CASE("worker infos name every worker by rank", "[rpc]") {
 }
 
 TEST_CASE("nested calls reach a third worker and the caller", "[rpc]") {
-  auto cluster = common_cluster(3, std::make_shared<Gate>());
+  auto cluster = common_cluster(3, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   CHECK(w0.rpc_sync<int64_t>("w1", "nested_add", std::string("w2"), int64_t{1},
                              int64_t{2}) == 4);
@@ -318,7 +268,7 @@ TEST_CASE("nested calls reach a third worker and the caller", "[rpc]") {
 TEST_CASE("nested calls do not starve a one-thread pool", "[rpc]") {
   // Every handler of the chain blocks its pool thread on the next call; the
   // pools grow instead of deadlocking.
-  auto cluster = common_cluster(2, std::make_shared<Gate>(),
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard),
                                 make_options(30s, {{"num_worker_threads", "1"}}));
   RpcContext& w0 = (*cluster)[0];
   const std::vector<std::string> order{"w0", "w1"};
@@ -332,7 +282,7 @@ TEST_CASE("nested calls do not starve a one-thread pool", "[rpc]") {
 }
 
 TEST_CASE("async handlers reply when their future completes", "[rpc]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto cluster = common_cluster(3, gate);
   RpcContext& w0 = (*cluster)[0];
   CHECK(w0.rpc_sync<int64_t>("w1", "async_add", std::string("w2"), int64_t{2},
@@ -361,7 +311,7 @@ TEST_CASE("async handlers reply when their future completes", "[rpc]") {
 }
 
 TEST_CASE("a remote exception arrives as RemoteError", "[rpc]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   auto error = remote_error([&] { w0.rpc_sync<int64_t>("w1", "fail", std::string("boom")); });
   CHECK(error.worker() == "w1");
@@ -380,7 +330,7 @@ TEST_CASE("a remote exception arrives as RemoteError", "[rpc]") {
 }
 
 TEST_CASE("unknown functions and wrong arguments are named errors", "[rpc]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   auto error = remote_error([&] { w0.rpc_sync<int64_t>("w1", "sub", int64_t{1}); });
   CHECK(error.type_name() == "switchboard::NotFoundError");
@@ -404,7 +354,7 @@ TEST_CASE("unknown functions and wrong arguments are named errors", "[rpc]") {
 }
 
 TEST_CASE("a call past its timeout fails with a TimeoutError naming it", "[rpc]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto cluster = common_cluster(2, gate, make_options(30s));
   RpcContext& w0 = (*cluster)[0];
   Future<int64_t> late = w0.rpc_async<int64_t>("w1", "block", with_timeout(150ms), int64_t{1});
@@ -428,7 +378,7 @@ TEST_CASE("a call past its timeout fails with a TimeoutError naming it", "[rpc]"
 }
 
 TEST_CASE("the default timeout comes from the options", "[rpc]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto cluster = common_cluster(2, gate, make_options(200ms));
   RpcContext& w0 = (*cluster)[0];
   CHECK(w0.options()->rpc_timeout == 200ms);
@@ -439,7 +389,7 @@ TEST_CASE("the default timeout comes from the options", "[rpc]") {
 }
 
 TEST_CASE("tensors of every dtype travel, including empty ones", "[rpc][tensor]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   int seed = 0;
   for (DType dtype : kAllDTypes) {
@@ -462,14 +412,14 @@ TEST_CASE("tensors of every dtype travel, including empty ones", "[rpc][tensor]"
 }
 
 TEST_CASE("a 64 MiB tensor travels", "[rpc][tensor]") {
-  auto cluster = common_cluster(2, std::make_shared<Gate>());
+  auto cluster = common_cluster(2, std::make_shared<Gate>(kGuard));
   Tensor big = patterned({16 * 1024 * 1024}, DType::kFloat32, 5);
   Tensor back = (*cluster)[0].rpc_sync<Tensor>("w1", "echo", big);
   CHECK(same_contents(big, back));
 }
 
 TEST_CASE("many concurrent calls from several threads", "[rpc][concurrency]") {
-  auto cluster = common_cluster(3, std::make_shared<Gate>());
+  auto cluster = common_cluster(3, std::make_shared<Gate>(kGuard));
   constexpr int kThreads = 4;
   constexpr int kCallsPerThread = 150;
   rethrow_first(on_threads(kThreads, [&](int thread) {
@@ -489,7 +439,7 @@ TEST_CASE("many concurrent calls from several threads", "[rpc][concurrency]") {
 }
 
 TEST_CASE("init_rpc refuses misuse with named errors", "[rpc][init]") {
-  auto cluster = common_cluster(1, std::make_shared<Gate>());
+  auto cluster = common_cluster(1, std::make_shared<Gate>(kGuard));
   RpcContext& w0 = (*cluster)[0];
   CHECK_THROWS_WITH(
       w0.init_rpc("w0", conformance::backend_under_test(), 0, 1,
@@ -553,7 +503,7 @@ TEST_CASE("shutdown after a failed init_rpc returns, and init works again", "[rp
 }
 
 TEST_CASE("graceful shutdown waits for calls in flight", "[rpc][shutdown]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto cluster = common_cluster(3, gate);
   Future<int64_t> in_flight = (*cluster)[0].rpc_async<int64_t>("w1", "block", int64_t{9});
   REQUIRE(gate->wait_arrived(1));
@@ -576,7 +526,7 @@ TEST_CASE("graceful shutdown waits for calls in flight", "[rpc][shutdown]") {
 }
 
 TEST_CASE("ungraceful shutdown fails pending futures at once", "[rpc][shutdown]") {
-  auto gate = std::make_shared<Gate>();
+  auto gate = std::make_shared<Gate>(kGuard);
   auto cluster = common_cluster(2, gate);
   Future<int64_t> pending = (*cluster)[0].rpc_async<int64_t>("w1", "block", int64_t{1});
   REQUIRE(gate->wait_arrived(1));

@@ -33,10 +33,6 @@ std::shared_ptr<rpc::RpcBackendOptions> make_options(
     std::chrono::milliseconds rpc_timeout = std::chrono::milliseconds(30'000),
     const rpc::Extras& more = {});
 
-// Runs body(rank) on one thread per rank and returns what each threw.
-std::vector<std::exception_ptr> on_threads(int n, const std::function<void(int)>& body);
-void rethrow_first(const std::vector<std::exception_ptr>& errors);
-
 // n workers "w0".."w<n-1>" of a static group. `prepare(rank, context)` runs
 // before init_rpc (register functions there). The destructor shuts every
 // worker down gracefully and concurrently (then ungracefully, should that
