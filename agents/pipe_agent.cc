@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
@@ -51,13 +53,31 @@ int64_t now_ns() {
 
 // A deep copy of every tensor (self-sends: the callee must not alias the
 // caller's memory, as with a remote worker).
-Message copy_tensors(Message m) {
-  for (Tensor& t : m.tensors) {
-    Tensor copy = Tensor::empty(t.shape(), t.dtype());
-    copy.copy_from(t);
-    t = std::move(copy);
+// A self-send's message with its own copies of the tensors, each on
+// devices[i] (the device map's target) or, when `devices` is empty, on the
+// CPU.
+Message copy_tensors(Message m, const std::vector<Device>& devices) {
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    m.tensors[i] = m.tensors[i].to(devices.empty() ? Device::cpu() : devices[i]);
   }
   return m;
+}
+
+// Replaces every CUDA tensor of `m` with a CPU copy, which is what travels
+// (the frame's descriptors name the device the receiver puts it on). A
+// tensor that cannot be copied (no CUDA runtime linked, not contiguous)
+// throws std::invalid_argument naming the target worker `to`.
+void stage_on_cpu(Message& m, const std::string& to) {
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    Tensor& t = m.tensors[i];
+    if (t.device().is_cpu()) continue;
+    try {
+      t = t.to(Device::cpu());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(
+          fmt::format("rpc to \"{}\": tensor {} cannot be staged: {}", to, i, e.what()));
+    }
+  }
 }
 
 }  // namespace
@@ -122,15 +142,34 @@ struct Connection : std::enable_shared_from_this<Connection> {
   bool drain();
 
   std::mutex mu_;
+  // A tensor whose bytes follow byte `offset` of the queued frame bytes;
+  // `sent` of them already went out (a partial inline send).
+  struct QueuedTensor {
+    size_t offset = 0;
+    Tensor tensor;
+    size_t sent = 0;
+  };
+  // Calls emit(data, size) for each piece of `bytes` and `tensors` in wire
+  // order, skipping empty pieces and bytes already sent.
+  template <typename Emit>
+  static void for_each_piece(const std::vector<uint8_t>& bytes,
+                             const std::vector<QueuedTensor>& tensors, Emit&& emit);
+  // Sends what is queued now, from the calling thread, without blocking
+  // (MSG_DONTWAIT); keeps what the socket did not take. Only while no
+  // write is in flight.
+  void send_inline_locked();
+  // Drops the first `n` bytes of the queued stream.
+  void consume_locked(size_t n);
+
   std::vector<uint8_t> queued_;                         // GUARDED_BY(mu_)
-  std::vector<std::pair<size_t, Tensor>> queued_tensors_;  // GUARDED_BY(mu_)
+  std::vector<QueuedTensor> queued_tensors_;            // GUARDED_BY(mu_)
   bool writing_ = false;                                // GUARDED_BY(mu_)
   bool closing_ = false;                                // GUARDED_BY(mu_)
   bool closed_ = false;                                 // GUARDED_BY(mu_)
   std::condition_variable closed_cv_;
   // The write in progress (strand only).
   std::vector<uint8_t> sending_;
-  std::vector<std::pair<size_t, Tensor>> sending_tensors_;
+  std::vector<QueuedTensor> sending_tensors_;
   std::vector<asio::const_buffer> buffers_;
 };
 
@@ -173,12 +212,14 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   bool on_hello(const std::shared_ptr<Connection>& connection, const Message& hello);
   void connection_failed(const std::shared_ptr<Connection>& connection,
                          const std::string& reason) override;
-  void accept_request(int from, Message request);
+  void accept_request(int from, pipe::InboundFrame request);
   void fail_one(uint64_t id, std::exception_ptr error);
 
-  void serve(int from, Message request);
+  void serve(int from, pipe::InboundFrame request);
   void deliver_reply(int to, Message reply);
-  void complete(Message response);
+  void complete(pipe::InboundFrame response);
+  void complete_now(Message response);
+  void place_tensors(Message& m, const std::vector<Device>& wire, int from) const;
   void fail_pending_if(const std::function<bool(const Pending&)>& which,
                        const std::function<std::exception_ptr(const Pending&)>& error);
 
@@ -212,6 +253,9 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   std::vector<Peer> peers;
   rpc::DeviceMaps reverse_maps;
   std::vector<Device> devices;
+  // CUDA devices the maps were validated against (the option, or what the
+  // registered CUDA runtime sees).
+  int device_count = 0;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -222,7 +266,7 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   int handlers_running = 0;                                      // GUARDED_BY(mu)
   bool stopping = false;                                         // GUARDED_BY(mu)
 
-  std::vector<std::pair<int, Message>> early;                    // GUARDED_BY(mu)
+  std::vector<std::pair<int, pipe::InboundFrame>> early;         // GUARDED_BY(mu)
   // Hellos that came before `peers` was filled in (a faster peer finished
   // the all-gather first); handled once it is.
   bool peers_ready = false;                                      // GUARDED_BY(mu)
@@ -240,10 +284,73 @@ bool Connection::enqueue(const Message& m, const std::vector<Device>& devices) {
   if (closed_ || closing_) return false;
   pipe::append_frame(queued_, m, devices);
   for (const Tensor& t : m.tensors) {
-    if (t.nbytes() > 0) queued_tensors_.emplace_back(queued_.size(), t);
+    if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
   }
-  kick_locked();
+  if (!writing_) send_inline_locked();
+  if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
   return true;
+}
+
+template <typename Emit>
+void Connection::for_each_piece(const std::vector<uint8_t>& bytes,
+                                const std::vector<QueuedTensor>& tensors, Emit&& emit) {
+  size_t at = 0;
+  for (const QueuedTensor& t : tensors) {
+    if (t.offset > at) emit(bytes.data() + at, t.offset - at);
+    at = t.offset;
+    if (t.sent < t.tensor.nbytes()) {
+      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent, t.tensor.nbytes() - t.sent);
+    }
+  }
+  if (at < bytes.size()) emit(bytes.data() + at, bytes.size() - at);
+}
+
+void Connection::send_inline_locked() {
+  if (closed_ || (queued_.empty() && queued_tensors_.empty())) return;
+  // A few pieces cover the common case (a frame or a handful of small
+  // ones); more go to the asynchronous path whole.
+  constexpr size_t kMaxPieces = 64;
+  iovec pieces[kMaxPieces];
+  size_t count = 0;
+  bool all = true;
+  for_each_piece(queued_, queued_tensors_, [&](const uint8_t* data, size_t size) {
+    if (count == kMaxPieces) {
+      all = false;
+      return;
+    }
+    pieces[count++] = iovec{const_cast<uint8_t*>(data), size};
+  });
+  if (!all) return;
+  msghdr header{};
+  header.msg_iov = pieces;
+  header.msg_iovlen = count;
+  const ssize_t n = ::sendmsg(socket.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Errors (EAGAIN, a reset) are left to the asynchronous path, which
+  // retries or reports them.
+  if (n > 0) consume_locked(static_cast<size_t>(n));
+}
+
+void Connection::consume_locked(size_t n) {
+  size_t at = 0;        // frame bytes fully sent
+  size_t finished = 0;  // tensors fully sent
+  while (n > 0) {
+    const size_t end =
+        finished < queued_tensors_.size() ? queued_tensors_[finished].offset : queued_.size();
+    const size_t bytes = std::min(n, end - at);
+    at += bytes;
+    n -= bytes;
+    if (n == 0 || finished == queued_tensors_.size()) break;
+    QueuedTensor& t = queued_tensors_[finished];
+    const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
+    t.sent += take;
+    n -= take;
+    if (t.sent < t.tensor.nbytes()) break;
+    ++finished;
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(at));
+  queued_tensors_.erase(queued_tensors_.begin(),
+                        queued_tensors_.begin() + static_cast<std::ptrdiff_t>(finished));
+  for (QueuedTensor& t : queued_tensors_) t.offset -= at;
 }
 
 bool Connection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
@@ -265,7 +372,7 @@ void Connection::write_some() {
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
-    if (queued_.empty()) {
+    if (queued_.empty() && queued_tensors_.empty()) {
       writing_ = false;
       if (closing_) {
         closed_ = true;
@@ -280,13 +387,8 @@ void Connection::write_some() {
     sending_tensors_.swap(queued_tensors_);
   }
   buffers_.clear();
-  size_t at = 0;
-  for (const auto& [offset, tensor] : sending_tensors_) {
-    if (offset > at) buffers_.emplace_back(sending_.data() + at, offset - at);
-    at = offset;
-    buffers_.emplace_back(tensor.data(), tensor.nbytes());
-  }
-  if (at < sending_.size()) buffers_.emplace_back(sending_.data() + at, sending_.size() - at);
+  for_each_piece(sending_, sending_tensors_,
+                 [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
   asio::async_write(
       socket, buffers_,
       asio::bind_executor(strand, [self = shared_from_this()](
@@ -431,7 +533,9 @@ void PipeAgent::Impl::rendezvous() {
   mine.name = name;
   mine.address = address;
   mine.port = port;
-  mine.device_count = std::max(0, options.device_count);
+  device_count = options.device_count >= 0 ? options.device_count
+                                           : registered_cuda_device_count();
+  mine.device_count = device_count;
   mine.device_maps = options.device_maps;
   mine.devices = options.devices;
   const std::vector<WorkerAnnouncement> all =
@@ -606,11 +710,11 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
       return true;
     }
     case pipe::FrameKind::kRequest:
-      accept_request(from, std::move(frame.message));
+      accept_request(from, std::move(frame));
       return true;
     case pipe::FrameKind::kResponse:
     case pipe::FrameKind::kError:
-      complete(std::move(frame.message));
+      complete(std::move(frame));
       return true;
     default:
       connection_failed(connection, "protocol error: unexpected frame kind");
@@ -620,7 +724,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
 
 // Runs `request` on the pool (held back until start() when it comes
 // earlier: peers may call as soon as their own constructor returned).
-void PipeAgent::Impl::accept_request(int from, Message request) {
+void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
   {
     std::lock_guard lock(mu);
     if (stopping) return;
@@ -655,11 +759,12 @@ void PipeAgent::Impl::fail_one(uint64_t id, std::exception_ptr error) {
   promise.set_error(std::move(error));
 }
 
-void PipeAgent::Impl::serve(int from, Message request) {
-  const uint64_t id = request.id;
+void PipeAgent::Impl::serve(int from, pipe::InboundFrame request) {
+  const uint64_t id = request.message.id;
   Future<Message> response;
   try {
-    response = handler(std::move(request), peers[from].info);
+    place_tensors(request.message, request.devices, from);
+    response = handler(std::move(request.message), peers[from].info);
     SB_REQUIRE(response.valid(), "the request handler returned an invalid future");
   } catch (...) {
     Message error;
@@ -698,20 +803,21 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     reply.id = id;
     rpc::encode_remote_error(reply, name, std::current_exception());
   };
-  if (to == rank) {
-    try {
-      reply = copy_tensors(std::move(reply));
-    } catch (...) {
-      replace_with_error();
-    }
-    complete(std::move(reply));
-    return;
-  }
   std::vector<Device> wire;
   try {
     wire = wire_devices(reply, to, /*reply=*/true);
+    if (to == rank) {
+      reply = copy_tensors(std::move(reply), wire);
+    } else {
+      stage_on_cpu(reply, name_of(to));
+    }
   } catch (...) {
     replace_with_error();
+    wire.clear();
+  }
+  if (to == rank) {
+    complete_now(std::move(reply));
+    return;
   }
   std::shared_ptr<Connection> connection;
   {
@@ -724,7 +830,59 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
   }
 }
 
-void PipeAgent::Impl::complete(Message response) {
+// A response whose tensors go to CUDA devices is placed there on the pool
+// (the copies must not hold up this connection's reads); any other
+// completes here.
+void PipeAgent::Impl::complete(pipe::InboundFrame response) {
+  const bool placed = std::any_of(response.devices.begin(), response.devices.end(),
+                                  [](const Device& d) { return !d.is_cpu(); });
+  if (!placed) {
+    complete_now(std::move(response.message));
+    return;
+  }
+  auto place = [self = shared_from_this(), response = std::move(response)]() mutable {
+    const uint64_t id = response.message.id;
+    int from = -1;
+    {
+      std::lock_guard lock(self->mu);
+      auto it = self->pending.find(id);
+      if (it == self->pending.end()) return;  // timed out or cancelled
+      from = it->second.dst;
+    }
+    try {
+      self->place_tensors(response.message, response.devices, from);
+    } catch (...) {
+      self->fail_one(id, std::current_exception());
+      return;
+    }
+    self->complete_now(std::move(response.message));
+  };
+  try {
+    owner.pool()->post(std::move(place));
+  } catch (const std::exception& e) {  // the pool is shutting down
+    spdlog::debug("rpc agent \"{}\": response dropped: {}", name, e.what());
+  }
+}
+
+// Moves each tensor of `m` (received on the CPU) to the device its
+// descriptor named. Throws std::invalid_argument naming the sender, the
+// tensor and the device when this worker cannot hold it there.
+void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
+                                    int from) const {
+  int count = -1;
+  for (size_t i = 0; i < wire.size() && i < m.tensors.size(); ++i) {
+    if (wire[i].is_cpu()) continue;
+    if (count < 0) count = device_count;
+    SB_REQUIRE(wire[i].index < count,
+               "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
+               "CUDA device(s){}",
+               name, i, name_of(from), wire[i].str(), count,
+               count == 0 ? " (a build without //collective:cuda_allocator, or no GPU)" : "");
+    m.tensors[i] = m.tensors[i].to(wire[i]);
+  }
+}
+
+void PipeAgent::Impl::complete_now(Message response) {
   Promise<Message> promise;
   {
     std::lock_guard lock(mu);
@@ -809,10 +967,7 @@ std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     wire.push_back(rpc::target_device(maps, name_of(to), m.tensors[i].device(), i));
   }
-  throw std::invalid_argument(fmt::format(
-      "rpc to \"{}\": tensors on CUDA devices cannot travel in this build of the PIPE "
-      "agent (no CUDA staging yet); move them to the CPU",
-      name_of(to)));
+  return wire;
 }
 
 void PipeAgent::Impl::add_deadline_locked(uint64_t id, Pending& p) {
@@ -931,7 +1086,7 @@ void PipeAgent::start(RequestHandler handler) {
   SB_REQUIRE(!impl_->shut_down, "PIPE agent \"{}\": start() after shutdown()",
              self().name);
   SB_REQUIRE(!impl_->started, "PIPE agent \"{}\": start() called twice", self().name);
-  std::vector<std::pair<int, Message>> early;
+  std::vector<std::pair<int, pipe::InboundFrame>> early;
   {
     std::lock_guard lock(impl_->mu);
     impl_->handler = std::move(handler);
@@ -953,6 +1108,7 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
     SB_REQUIRE(timeout.count() >= 0, "rpc to \"{}\": negative timeout", to.name);
     const int dst = worker(to.name).id;
     const std::vector<Device> wire = s.wire_devices(request, dst, false);
+    if (dst != s.rank) stage_on_cpu(request, to.name);
     id = s.next_id++;
     request.id = id;
     std::shared_ptr<Connection> connection;
@@ -977,7 +1133,9 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
       if (timeout.count() > 0) s.add_deadline_locked(id, it->second);
     }
     if (dst == s.rank) {
-      s.accept_request(s.rank, copy_tensors(std::move(request)));
+      pipe::InboundFrame self_request;
+      self_request.message = copy_tensors(std::move(request), wire);
+      s.accept_request(s.rank, std::move(self_request));
     } else if (!connection->enqueue(request, wire)) {
       s.fail_one(id, std::make_exception_ptr(ConnectionError(fmt::format(
                          "rpc to \"{}\" function \"{}\": the connection to worker \"{}\" "

@@ -43,8 +43,17 @@
 // Tensors: CPU tensors of every dtype (non-contiguous ones travel as
 // contiguous copies). A CUDA tensor needs a device map entry for its
 // device towards the worker it goes to (std::invalid_argument naming both
-// otherwise); this build cannot move CUDA memory yet, so a mapped CUDA
-// tensor is refused with an error saying so, never a crash.
+// otherwise); it must be contiguous. It is staged: the sender copies it to
+// the CPU on the calling thread (a request) or the pool thread that
+// finished the handler (a response), the bytes travel like a CPU tensor's,
+// and the receiver copies them to the mapped device on an RPC pool thread
+// before the handler runs or the caller's future completes. A response
+// travels back along the inverse of the caller's map. The copies go
+// through the CUDA runtime registered with collective/tensor.h, which
+// linking //collective:cuda_allocator installs; without it (or without a
+// GPU) device_count is 0, so maps naming CUDA devices fail validation at
+// construction, and a frame naming a device this worker lacks fails that
+// call with std::invalid_argument naming the device, never a crash.
 //
 // Errors of send() (through the future; send() itself never throws):
 //   TimeoutError      `rpc to "w1" function "add": timed out after 200 ms`
@@ -92,7 +101,8 @@ struct PipeAgentOptions {
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
   // CUDA devices of this machine as the maps are validated against; -1
-  // asks CUDA (0 in a build without CUDA).
+  // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
+  // a binary that does not link //collective:cuda_allocator).
   int device_count = -1;
 };
 

@@ -95,7 +95,11 @@ int cuda_device_count() { return availability().count; }
 
 std::string cuda_unavailable_reason() { return availability().why_not; }
 
-void install_cuda_allocator() { set_device_allocator(cuda_allocate); }
+void install_cuda_allocator() {
+  set_device_allocator(cuda_allocate);
+  set_device_copier(copy_tensor);
+  set_device_counter(cuda_device_count);
+}
 
 void cuda_check(cudaError_t status, std::string_view what) {
   if (status == cudaSuccess) return;

@@ -2,7 +2,8 @@
 // tests and users share.
 //
 // Linking //collective:cuda_allocator (alwayslink) registers, from a static
-// initializer, the allocator Tensor::empty uses for CUDA devices: cudaMalloc
+// initializer, the copier Tensor::to uses and the allocator Tensor::empty
+// uses for CUDA devices: cudaMalloc
 // on the tensor's device, cudaFree (with that device current) when the last
 // Tensor over the storage goes away. Registration makes no CUDA call, so a
 // binary that links this target still starts on a machine without a GPU;
@@ -42,9 +43,10 @@ int cuda_device_count();
 // detected)"; empty when at least one device is visible. Never throws.
 std::string cuda_unavailable_reason();
 
-// Registers the CUDA allocator with set_device_allocator(). The static
-// initializer of this target already did; call it again after someone
-// replaced the allocator. Idempotent, makes no CUDA call.
+// Registers the CUDA allocator, copier (copy_tensor) and device counter
+// (cuda_device_count) with set_device_allocator(), set_device_copier() and
+// set_device_counter(). The static initializer of this target already did;
+// call it again after someone replaced them. Idempotent, makes no CUDA call.
 void install_cuda_allocator();
 
 // Throws the Error described above unless `status` is cudaSuccess. `what`

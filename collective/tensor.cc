@@ -153,6 +153,8 @@ std::shared_ptr<Storage> allocate_cpu(size_t nbytes) {
 struct AllocatorRegistry {
   std::mutex mutex;
   DeviceAllocator allocator;  // GUARDED_BY(mutex)
+  DeviceCopier copier;        // GUARDED_BY(mutex)
+  DeviceCounter counter;      // GUARDED_BY(mutex)
 };
 
 AllocatorRegistry& allocator_registry() {
@@ -160,14 +162,26 @@ AllocatorRegistry& allocator_registry() {
   return registry;
 }
 
-DeviceAllocator current_allocator() {
+// Copies a registered hook out of the registry, so that user code never
+// runs under its lock.
+template <typename Hook>
+Hook current(Hook AllocatorRegistry::*member) {
   auto& registry = allocator_registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
-  return registry.allocator;
+  return registry.*member;
 }
 
+template <typename Hook>
+void install(Hook AllocatorRegistry::*member, Hook hook) {
+  auto& registry = allocator_registry();
+  Hook previous;  // destroyed outside the lock
+  std::lock_guard<std::mutex> lock(registry.mutex);
+  previous = std::exchange(registry.*member, std::move(hook));
+}
+
+DeviceAllocator current_allocator() { return current(&AllocatorRegistry::allocator); }
+
 std::shared_ptr<Storage> allocate_device(size_t nbytes, Device device) {
-  // Copied out of the registry so user code never runs under its lock.
   DeviceAllocator allocator = current_allocator();
   SB_REQUIRE(allocator != nullptr,
              "Tensor::empty: no allocator for {} (link //collective:cuda_allocator)",
@@ -380,13 +394,30 @@ std::string Device::str() const {
 }
 
 void set_device_allocator(DeviceAllocator allocator) {
-  auto& registry = allocator_registry();
-  DeviceAllocator previous;  // destroyed outside the lock
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  previous = std::exchange(registry.allocator, std::move(allocator));
+  install(&AllocatorRegistry::allocator, std::move(allocator));
 }
 
 bool has_device_allocator() { return current_allocator() != nullptr; }
+
+void set_device_copier(DeviceCopier copier) {
+  install(&AllocatorRegistry::copier, std::move(copier));
+}
+
+bool has_device_copier() { return current(&AllocatorRegistry::copier) != nullptr; }
+
+void set_device_counter(DeviceCounter counter) {
+  install(&AllocatorRegistry::counter, std::move(counter));
+}
+
+int registered_cuda_device_count() {
+  DeviceCounter counter = current(&AllocatorRegistry::counter);
+  if (counter == nullptr) return 0;
+  try {
+    return std::max(0, counter());
+  } catch (...) {
+    return 0;
+  }
+}
 
 std::string shape_str(const Tensor::Shape& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -613,6 +644,21 @@ void Tensor::copy_from(const Tensor& src) {
              "element count must be equal)",
              src.describe(), describe());
   if (nbytes() > 0) std::memmove(data(), src.data(), nbytes());
+}
+
+Tensor Tensor::to(Device device) const {
+  SB_REQUIRE(defined(), "Tensor::to({}): the tensor is undefined", device.str());
+  SB_REQUIRE(is_contiguous(), "Tensor::to({}): {} is not contiguous", device.str(),
+             describe());
+  if (device.is_cpu() && this->device().is_cpu()) return clone();
+  DeviceCopier copier = current(&AllocatorRegistry::copier);
+  SB_REQUIRE(copier != nullptr,
+             "Tensor::to: cannot copy {} to {}: no device copier is registered (link "
+             "//collective:cuda_allocator)",
+             describe(), device.str());
+  Tensor out = empty(shape_, dtype_, device);
+  copier(out, *this);
+  return out;
 }
 
 bool Tensor::equal(const Tensor& other) const {

@@ -129,6 +129,28 @@ using DeviceAllocator =
 void set_device_allocator(DeviceAllocator allocator);
 bool has_device_allocator();
 
+class Tensor;
+
+// Copies the bytes of `src` into `dst` (equal dtype and numel, both
+// contiguous, at least one of them not on the CPU) and returns once they
+// have arrived. Registered by CUDA-enabled targets next to the allocator;
+// Tensor::to() uses it.
+using DeviceCopier = std::function<void(const Tensor& dst, const Tensor& src)>;
+// Installs the copier (replaces any previous one; nullptr removes it).
+// Thread-safe.
+void set_device_copier(DeviceCopier copier);
+bool has_device_copier();
+
+// Counts the CUDA devices this process can use. Registered by CUDA-enabled
+// targets; it must not throw.
+using DeviceCounter = std::function<int()>;
+// Installs the counter (replaces any previous one; nullptr removes it).
+// Thread-safe.
+void set_device_counter(DeviceCounter counter);
+// The registered counter's answer; 0 when none is registered (a build
+// without CUDA). Never throws.
+int registered_cuda_device_count();
+
 // Bytes and their owner. `data` stays valid while the Storage lives.
 class Storage {
  public:
@@ -213,6 +235,13 @@ class Tensor {
   // Copies `src` into this tensor: equal dtype and numel, both CPU and
   // contiguous.
   void copy_from(const Tensor& src);
+  // A contiguous copy on `device` with its own storage (contiguous tensors
+  // only), also when the tensor is already there. CPU to CPU needs nothing
+  // registered; a copy to, from or between CUDA devices uses the registered
+  // allocator and copier (link //collective:cuda_allocator) and throws
+  // std::invalid_argument naming the devices when none is registered. The
+  // copier's errors (no such device, out of memory) propagate.
+  Tensor to(Device device) const;
   // True when dtype, shape and every element are equal (CPU, contiguous).
   bool equal(const Tensor& other) const;
 

@@ -650,21 +650,24 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a mapped CUDA tensor is refused with an error saying this build cannot move CUDA "
-    "memory, and the agent keeps working",
+    "without a CUDA runtime linked, a mapped CUDA tensor is refused naming the worker and "
+    "the missing target, and the agent keeps working",
     "[pipe][device_map][cuda]") {
   CudaPair pair(/*map_w0_to_w1=*/true);
   const Outcome outcome = echo_cuda(pair[0], "w1");
   INFO(outcome.kind << ": " << outcome.message);
   CHECK(outcome.kind == "invalid_argument");
   CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
-  CHECK_THAT(outcome.message, Catch::Contains("cannot travel in this build"));
+  CHECK_THAT(outcome.message, Catch::Contains("cannot be staged"));
+  CHECK_THAT(outcome.message, Catch::Contains("link //collective:cuda_allocator"));
   // The reply path: w1's reverse map sends cuda:0 back to w0's cuda:0,
-  // which this build cannot do either.
+  // which this binary cannot stage either (tests/agents/pipe_cuda_test.cc
+  // covers the path with a CUDA runtime).
   const Outcome reply = outcome_of(pair[0].rpc_async<Tensor>("w1", "make_cuda"));
   INFO("reply: " << reply.kind << ": " << reply.message);
   CHECK(reply.kind == "RemoteError");
-  CHECK_THAT(reply.message, Catch::Contains("cannot travel in this build"));
+  CHECK_THAT(reply.message, Catch::Contains("\"w0\""));
+  CHECK_THAT(reply.message, Catch::Contains("link //collective:cuda_allocator"));
   CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
 }
 

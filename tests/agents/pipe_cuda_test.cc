@@ -1,0 +1,258 @@
+// CUDA tensors through the PIPE agent: staged to the CPU by the sender,
+// placed on the mapped device by the receiver, sent back along the
+// reverse map.
+//
+// One source, two binaries:
+//   pipe_cuda_test       registers a stand-in CUDA runtime (two "devices"
+//                        whose memory is host memory, counting every copy)
+//                        through collective/tensor.h's hooks, so the whole
+//                        path runs on any machine;
+//   pipe_cuda_gpu_test   (SB_REAL_CUDA) links //collective:cuda_allocator and
+//                        runs the same cases on real GPUs; each case prints
+//                        "skipped: <reason>" and returns where none is
+//                        visible.
+// Workers are RpcContexts on threads over one HashStore, on 127.0.0.1.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "agents/builtin_backends.h"
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "rpc/backend_registry.h"
+#include "rpc/remote_error.h"
+#include "rpc/rpc.h"
+#include "store/hash_store.h"
+#include "tests/util/threads.h"
+
+#ifdef SB_REAL_CUDA
+#include "collective/cuda_allocator.h"
+#endif
+
+using namespace switchboard;
+using namespace std::chrono_literals;
+using rpc::RpcContext;
+using testing::on_threads;
+using testing::rethrow_first;
+
+namespace {
+
+constexpr std::chrono::milliseconds kGuard = 60s;
+
+// ---- the CUDA runtime under test ------------------------------------------------
+
+#ifdef SB_REAL_CUDA
+
+int device_count() { return cuda_device_count(); }
+std::string unavailable_reason() { return cuda_unavailable_reason(); }
+int64_t copies() { return -1; }  // not counted on real GPUs
+
+#else
+
+constexpr int kFakeDevices = 2;
+std::atomic<int64_t> fake_copies{0};
+
+// "Device" memory is host memory tagged with a CUDA device; copies are
+// memcpy. Allocation fails like cudaMalloc for a device that does not exist.
+void install_fake_runtime() {
+  set_device_counter([] { return kFakeDevices; });
+  set_device_allocator([](size_t nbytes, Device device) -> std::shared_ptr<void> {
+    if (!device.is_cuda() || device.index < 0 || device.index >= kFakeDevices) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  fmt::format("fake cudaMalloc on {}: no such device", device.str()));
+    }
+    void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
+    if (p == nullptr) throw std::bad_alloc();
+    return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
+  });
+  set_device_copier([](const Tensor& dst, const Tensor& src) {
+    REQUIRE(dst.nbytes() == src.nbytes());
+    REQUIRE(!(dst.device().is_cpu() && src.device().is_cpu()));
+    ++fake_copies;
+    if (src.nbytes() > 0) std::memcpy(dst.data(), src.data(), src.nbytes());
+  });
+}
+
+const bool kInstalled = (install_fake_runtime(), true);
+
+int device_count() { return kFakeDevices; }
+std::string unavailable_reason() { return ""; }
+int64_t copies() { return fake_copies.load(); }
+
+#endif
+
+// True (after printing why) when fewer than `needed` devices are visible.
+bool skip_unless_devices(int needed) {
+  const int count = device_count();
+  if (count >= needed) return false;
+  const std::string reason =
+      count == 0 ? unavailable_reason()
+                 : fmt::format("needs {} CUDA devices, {} visible", needed, count);
+  WARN("skipped: " << reason);
+  fmt::print("skipped: {}\n", reason);
+  return true;
+}
+
+// The device w1 uses: cuda:1 where there are two devices, else cuda:0.
+Device remote_device() { return Device::cuda(std::min(1, device_count() - 1)); }
+
+// A float32 tensor of `n` elements 0, 1, 2, ... on `device`.
+Tensor iota_on(int64_t n, Device device) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[static_cast<size_t>(i)] = static_cast<float>(i);
+  return Tensor::from_vector(values, {n}).to(device);
+}
+
+std::vector<float> values_of(const Tensor& t) {
+  return t.to(Device::cpu()).to_vector<float>();
+}
+
+agents::PipeRpcBackendOptions& typed(const std::shared_ptr<rpc::RpcBackendOptions>& options) {
+  return dynamic_cast<agents::PipeRpcBackendOptions&>(*options);
+}
+
+// Two PIPE workers "w0" and "w1". w0 maps its cuda:0 to w1's
+// remote_device(); w1 has no map of its own (its replies travel along the
+// reverse map). `w1_device_count` overrides what w1 validates against.
+// Both serve:
+//   "scale"   (Tensor t, double k) -> t * k on t's device, after checking
+//             that t arrived on `expect_device`;
+//   "where"   (Tensor t) -> t's device as a string;
+//   "mixed"   (Tensor cpu, Tensor cuda) -> the two devices, "cpu|cuda:N";
+//   "make"    (int64 n) -> iota on remote_device().
+struct Pair {
+  explicit Pair(int w1_device_count = -1, Device w0_target = remote_device()) {
+    auto store = std::make_shared<HashStore>();
+    for (int rank = 0; rank < 2; ++rank) {
+      contexts.push_back(std::make_unique<RpcContext>());
+      RpcContext& c = *contexts[rank];
+      c.register_function("scale", [](Tensor t, double k) {
+        std::vector<float> v = values_of(t);
+        for (float& x : v) x = static_cast<float>(x * k);
+        return Tensor::from_vector(v, t.shape()).to(t.device());
+      });
+      c.register_function("where", [](Tensor t) { return t.device().str(); });
+      c.register_function("mixed", [](Tensor a, Tensor b) {
+        return a.device().str() + "|" + b.device().str();
+      });
+      c.register_function("make", [](int64_t n) { return iota_on(n, remote_device()); });
+      c.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+    }
+    rethrow_first(on_threads(2, [&](int rank) {
+      rpc::Extras extras{{"listen_address", "127.0.0.1"}, {"num_worker_threads", "4"}};
+      if (rank == 1 && w1_device_count >= 0) {
+        extras["device_count"] = std::to_string(w1_device_count);
+      }
+      auto options = rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), 30s,
+                                                        "env://", extras);
+      if (rank == 0) typed(options).set_device_map("w1", {{"cuda:0", w0_target.str()}});
+      contexts[rank]->init_rpc(fmt::format("w{}", rank), "PIPE", rank, 2, options, store);
+    }));
+  }
+  ~Pair() {
+    on_threads(2, [&](int rank) { contexts[rank]->shutdown(true, kGuard); });
+  }
+  RpcContext& operator[](int rank) { return *contexts[rank]; }
+
+  std::vector<std::unique_ptr<RpcContext>> contexts;
+};
+
+}  // namespace
+
+TEST_CASE("a mapped CUDA tensor arrives on the mapped device and its reply comes back on "
+          "the caller's device",
+          "[pipe][cuda]") {
+  if (skip_unless_devices(1)) return;
+  Pair pair;
+  const int64_t before = copies();
+  const Tensor t = iota_on(1000, Device::cuda(0));
+  CHECK(pair[0].rpc_sync<std::string>("w1", "where", t) == remote_device().str());
+  const Tensor scaled = pair[0].rpc_sync<Tensor>("w1", "scale", t, 2.0);
+  // Back along w1's reverse map: remote_device() -> cuda:0.
+  CHECK(scaled.device() == Device::cuda(0));
+  const std::vector<float> got = values_of(scaled);
+  REQUIRE(got.size() == 1000);
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == 2.0f * static_cast<float>(i));
+  if (copies() >= 0) {
+    // where: stage + place; scale: stage + place, the handler's two, stage
+    // and place of the reply; plus this test's own iota and values_of.
+    CHECK(copies() - before >= 8);
+  }
+}
+
+TEST_CASE("CPU tensors stay on the CPU next to a mapped CUDA tensor", "[pipe][cuda]") {
+  if (skip_unless_devices(1)) return;
+  Pair pair;
+  const Tensor cpu = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  const Tensor cuda = iota_on(3, Device::cuda(0));
+  CHECK(pair[0].rpc_sync<std::string>("w1", "mixed", cpu, cuda) ==
+        "cpu|" + remote_device().str());
+}
+
+TEST_CASE("a 32 MiB CUDA tensor round-trips through staging intact", "[pipe][cuda]") {
+  if (skip_unless_devices(1)) return;
+  Pair pair;
+  const int64_t n = 8 << 20;  // 32 MiB of float32
+  const Tensor t = iota_on(n, Device::cuda(0));
+  const Tensor back = pair[0].rpc_sync<Tensor>("w1", "scale", t, 1.0);
+  CHECK(back.device() == Device::cuda(0));
+  const std::vector<float> got = values_of(back);
+  REQUIRE(got.size() == static_cast<size_t>(n));
+  bool same = true;
+  for (int64_t i = 0; i < n && same; i += 4099) same = got[i] == static_cast<float>(i);
+  CHECK(same);
+  CHECK(got.back() == static_cast<float>(n - 1));
+}
+
+TEST_CASE("a CUDA tensor made by the handler travels back along the reverse map",
+          "[pipe][cuda]") {
+  if (skip_unless_devices(1)) return;
+  Pair pair;
+  const Tensor made = pair[0].rpc_sync<Tensor>("w1", "make", int64_t{5});
+  CHECK(made.device() == Device::cuda(0));
+  CHECK(values_of(made) == std::vector<float>{0, 1, 2, 3, 4});
+  // w1 calling w0 with a CUDA tensor has no map of its own: refused, naming
+  // the worker and the device, and the pair keeps working.
+  auto call = pair[1].rpc_async<std::string>("w0", "where", iota_on(2, remote_device()));
+  std::string message;
+  try {
+    call.value();
+    FAIL("w1 sent a CUDA tensor without a device map");
+  } catch (const std::invalid_argument& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("\"w0\""));
+  CHECK_THAT(message, Catch::Contains(remote_device().str()));
+  CHECK(pair[1].rpc_sync<int64_t>("w0", "add", int64_t{2}, int64_t{3}) == 5);
+}
+
+#ifndef SB_REAL_CUDA
+// A device the receiver validated against (its device_count option) but
+// cannot allocate on: the handler never runs, the caller gets the
+// receiver's error naming the device, and the pair keeps working.
+TEST_CASE("a tensor for a device the receiver cannot allocate on fails that call only",
+          "[pipe][cuda]") {
+  Pair pair(/*w1_device_count=*/3, /*w0_target=*/Device::cuda(2));
+  auto call = pair[0].rpc_async<std::string>("w1", "where", iota_on(4, Device::cuda(0)));
+  std::string message;
+  try {
+    call.value();
+    FAIL("the call succeeded although w1 cannot allocate on cuda:2");
+  } catch (const rpc::RemoteError& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("cuda:2"));
+  CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
+  CHECK(pair[0].rpc_sync<std::string>("w1", "where", Tensor::from_vector(
+                                                         std::vector<float>{1}, {1})) ==
+        "cpu");
+}
+#endif
