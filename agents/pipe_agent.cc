@@ -22,6 +22,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "agents/host_buffer_cache.h"
 #include "agents/pipe_address.h"
 #include "agents/pipe_info.h"
 #include "collective/gloo_process_group.h"
@@ -101,18 +102,23 @@ class ConnectionEvents {
 // writes run on the connection's strand; enqueue() may be called from any
 // thread.
 struct Connection : std::enable_shared_from_this<Connection> {
-  Connection(ConnectionEvents& agent, tcp::socket socket, const pipe::FrameLimits& limits)
+  Connection(ConnectionEvents& agent, tcp::socket socket, const pipe::FrameLimits& limits,
+             pipe::FrameReader::Allocate allocate)
       : agent(agent),
         strand(asio::make_strand(socket.get_executor())),
         socket(std::move(socket)),
-        reader(limits) {
+        reader(limits, std::move(allocate)) {
     boost::system::error_code ignored;
     this->socket.set_option(tcp::no_delay(true), ignored);
     last_recv_ns = now_ns();
   }
 
-  // Queues one frame (and its tensors' bytes); false when closed.
-  bool enqueue(const Message& m, const std::vector<Device>& devices);
+  // Queues one frame (and its tensors' bytes); false when closed. With
+  // `send_now` and no write in flight, the calling thread sends what the
+  // socket takes at once (lowest latency); otherwise the I/O thread sends
+  // it, coalesced with whatever else is queued by then (fewer system calls
+  // and packets under load).
+  bool enqueue(const Message& m, const std::vector<Device>& devices, bool send_now);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0);
   void start_reading();
@@ -229,6 +235,12 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   void heartbeat();
 
   std::vector<Device> wire_devices(const Message& m, int to, bool reply) const;
+  // Received tensors: large ones from `buffers`.
+  pipe::FrameReader::Allocate receive_allocator() const {
+    return [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
+      return buffers->empty(shape, dtype);
+    };
+  }
   std::string name_of(int rank) const { return peers[rank].info.name; }
 
   PipeAgent& owner;
@@ -253,6 +265,7 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   std::vector<Peer> peers;
   rpc::DeviceMaps reverse_maps;
   std::vector<Device> devices;
+  const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
   // CUDA devices the maps were validated against (the option, or what the
   // registered CUDA runtime sees).
   int device_count = 0;
@@ -279,14 +292,15 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
 
 // --------------------------------------------------------- Connection impl
 
-bool Connection::enqueue(const Message& m, const std::vector<Device>& devices) {
+bool Connection::enqueue(const Message& m, const std::vector<Device>& devices,
+                         bool send_now) {
   std::lock_guard lock(mu_);
   if (closed_ || closing_) return false;
   pipe::append_frame(queued_, m, devices);
   for (const Tensor& t : m.tensors) {
     if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
   }
-  if (!writing_) send_inline_locked();
+  if (send_now && !writing_) send_inline_locked();
   if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
   return true;
 }
@@ -595,7 +609,8 @@ void PipeAgent::Impl::start_accept() {
 }
 
 void PipeAgent::Impl::on_accept(tcp::socket socket) {
-  auto connection = std::make_shared<Connection>(*this, std::move(socket), options.limits);
+  auto connection = std::make_shared<Connection>(*this, std::move(socket), options.limits,
+                                                 receive_allocator());
   {
     std::lock_guard lock(mu);
     if (stopping) return;
@@ -615,7 +630,8 @@ void PipeAgent::Impl::connect_to(int peer) {
         "PIPE agent \"{}\": cannot connect to worker \"{}\" at {}:{}: {}", name,
         name_of(peer), peers[peer].address, peers[peer].port, error.message()));
   }
-  auto connection = std::make_shared<Connection>(*this, std::move(socket), options.limits);
+  auto connection = std::make_shared<Connection>(*this, std::move(socket), options.limits,
+                                                 receive_allocator());
   connection->peer = peer;
   const std::vector<uint8_t> hello = encode_hello(rank, name);
   connection->enqueue_control(pipe::FrameKind::kHello, hello.data(), hello.size());
@@ -820,11 +836,13 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     return;
   }
   std::shared_ptr<Connection> connection;
+  bool alone = false;  // the only handler running: send from here
   {
     std::lock_guard lock(mu);
     connection = peers[to].connection;
+    alone = handlers_running <= 1;
   }
-  if (!connection || !connection->enqueue(reply, wire)) {
+  if (!connection || !connection->enqueue(reply, wire, alone)) {
     spdlog::debug("rpc agent \"{}\": reply {} to \"{}\" dropped: no connection", name,
                   reply.id, name_of(to));
   }
@@ -1112,6 +1130,7 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
     id = s.next_id++;
     request.id = id;
     std::shared_ptr<Connection> connection;
+    bool alone = false;  // the only call in flight: send from this thread
     {
       std::lock_guard lock(s.mu);
       if (s.stopping) {
@@ -1131,12 +1150,13 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
       it->second.function = request.function;
       it->second.timeout = timeout;
       if (timeout.count() > 0) s.add_deadline_locked(id, it->second);
+      alone = s.pending.size() <= 1;
     }
     if (dst == s.rank) {
       pipe::InboundFrame self_request;
       self_request.message = copy_tensors(std::move(request), wire);
       s.accept_request(s.rank, std::move(self_request));
-    } else if (!connection->enqueue(request, wire)) {
+    } else if (!connection->enqueue(request, wire, alone)) {
       s.fail_one(id, std::make_exception_ptr(ConnectionError(fmt::format(
                          "rpc to \"{}\" function \"{}\": the connection to worker \"{}\" "
                          "is closed",

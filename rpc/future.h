@@ -128,20 +128,21 @@ class State : public std::enable_shared_from_this<State<T>> {
   const Stored<T>& value_when_done() const { return *value_; }
   std::exception_ptr error_when_done() const { return error_; }
 
-  void add_callback(Callback callback) {
+  // `run_inline`: bypass the executor (see FutureCommon::then_inline).
+  void add_callback(Callback callback, bool run_inline = false) {
     {
       std::lock_guard lock(mu_);
       if (!done_) {
-        callbacks_.push_back(std::move(callback));
+        callbacks_.push_back({std::move(callback), run_inline});
         return;
       }
     }
-    dispatch(std::move(callback));
+    dispatch(std::move(callback), run_inline);
   }
 
  private:
   bool complete(Stored<T>* value, std::exception_ptr error) {
-    std::vector<Callback> callbacks;
+    std::vector<Queued> callbacks;
     {
       std::lock_guard lock(mu_);
       if (done_) return false;
@@ -154,15 +155,16 @@ class State : public std::enable_shared_from_this<State<T>> {
       callbacks.swap(callbacks_);
     }
     cv_.notify_all();
-    for (auto& callback : callbacks) dispatch(std::move(callback));
+    for (auto& queued : callbacks) dispatch(std::move(queued.callback), queued.run_inline);
     return true;
   }
 
-  // Runs `callback` on the executor, or inline (also when the executor
-  // refuses it). Called without the lock, after completion.
-  void dispatch(Callback callback) {
+  // Runs `callback` on the executor, or inline (without one, when asked
+  // to, or when the executor refuses it). Called without the lock, after
+  // completion.
+  void dispatch(Callback callback, bool run_inline) {
     Future<T> self = Access::make<T>(this->shared_from_this());
-    if (executor_ == nullptr) {
+    if (executor_ == nullptr || run_inline) {
       invoke(callback, self);
       return;
     }
@@ -190,7 +192,11 @@ class State : public std::enable_shared_from_this<State<T>> {
   bool done_ = false;                // GUARDED_BY(mu_)
   std::optional<Stored<T>> value_;   // see the invariants
   std::exception_ptr error_;         // see the invariants
-  std::vector<Callback> callbacks_;  // GUARDED_BY(mu_)
+  struct Queued {
+    Callback callback;
+    bool run_inline;
+  };
+  std::vector<Queued> callbacks_;  // GUARDED_BY(mu_)
 };
 
 // Owned by every copy of one Promise; abandons the state when the last
@@ -277,6 +283,23 @@ class FutureCommon {
   // F may be move-only; it is destroyed after it ran (or with the state).
   template <typename F>
   auto then(F f) const {
+    return then_impl(std::move(f), /*run_inline=*/false);
+  }
+
+  // Like then(), except that f itself runs inline on the thread that
+  // completes this future (or on the calling thread when it is already
+  // complete), even when the state has an executor; the result future
+  // keeps this state's executor, so callbacks added to it run there. For
+  // short continuations inside the library that never block (decoding a
+  // response), to save a thread hop; never for user code.
+  template <typename F>
+  auto then_inline(F f) const {
+    return then_impl(std::move(f), /*run_inline=*/true);
+  }
+
+ private:
+  template <typename F>
+  auto then_impl(F f, bool run_inline) const {
     static_assert(std::is_invocable_v<F&, const Future<T>&>,
                   "then(f): f must be callable as f(const Future<T>&)");
     using R = std::remove_cvref_t<std::invoke_result_t<F&, const Future<T>&>>;
@@ -284,7 +307,7 @@ class FutureCommon {
     Promise<V> promise(state().executor());
     Future<V> result = promise.get_future();
     auto fn = std::make_shared<F>(std::move(f));
-    add_callback([promise, fn](const Future<T>& self) {
+    state().add_callback([promise, fn](const Future<T>& self) {
       try {
         if constexpr (Unwrap<R>::kIsFuture) {
           R inner = (*fn)(self);
@@ -302,10 +325,11 @@ class FutureCommon {
       } catch (...) {
         promise.set_error(std::current_exception());
       }
-    });
+    }, run_inline);
     return result;
   }
 
+ public:
   // An already failed future (no executor). `error` must not be null.
   static Future<T> failed(std::exception_ptr error) {
     SB_REQUIRE(error != nullptr, "Future::failed() with a null exception_ptr");

@@ -256,8 +256,10 @@ Future<R> RpcContext::call(const WorkerRef& to, const std::string& function,
   request.type = MessageType::kRequest;
   request.function = function;
   encode_args(request, args...);
+  // Decoding runs on the thread that completes the agent's future (no hop
+  // to the pool); the caller's callbacks still run on the pool.
   return send(to, std::move(request), timeout)
-      .then([function](const Future<Message>& response) -> R {
+      .then_inline([function](const Future<Message>& response) -> R {
         return decode_result<R>(response.value(), function);
       });
 }

@@ -658,3 +658,50 @@ TEST_CASE("a zero-element shape whose strides overflow is refused, not wrapped",
   CHECK(Tensor::contiguous_strides({0, int64_t{1} << 31, int64_t{1} << 31}) ==
         Tensor::Shape{int64_t{1} << 62, int64_t{1} << 31, 1});
 }
+
+TEST_CASE("Tensor::to copies to the CPU without hooks and through the registered copier "
+          "for devices",
+          "[tensor][device]") {
+  using switchboard::set_device_allocator;
+  using switchboard::set_device_copier;
+  using switchboard::set_device_counter;
+  const Tensor cpu = Tensor::from_vector(std::vector<float>{1, 2, 3}, {3});
+  // CPU to CPU: a copy with its own storage.
+  Tensor copy = cpu.to(Device::cpu());
+  CHECK(copy.equal(cpu));
+  CHECK(copy.data() != cpu.data());
+  copy.span<float>()[0] = 9;
+  CHECK(cpu.span<float>()[0] == 1);
+  // No copier registered: the error names both devices and what to link.
+  CHECK(switchboard::registered_cuda_device_count() == 0);
+  CHECK_THAT(invalid_argument_message([&] { cpu.to(Device::cuda(0)); }),
+             Contains("float32[3] on cpu") && Contains("cuda:0") &&
+                 Contains("//collective:cuda_allocator"));
+  // A stand-in runtime: host memory tagged as cuda, copies counted.
+  int copies = 0;
+  set_device_allocator([](size_t nbytes, Device) {
+    return std::shared_ptr<void>(std::malloc(nbytes == 0 ? 1 : nbytes), std::free);
+  });
+  set_device_copier([&copies](const Tensor& dst, const Tensor& src) {
+    ++copies;
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  });
+  set_device_counter([] { return 3; });
+  CHECK(switchboard::has_device_copier());
+  CHECK(switchboard::registered_cuda_device_count() == 3);
+  const Tensor on_device = cpu.to(Device::cuda(2));
+  CHECK(on_device.device() == Device::cuda(2));
+  CHECK(on_device.shape() == cpu.shape());
+  const Tensor back = on_device.to(Device::cpu());
+  CHECK(back.device() == Device::cpu());
+  CHECK(back.equal(cpu));
+  CHECK(copies == 2);
+  // A counter that throws counts as none.
+  set_device_counter([]() -> int { throw std::runtime_error("driver gone"); });
+  CHECK(switchboard::registered_cuda_device_count() == 0);
+  set_device_counter(nullptr);
+  set_device_copier(nullptr);
+  set_device_allocator(nullptr);
+  CHECK_FALSE(switchboard::has_device_copier());
+  CHECK(switchboard::registered_cuda_device_count() == 0);
+}

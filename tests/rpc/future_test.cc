@@ -340,6 +340,39 @@ TEST_CASE("callbacks of a promise with an executor run on the pool", "[future][p
   REQUIRE(ThreadPool::current() == nullptr);
 }
 
+TEST_CASE("then_inline() runs f on the completing thread and its result's callbacks on "
+          "the pool",
+          "[future][pool][then]") {
+  auto pool = std::make_shared<ThreadPool>(2, "inline");
+  Promise<int> p(pool);
+  std::thread::id f_thread;
+  Future<int> doubled = p.get_future().then_inline([&](const Future<int>& f) {
+    f_thread = std::this_thread::get_id();
+    return f.value() * 2;
+  });
+  Promise<ThreadPool*> callback_ran_on;
+  doubled.add_callback([callback_ran_on](const Future<int>&) {
+    callback_ran_on.set_value(ThreadPool::current());
+  });
+  std::thread::id completer_id;
+  std::thread completer([&] {
+    completer_id = std::this_thread::get_id();
+    p.set_value(21);
+  });
+  completer.join();
+  // f ran inside set_value(), on the completer, not on the pool.
+  REQUIRE(doubled.done());
+  CHECK(f_thread == completer_id);
+  CHECK(await(doubled) == 42);
+  CHECK(await(callback_ran_on.get_future()) == pool.get());
+  // Already complete: f runs on the calling thread, errors still propagate.
+  Future<int> failed = p.get_future().then_inline([](const Future<int>&) -> int {
+    throw std::runtime_error("decode failed");
+  });
+  REQUIRE(failed.done());
+  CHECK_THROWS_WITH(failed.value(), "decode failed");
+}
+
 TEST_CASE("a callback refused by a shut-down executor runs inline", "[future][pool]") {
   auto pool = std::make_shared<ThreadPool>(1, "closed");
   pool->shutdown();

@@ -1,6 +1,6 @@
 // `bench rpc`: our RPC backends against raw TCP and PyTorch's RPC.
 //
-//   bench rpc [--quick]
+//   bench rpc [--quick] [--only pipe|process_group|torch]
 //
 // Every figure is measured between two processes on 127.0.0.1, in this
 // order, one side at a time:
@@ -766,7 +766,9 @@ bool run_side(const std::string& name, F&& run) {
   }
 }
 
-int run_bench(const std::string& argv0, bool quick) {
+// `only`: empty runs every side; else the prefix of the one side to run
+// after the TCP baseline (for profiling one backend).
+int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   const Counts& counts = counts_for(quick);
   std::string script = find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
   print_header(counts, quick);
@@ -775,6 +777,7 @@ int run_bench(const std::string& argv0, bool quick) {
   bool ok = true;
   std::vector<std::pair<const Backend*, Figures>> ours;
   for (const Backend& backend : kBackends) {
+    if (!only.empty() && only != backend.prefix) continue;
     ok &= run_side(backend.name, [&] {
       if (std::optional<Figures> figures = run_ours(backend, quick)) {
         print_side(backend.prefix, *figures);
@@ -783,7 +786,7 @@ int run_bench(const std::string& argv0, bool quick) {
     });
   }
   std::optional<Figures> torch;
-  ok &= run_side("torch", [&] {
+  if (only.empty() || only == "torch") ok &= run_side("torch", [&] {
     std::string why_not, version;
     torch = run_torch(script, counts, why_not, version);
     if (!torch) {
@@ -809,11 +812,28 @@ int run_rpc_bench(const std::string& argv0, const std::vector<std::string>& args
   try {
     if (!args.empty() && args[0] == "--tcp-server") return run_tcp_server();
     if (!args.empty() && args[0] == "--worker") return run_worker(args);
-    if (args.size() > 1 || (args.size() == 1 && args[0] != "--quick")) {
-      fmt::print(stderr, "usage: bench rpc [--quick]\n");
+    bool quick = false;
+    std::string only;
+    bool usage = false;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--quick") {
+        quick = true;
+      } else if (args[i] == "--only" && i + 1 < args.size()) {
+        only = args[++i];
+        usage = usage || (only != "torch" && std::none_of(std::begin(kBackends),
+                                                          std::end(kBackends),
+                                                          [&](const Backend& b) {
+                                                            return only == b.prefix;
+                                                          }));
+      } else {
+        usage = true;
+      }
+    }
+    if (usage) {
+      fmt::print(stderr, "usage: bench rpc [--quick] [--only pipe|process_group|torch]\n");
       return 2;
     }
-    return run_bench(argv0, args.size() == 1);
+    return run_bench(argv0, quick, only);
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench rpc: {}\n", e.what());
     return 1;

@@ -1,0 +1,93 @@
+#include "agents/host_buffer_cache.h"
+
+#include <cstdlib>
+#include <new>
+#include <utility>
+#include <vector>
+
+namespace switchboard::agents {
+
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+size_t round_up(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+}  // namespace
+
+std::shared_ptr<HostBufferCache> HostBufferCache::create(size_t max_cached_bytes,
+                                                         size_t min_bytes) {
+  return std::shared_ptr<HostBufferCache>(new HostBufferCache(max_cached_bytes, min_bytes));
+}
+
+HostBufferCache::HostBufferCache(size_t max_cached_bytes, size_t min_bytes)
+    : max_cached_bytes_(max_cached_bytes), min_bytes_(std::max<size_t>(min_bytes, 1)) {}
+
+HostBufferCache::~HostBufferCache() {
+  for (const Buffer& b : free_) std::free(b.data);
+}
+
+Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype) {
+  const size_t nbytes = static_cast<size_t>(Tensor::numel_of(shape)) * dtype_size(dtype);
+  if (nbytes < min_bytes_) return Tensor::empty(shape, dtype);
+  Buffer buffer{nullptr, 0};
+  {
+    std::lock_guard lock(mu_);
+    // The most recently freed buffer that fits: its pages are the likeliest
+    // to be warm.
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+      if (it->capacity >= nbytes && it->capacity / 2 <= nbytes) {
+        buffer = *it;
+        cached_ -= it->capacity;
+        free_.erase(std::next(it).base());
+        ++reuses_;
+        break;
+      }
+    }
+  }
+  if (buffer.data == nullptr) {
+    buffer.capacity = round_up(nbytes);
+    buffer.data = std::aligned_alloc(kAlignment, buffer.capacity);
+    if (buffer.data == nullptr) throw std::bad_alloc();
+  }
+  std::weak_ptr<HostBufferCache> weak = weak_from_this();
+  std::shared_ptr<void> owner(buffer.data, [weak, buffer](void*) {
+    if (auto cache = weak.lock()) {
+      cache->give_back(buffer);
+    } else {
+      std::free(buffer.data);
+    }
+  });
+  return Tensor::from_blob(buffer.data, shape, dtype, Device::cpu(), std::move(owner));
+}
+
+void HostBufferCache::give_back(Buffer buffer) {
+  std::vector<void*> evicted;  // freed outside the lock
+  {
+    std::lock_guard lock(mu_);
+    if (buffer.capacity > max_cached_bytes_) {
+      evicted.push_back(buffer.data);
+    } else {
+      while (cached_ + buffer.capacity > max_cached_bytes_ && !free_.empty()) {
+        evicted.push_back(free_.front().data);
+        cached_ -= free_.front().capacity;
+        free_.pop_front();
+      }
+      free_.push_back(buffer);
+      cached_ += buffer.capacity;
+    }
+  }
+  for (void* p : evicted) std::free(p);
+}
+
+size_t HostBufferCache::cached_bytes() const {
+  std::lock_guard lock(mu_);
+  return cached_;
+}
+
+size_t HostBufferCache::reuses() const {
+  std::lock_guard lock(mu_);
+  return reuses_;
+}
+
+}  // namespace switchboard::agents

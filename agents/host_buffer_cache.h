@@ -1,0 +1,70 @@
+// HostBufferCache: recently freed large CPU buffers, kept for the next
+// tensor of about the same size.
+//
+// A received tensor needs fresh memory; for a large one, malloc maps new
+// pages from the kernel and every first touch faults one in (and the kernel
+// zeroes it), which costs as much as copying the bytes again. The PIPE agent
+// allocates received tensors of at least `min_bytes` through this cache:
+// when the last Tensor over such a buffer goes away, the buffer comes back
+// here instead of going back to the kernel, and the next tensor that fits
+// takes it (a buffer is reused for a request of at least half its size).
+// At most `max_cached_bytes` are kept; the oldest buffers go first.
+//
+// Contents of a reused buffer are whatever it held before: callers overwrite
+// it (the frame reader fills every byte).
+//
+// Ownership: tensors keep the cache alive only weakly; a buffer freed after
+// the cache is gone returns to the system.
+//
+// Thread safety: every member function is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+
+#include "collective/tensor.h"
+
+namespace switchboard::agents {
+
+class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
+ public:
+  static constexpr size_t kDefaultMinBytes = size_t{1} << 20;
+  static constexpr size_t kDefaultMaxCachedBytes = size_t{256} << 20;
+
+  static std::shared_ptr<HostBufferCache> create(size_t max_cached_bytes = kDefaultMaxCachedBytes,
+                                                 size_t min_bytes = kDefaultMinBytes);
+  ~HostBufferCache();
+  HostBufferCache(const HostBufferCache&) = delete;
+  HostBufferCache& operator=(const HostBufferCache&) = delete;
+
+  // A contiguous CPU tensor of `shape` and `dtype` (64-byte aligned). Below
+  // min_bytes it is Tensor::empty's; at or above, its storage is a cached
+  // buffer when one fits, else a new one that returns here when freed.
+  // Throws what Tensor::empty throws (std::invalid_argument for a bad
+  // shape, std::bad_alloc).
+  Tensor empty(const Tensor::Shape& shape, DType dtype);
+
+  // Bytes held for reuse now, and how many tensors took a cached buffer.
+  size_t cached_bytes() const;
+  size_t reuses() const;
+
+ private:
+  struct Buffer {
+    void* data;
+    size_t capacity;
+  };
+
+  HostBufferCache(size_t max_cached_bytes, size_t min_bytes);
+  void give_back(Buffer buffer);
+
+  const size_t max_cached_bytes_;
+  const size_t min_bytes_;
+  mutable std::mutex mu_;
+  std::deque<Buffer> free_;  // GUARDED_BY(mu_): oldest first
+  size_t cached_ = 0;        // GUARDED_BY(mu_)
+  size_t reuses_ = 0;        // GUARDED_BY(mu_)
+};
+
+}  // namespace switchboard::agents
