@@ -40,6 +40,12 @@ struct ThreadPool::Impl {
   size_t live = 0;                          // GUARDED_BY(mu)
   size_t idle = 0;                          // GUARDED_BY(mu)
   size_t blocked = 0;                       // GUARDED_BY(mu)
+  // Idle threads signaled and not yet back from their wait. A post() wakes
+  // a thread only when none is on its way; a woken thread that finds more
+  // work queued wakes the next one before running its task (so a burst of
+  // posts costs one wake-up per thread actually needed, not one per task,
+  // and a task that blocks never holds back the ones queued behind it).
+  size_t waking = 0;                        // GUARDED_BY(mu)
   bool closed = false;                      // GUARDED_BY(mu)
   std::chrono::milliseconds idle_timeout = kDefaultIdleTimeout;  // GUARDED_BY(mu)
 
@@ -47,6 +53,7 @@ struct ThreadPool::Impl {
 
   void start_thread();  // REQUIRES(mu)
   void maybe_grow();    // REQUIRES(mu)
+  void wake_one();      // REQUIRES(mu)
   void retire_self();   // REQUIRES(mu)
   void run();
   void run_task(std::function<void()>& task);
@@ -134,6 +141,14 @@ void ThreadPool::Impl::maybe_grow() {
   }
 }
 
+// Signals one idle thread, under the lock so that every thread counted
+// idle is inside its wait and the signal cannot be lost.
+void ThreadPool::Impl::wake_one() {
+  if (idle <= waking) return;
+  ++waking;
+  work_cv.notify_one();
+}
+
 void ThreadPool::Impl::retire_self() {
   auto self = std::find_if(threads.begin(), threads.end(), [](const std::thread& t) {
     return t.get_id() == std::this_thread::get_id();
@@ -168,6 +183,7 @@ void ThreadPool::Impl::run() {
     if (!queue.empty()) {
       auto task = std::move(queue.front());
       queue.pop_front();
+      if (!queue.empty()) wake_one();
       lock.unlock();
       run_task(task);
       lock.lock();
@@ -183,8 +199,19 @@ void ThreadPool::Impl::run() {
       continue;
     }
     ++idle;
-    bool woken =
-        work_cv.wait_for(lock, idle_timeout, [&] { return !queue.empty() || closed; });
+    const auto deadline = std::chrono::steady_clock::now() + idle_timeout;
+    bool woken = true;
+    while (queue.empty() && !closed) {
+      const bool timed_out = work_cv.wait_until(lock, deadline) == std::cv_status::timeout;
+      // Every return from the wait uses up one signal (a spurious or timed
+      // out one as well: the count then errs low, which costs at most an
+      // extra wake-up, never a missed one).
+      if (waking > 0) --waking;
+      if (timed_out) {
+        woken = !queue.empty() || closed;
+        break;
+      }
+    }
     --idle;
     if (!woken && live > num_threads) {
       retire_self();
@@ -270,9 +297,9 @@ void ThreadPool::post(std::function<void()> task) {
     }
     impl_->queue.push_back(std::move(task));
     impl_->maybe_grow();
+    if (impl_->waking == 0) impl_->wake_one();
     done.swap(impl_->retired);
   }
-  impl_->work_cv.notify_one();
   join_each(done);
 }
 

@@ -14,6 +14,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -455,6 +457,32 @@ TEST_CASE("bad pool sizes and empty tasks are caller bugs", "[pool]") {
   REQUIRE_THROWS_AS(ThreadPool(4, "small-max", 2), std::invalid_argument);
   ThreadPool pool(1, "empty-task");
   REQUIRE_THROWS_AS(pool.post(nullptr), std::invalid_argument);
+}
+
+// post() wakes one idle thread at a time and each woken thread wakes the
+// next while work is queued; a burst of tasks that only finish once all of
+// them have started must therefore still start on every idle thread.
+TEST_CASE("a burst of tasks that wait for each other starts on every idle thread",
+          "[pool]") {
+  constexpr int kTasks = 8;
+  ThreadPool pool(kTasks, "burst", kTasks);  // no growth: only the idle threads
+  // Start every thread once so that all of them are idle in their wait.
+  std::vector<Promise<void>> warm(kTasks);
+  for (auto& p : warm) pool.post([p] { p.set_value(); });
+  for (auto& p : warm) REQUIRE(p.get_future().wait_for(kLong));
+  std::mutex mu;
+  std::condition_variable cv;
+  int started = 0;
+  std::vector<Promise<bool>> all_met(kTasks);
+  for (int i = 0; i < kTasks; ++i) {
+    pool.post([&, done = all_met[i]] {
+      std::unique_lock lock(mu);
+      ++started;
+      cv.notify_all();
+      done.set_value(cv.wait_for(lock, kLong, [&] { return started == kTasks; }));
+    });
+  }
+  for (auto& p : all_met) REQUIRE(await(p.get_future()));
 }
 
 TEST_CASE("a pool of 2 threads runs 8 tasks that each wait for the next one",
