@@ -24,6 +24,8 @@
 
 #include "agents/host_buffer_cache.h"
 #include "agents/pipe_address.h"
+#include "agents/pipe_agent_impl.h"
+#include "agents/pipe_connection.h"
 #include "agents/pipe_info.h"
 #include "collective/gloo_process_group.h"
 #include "common/check.h"
@@ -34,26 +36,8 @@
 
 namespace switchboard::agents {
 
-namespace asio = boost::asio;
-using asio::ip::tcp;
-using Clock = std::chrono::steady_clock;
-using rpc::Future;
-using rpc::Message;
-using rpc::MessageType;
-using rpc::Promise;
-using rpc::WorkerInfo;
-using Timeout = std::chrono::milliseconds;
-
 namespace {
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             Clock::now().time_since_epoch())
-      .count();
-}
-
-// A deep copy of every tensor (self-sends: the callee must not alias the
-// caller's memory, as with a remote worker).
 // A self-send's message with its own copies of the tensors, each on
 // devices[i] (the device map's target) or, when `devices` is empty, on the
 // CPU.
@@ -83,423 +67,17 @@ void stage_on_cpu(Message& m, const std::string& to) {
 
 }  // namespace
 
-// ------------------------------------------------------------- Connection
-
-struct Connection;
-
-// What a connection reports to its agent (on the connection's strand).
-class ConnectionEvents {
- public:
-  virtual ~ConnectionEvents() = default;
-  // A complete frame; false stops reading the connection.
-  virtual bool on_frame(const std::shared_ptr<Connection>& connection,
-                        pipe::InboundFrame frame) = 0;
-  virtual void connection_failed(const std::shared_ptr<Connection>& connection,
-                                 const std::string& reason) = 0;
-};
-
-// One TCP connection to one peer, used in both directions. Reads and
-// writes run on the connection's strand; enqueue() may be called from any
-// thread.
-struct Connection : std::enable_shared_from_this<Connection> {
-  Connection(ConnectionEvents& agent, tcp::socket socket, const pipe::FrameLimits& limits,
-             pipe::FrameReader::Allocate allocate)
-      : agent(agent),
-        strand(asio::make_strand(socket.get_executor())),
-        socket(std::move(socket)),
-        reader(limits, std::move(allocate)) {
-    boost::system::error_code ignored;
-    this->socket.set_option(tcp::no_delay(true), ignored);
-    last_recv_ns = now_ns();
-  }
-
-  // Queues one frame (and its tensors' bytes); false when closed. With
-  // `send_now` and no write in flight, the calling thread sends what the
-  // socket takes at once (lowest latency); otherwise the I/O thread sends
-  // it, coalesced with whatever else is queued by then (fewer system calls
-  // and packets under load).
-  bool enqueue(const Message& m, const std::vector<Device>& devices, bool send_now);
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
-                       size_t size = 0);
-  void start_reading();
-  // Continues after on_frame() returned false: the frames already parsed,
-  // then reading.
-  void resume_reading();
-  // Closes once everything queued went out (or at once on error).
-  void close_after_flush();
-  // Waits until close_after_flush() finished (or the connection failed);
-  // false at `deadline`.
-  bool wait_closed(Clock::time_point deadline);
-  void close_now();
-
-  ConnectionEvents& agent;
-  asio::strand<asio::any_io_executor> strand;
-  tcp::socket socket;
-  pipe::FrameReader reader;           // strand only
-  std::atomic<int> peer{-1};          // set at hello
-  std::atomic<bool> failed{false};    // connection_failed() ran
-  std::atomic<int64_t> last_recv_ns;  // for the heartbeat check
-
- private:
-  void kick_locked();
-  void write_some();
-  void read_some();
-  // Hands parsed frames to the agent; false when it stopped reading.
-  bool drain();
-
-  std::mutex mu_;
-  // A tensor whose bytes follow byte `offset` of the queued frame bytes;
-  // `sent` of them already went out (a partial inline send).
-  struct QueuedTensor {
-    size_t offset = 0;
-    Tensor tensor;
-    size_t sent = 0;
-  };
-  // Calls emit(data, size) for each piece of `bytes` and `tensors` in wire
-  // order, skipping empty pieces and bytes already sent.
-  template <typename Emit>
-  static void for_each_piece(const std::vector<uint8_t>& bytes,
-                             const std::vector<QueuedTensor>& tensors, Emit&& emit);
-  // Sends what is queued now, from the calling thread, without blocking
-  // (MSG_DONTWAIT); keeps what the socket did not take. Only while no
-  // write is in flight.
-  void send_inline_locked();
-  // Drops the first `n` bytes of the queued stream.
-  void consume_locked(size_t n);
-
-  std::vector<uint8_t> queued_;                         // GUARDED_BY(mu_)
-  std::vector<QueuedTensor> queued_tensors_;            // GUARDED_BY(mu_)
-  bool writing_ = false;                                // GUARDED_BY(mu_)
-  bool closing_ = false;                                // GUARDED_BY(mu_)
-  bool closed_ = false;                                 // GUARDED_BY(mu_)
-  std::condition_variable closed_cv_;
-  // The write in progress (strand only).
-  std::vector<uint8_t> sending_;
-  std::vector<QueuedTensor> sending_tensors_;
-  std::vector<asio::const_buffer> buffers_;
-};
-
-// ------------------------------------------------------------------ Impl
-
-struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
-  enum class PeerState { kConnecting, kUp, kLost, kLeft };
-
-  struct Pending {
-    Promise<Message> promise;
-    int dst = -1;
-    std::string function;
-    Timeout timeout{0};
-    std::multimap<Clock::time_point, uint64_t>::iterator deadline;
-    bool has_deadline = false;
-  };
-
-  struct Peer {
-    WorkerInfo info;
-    std::string address;
-    int port = 0;
-    std::shared_ptr<Connection> connection;  // GUARDED_BY(mu)
-    PeerState state = PeerState::kConnecting;  // GUARDED_BY(mu)
-    std::string reason;                        // GUARDED_BY(mu): why it is down
-  };
-
-  Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name, int rank,
-       int world_size, const PipeAgentOptions& options);
-  ~Impl();
-
-  void rendezvous();
-  void start_accept();
-  void on_accept(tcp::socket socket);
-  void connect_to(int peer);
-  void register_connection(int peer, const std::shared_ptr<Connection>& connection);
-  void wait_connected();
-
-  bool on_frame(const std::shared_ptr<Connection>& connection,
-                pipe::InboundFrame frame) override;
-  bool on_hello(const std::shared_ptr<Connection>& connection, const Message& hello);
-  void connection_failed(const std::shared_ptr<Connection>& connection,
-                         const std::string& reason) override;
-  void accept_request(int from, pipe::InboundFrame request);
-  void fail_one(uint64_t id, std::exception_ptr error);
-
-  void serve(int from, pipe::InboundFrame request);
-  void deliver_reply(int to, Message reply);
-  void complete(pipe::InboundFrame response);
-  void complete_now(Message response);
-  void place_tensors(Message& m, const std::vector<Device>& wire, int from) const;
-  void fail_pending_if(const std::function<bool(const Pending&)>& which,
-                       const std::function<std::exception_ptr(const Pending&)>& error);
-
-  void add_deadline_locked(uint64_t id, Pending& pending);
-  void rearm_deadline_timer();
-  void expire_deadlines();
-  void heartbeat();
-
-  std::vector<Device> wire_devices(const Message& m, int to, bool reply) const;
-  // Received tensors: large ones from `buffers`.
-  pipe::FrameReader::Allocate receive_allocator() const {
-    return [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
-      return buffers->empty(shape, dtype);
-    };
-  }
-  std::string name_of(int rank) const { return peers[rank].info.name; }
-
-  PipeAgent& owner;
-  std::shared_ptr<Store> store;
-  const std::string name;
-  const int rank;
-  const int world_size;
-  const PipeAgentOptions options;
-
-  asio::io_context io;
-  asio::executor_work_guard<asio::io_context::executor_type> work;
-  std::vector<std::thread> io_threads;
-  // Timers and the acceptor run on this strand.
-  asio::strand<asio::io_context::executor_type> timer_strand;
-  tcp::acceptor acceptor;
-  std::string address;
-  int port = 0;
-  asio::steady_timer deadline_timer;
-  asio::steady_timer heartbeat_timer;
-
-  std::unique_ptr<collective::GlooProcessGroup> gloo;
-  std::vector<Peer> peers;
-  rpc::DeviceMaps reverse_maps;
-  std::vector<Device> devices;
-  const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
-  // CUDA devices the maps were validated against (the option, or what the
-  // registered CUDA runtime sees).
-  int device_count = 0;
-
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  std::unordered_map<uint64_t, Pending> pending;                // GUARDED_BY(mu)
-  std::multimap<Clock::time_point, uint64_t> deadlines;          // GUARDED_BY(mu)
-  Clock::time_point armed = Clock::time_point::max();            // GUARDED_BY(mu)
-  std::vector<std::shared_ptr<Connection>> unidentified;         // GUARDED_BY(mu)
-  int handlers_running = 0;                                      // GUARDED_BY(mu)
-  bool stopping = false;                                         // GUARDED_BY(mu)
-
-  std::vector<std::pair<int, pipe::InboundFrame>> early;         // GUARDED_BY(mu)
-  // Hellos that came before `peers` was filled in (a faster peer finished
-  // the all-gather first); handled once it is.
-  bool peers_ready = false;                                      // GUARDED_BY(mu)
-  std::vector<std::pair<std::shared_ptr<Connection>, Message>> early_hellos;  // GUARDED_BY(mu)
-  std::atomic<uint64_t> next_id{1};
-  RequestHandler handler;
-  std::atomic<bool> started{false};  // written under mu
-  std::atomic<bool> shut_down{false};
-};
-
-// --------------------------------------------------------- Connection impl
-
-bool Connection::enqueue(const Message& m, const std::vector<Device>& devices,
-                         bool send_now) {
-  std::lock_guard lock(mu_);
-  if (closed_ || closing_) return false;
-  pipe::append_frame(queued_, m, devices);
-  for (const Tensor& t : m.tensors) {
-    if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
-  }
-  if (send_now && !writing_) send_inline_locked();
-  if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
-  return true;
-}
-
-template <typename Emit>
-void Connection::for_each_piece(const std::vector<uint8_t>& bytes,
-                                const std::vector<QueuedTensor>& tensors, Emit&& emit) {
-  size_t at = 0;
-  for (const QueuedTensor& t : tensors) {
-    if (t.offset > at) emit(bytes.data() + at, t.offset - at);
-    at = t.offset;
-    if (t.sent < t.tensor.nbytes()) {
-      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent, t.tensor.nbytes() - t.sent);
-    }
-  }
-  if (at < bytes.size()) emit(bytes.data() + at, bytes.size() - at);
-}
-
-void Connection::send_inline_locked() {
-  if (closed_ || (queued_.empty() && queued_tensors_.empty())) return;
-  // A few pieces cover the common case (a frame or a handful of small
-  // ones); more go to the asynchronous path whole.
-  constexpr size_t kMaxPieces = 64;
-  iovec pieces[kMaxPieces];
-  size_t count = 0;
-  bool all = true;
-  for_each_piece(queued_, queued_tensors_, [&](const uint8_t* data, size_t size) {
-    if (count == kMaxPieces) {
-      all = false;
-      return;
-    }
-    pieces[count++] = iovec{const_cast<uint8_t*>(data), size};
-  });
-  if (!all) return;
-  msghdr header{};
-  header.msg_iov = pieces;
-  header.msg_iovlen = count;
-  const ssize_t n = ::sendmsg(socket.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
-  // Errors (EAGAIN, a reset) are left to the asynchronous path, which
-  // retries or reports them.
-  if (n > 0) consume_locked(static_cast<size_t>(n));
-}
-
-void Connection::consume_locked(size_t n) {
-  size_t at = 0;        // frame bytes fully sent
-  size_t finished = 0;  // tensors fully sent
-  while (n > 0) {
-    const size_t end =
-        finished < queued_tensors_.size() ? queued_tensors_[finished].offset : queued_.size();
-    const size_t bytes = std::min(n, end - at);
-    at += bytes;
-    n -= bytes;
-    if (n == 0 || finished == queued_tensors_.size()) break;
-    QueuedTensor& t = queued_tensors_[finished];
-    const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
-    t.sent += take;
-    n -= take;
-    if (t.sent < t.tensor.nbytes()) break;
-    ++finished;
-  }
-  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(at));
-  queued_tensors_.erase(queued_tensors_.begin(),
-                        queued_tensors_.begin() + static_cast<std::ptrdiff_t>(finished));
-  for (QueuedTensor& t : queued_tensors_) t.offset -= at;
-}
-
-bool Connection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
-                                 size_t size) {
-  std::lock_guard lock(mu_);
-  if (closed_ || closing_) return false;
-  pipe::append_control_frame(queued_, kind, 0, payload, size);
-  kick_locked();
-  return true;
-}
-
-void Connection::kick_locked() {
-  if (writing_) return;
-  writing_ = true;
-  asio::post(strand, [self = shared_from_this()] { self->write_some(); });
-}
-
-void Connection::write_some() {
-  {
-    std::lock_guard lock(mu_);
-    if (closed_) return;
-    if (queued_.empty() && queued_tensors_.empty()) {
-      writing_ = false;
-      if (closing_) {
-        closed_ = true;
-        closed_cv_.notify_all();
-        boost::system::error_code ignored;
-        socket.shutdown(tcp::socket::shutdown_send, ignored);
-        socket.close(ignored);
-      }
-      return;
-    }
-    sending_.swap(queued_);
-    sending_tensors_.swap(queued_tensors_);
-  }
-  buffers_.clear();
-  for_each_piece(sending_, sending_tensors_,
-                 [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
-  asio::async_write(
-      socket, buffers_,
-      asio::bind_executor(strand, [self = shared_from_this()](
-                                      const boost::system::error_code& error, size_t) {
-        self->sending_.clear();
-        self->sending_tensors_.clear();
-        if (error) {
-          self->agent.connection_failed(self, "write failed: " + error.message());
-          return;
-        }
-        self->write_some();
-      }));
-}
-
-void Connection::start_reading() {
-  asio::post(strand, [self = shared_from_this()] { self->read_some(); });
-}
-
-void Connection::read_some() {
-  std::pair<uint8_t*, size_t> next;
-  try {
-    next = reader.next_buffer();  // may fail to allocate a large body
-  } catch (const std::exception& e) {
-    agent.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
-    return;
-  }
-  auto [data, size] = next;
-  socket.async_read_some(
-      asio::buffer(data, size),
-      asio::bind_executor(strand, [self = shared_from_this()](
-                                      const boost::system::error_code& error, size_t n) {
-        if (error) {
-          self->agent.connection_failed(
-              self, error == asio::error::eof ? "the peer closed the connection"
-                                              : "read failed: " + error.message());
-          return;
-        }
-        self->last_recv_ns = now_ns();
-        try {
-          self->reader.commit(n);
-        } catch (const std::exception& e) {
-          self->agent.connection_failed(self, fmt::format("protocol error: {}", e.what()));
-          return;
-        }
-        if (self->drain()) self->read_some();
-      }));
-}
-
-bool Connection::drain() {
-  pipe::InboundFrame frame;
-  while (reader.pop(frame)) {
-    if (!agent.on_frame(shared_from_this(), std::move(frame))) return false;
-  }
-  return true;
-}
-
-void Connection::resume_reading() {
-  asio::post(strand, [self = shared_from_this()] {
-    if (self->drain()) self->read_some();
-  });
-}
-
-void Connection::close_after_flush() {
-  std::lock_guard lock(mu_);
-  if (closed_ || closing_) return;
-  closing_ = true;
-  kick_locked();
-}
-
-bool Connection::wait_closed(Clock::time_point deadline) {
-  std::unique_lock lock(mu_);
-  return closed_cv_.wait_until(lock, deadline, [&] { return closed_; });
-}
-
-void Connection::close_now() {
-  {
-    std::lock_guard lock(mu_);
-    if (closed_) return;
-    closed_ = true;
-    closed_cv_.notify_all();
-  }
-  asio::post(strand, [self = shared_from_this()] {
-    boost::system::error_code ignored;
-    self->socket.shutdown(tcp::socket::shutdown_both, ignored);
-    self->socket.close(ignored);
-  });
-}
-
 // --------------------------------------------------------------- Impl impl
 
 PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name,
-                      int rank, int world_size, const PipeAgentOptions& options)
+                      int rank, std::optional<int> world_size,
+                      const PipeAgentOptions& options)
     : owner(owner),
       store(std::move(store)),
       name(std::move(name)),
       rank(rank),
-      world_size(world_size),
+      dynamic(!world_size.has_value()),
+      capacity(world_size.value_or(options.max_dynamic_ranks)),
       options(options),
       work(asio::make_work_guard(io)),
       timer_strand(asio::make_strand(io)),
@@ -515,7 +93,7 @@ PipeAgent::Impl::~Impl() {
   }
 }
 
-void PipeAgent::Impl::rendezvous() {
+void PipeAgent::Impl::listen() {
   address = resolve_listen_address(options.listen_address);
   boost::system::error_code error;
   const auto ip = asio::ip::make_address(address, error);
@@ -535,25 +113,33 @@ void PipeAgent::Impl::rendezvous() {
   for (size_t i = 0; i < std::max<size_t>(1, options.num_io_threads); ++i) {
     io_threads.emplace_back([this] { io.run(); });
   }
+  device_count = options.device_count >= 0 ? options.device_count
+                                           : registered_cuda_device_count();
+  peers.resize(capacity);
+  for (Peer& p : peers) p.state = dynamic ? PeerState::kAbsent : PeerState::kConnecting;
+}
 
+WorkerAnnouncement PipeAgent::Impl::my_announcement() {
+  WorkerAnnouncement mine;
+  mine.name = name;
+  mine.address = address;
+  mine.port = port;
+  mine.device_count = device_count;
+  mine.device_maps = options.device_maps;
+  mine.devices = options.devices;
+  return mine;
+}
+
+void PipeAgent::Impl::rendezvous() {
+  listen();
   collective::GlooOptions gloo_options;
   gloo_options.group_name = "pipe";
   gloo_options.timeout = options.rpc_timeout.count() > 0 ? options.rpc_timeout
                                                           : collective::ProcessGroup::kDefaultTimeout;
   gloo_options.hostname = address;
-  gloo = std::make_unique<collective::GlooProcessGroup>(*store, rank, world_size, gloo_options);
-
-  WorkerAnnouncement mine;
-  mine.name = name;
-  mine.address = address;
-  mine.port = port;
-  device_count = options.device_count >= 0 ? options.device_count
-                                           : registered_cuda_device_count();
-  mine.device_count = device_count;
-  mine.device_maps = options.device_maps;
-  mine.devices = options.devices;
+  gloo = std::make_unique<collective::GlooProcessGroup>(*store, rank, capacity, gloo_options);
   const std::vector<WorkerAnnouncement> all =
-      allgather_announcements(*gloo, mine, options.rpc_timeout);
+      allgather_announcements(*gloo, my_announcement(), options.rpc_timeout);
 
   check_unique_names(all);
   std::vector<rpc::WorkerDevices> gathered;
@@ -565,9 +151,9 @@ void PipeAgent::Impl::rendezvous() {
   reverse_maps = rpc::reverse_device_maps(name, gathered);
   devices = rpc::default_devices(options.devices, options.device_maps, reverse_maps);
 
-  peers.resize(world_size);
-  for (int r = 0; r < world_size; ++r) {
+  for (int r = 0; r < capacity; ++r) {
     peers[r].info = WorkerInfo{all[r].name, r};
+    peers[r].announcement = all[r];
     peers[r].address = all[r].address;
     peers[r].port = all[r].port;
   }
@@ -583,8 +169,15 @@ void PipeAgent::Impl::rendezvous() {
       if (self->on_hello(connection, hello)) connection->resume_reading();
     });
   }
-  for (int r = 0; r < rank; ++r) connect_to(r);
+  Hello hello;
+  hello.rank = rank;
+  hello.name = name;
+  for (int r = 0; r < rank; ++r) connect_to(r, hello);
   wait_connected();
+  start_heartbeat();
+}
+
+void PipeAgent::Impl::start_heartbeat() {
   asio::post(timer_strand, [self = shared_from_this()] {
     self->heartbeat_timer.expires_after(self->options.heartbeat_interval);
     self->heartbeat_timer.async_wait([self](const boost::system::error_code& e) {
@@ -619,7 +212,7 @@ void PipeAgent::Impl::on_accept(tcp::socket socket) {
   connection->start_reading();
 }
 
-void PipeAgent::Impl::connect_to(int peer) {
+void PipeAgent::Impl::connect_to(int peer, const Hello& hello) {
   tcp::socket socket(io);
   boost::system::error_code error;
   const tcp::endpoint endpoint(asio::ip::make_address(peers[peer].address, error),
@@ -633,8 +226,8 @@ void PipeAgent::Impl::connect_to(int peer) {
   auto connection = std::make_shared<Connection>(*this, std::move(socket), options.limits,
                                                  receive_allocator());
   connection->peer = peer;
-  const std::vector<uint8_t> hello = encode_hello(rank, name);
-  connection->enqueue_control(pipe::FrameKind::kHello, hello.data(), hello.size());
+  const std::vector<uint8_t> bytes = encode_hello(hello);
+  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
   register_connection(peer, connection);
   connection->start_reading();
 }
@@ -671,24 +264,61 @@ void PipeAgent::Impl::wait_connected() {
 }
 
 bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
-                               const Message& hello) {
+                               const Message& frame) {
   {
     std::lock_guard lock(mu);
     if (!peers_ready) {
-      early_hellos.emplace_back(connection, hello);
+      early_hellos.emplace_back(connection, frame);
       return false;  // resumed by rendezvous()
     }
   }
-  auto [peer, peer_name] = decode_hello(hello.payload);
+  Hello hello;
+  try {
+    hello = decode_hello(frame.payload);
+  } catch (const std::exception& e) {
+    connection_failed(connection, fmt::format("protocol error: {}", e.what()));
+    return false;
+  }
   std::string problem;
-  if (connection->peer >= 0) {
+  switch (hello.kind) {
+    case Hello::Kind::kWelcome:
+      if (!dynamic || connection->peer < 0 || hello.rank != connection->peer) {
+        problem = fmt::format("an unexpected welcome from rank {}", hello.rank);
+        break;
+      }
+      on_welcome(connection, hello);
+      return true;
+    case Hello::Kind::kJoin:
+      if (!dynamic) {
+        problem = fmt::format(
+            "worker \"{}\" (rank {}) tried to join as a member of a dynamic group, but "
+            "this is a static group (world_size {})",
+            hello.name, hello.rank, capacity);
+        break;
+      }
+      if (connection->peer >= 0) {
+        problem = "a second hello";
+        break;
+      }
+      return on_join_hello(connection, hello);
+    case Hello::Kind::kStatic:
+      break;
+  }
+  const int peer = hello.rank;
+  if (!problem.empty()) {
+  } else if (dynamic) {
+    problem = fmt::format(
+        "worker \"{}\" (rank {}) said hello as a member of a static group, but this is a "
+        "dynamic group",
+        hello.name, peer);
+  } else if (connection->peer >= 0) {
     problem = "a second hello";
-  } else if (peer <= rank || peer >= world_size) {
+  } else if (peer <= rank || peer >= capacity) {
     problem = fmt::format("hello from rank {} (only ranks {}..{} connect here)", peer,
-                          rank + 1, world_size - 1);
-  } else if (peer_name != peers[peer].info.name) {
+                          rank + 1, capacity - 1);
+  } else if (hello.name != peers[peer].info.name) {
     problem = fmt::format("hello from rank {} named \"{}\", expected \"{}\"", peer,
-                          peer_name, peers[peer].info.name);
+                          hello.name, peers[peer].info.name);
   } else {
     std::lock_guard lock(mu);
     if (peers[peer].connection) problem = fmt::format("a second connection from rank {}", peer);
@@ -718,11 +348,16 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     case pipe::FrameKind::kHeartbeat:
       return true;
     case pipe::FrameKind::kGoodbye: {
-      std::lock_guard lock(mu);
-      if (peers[from].state == PeerState::kUp) {
-        peers[from].state = PeerState::kLeft;
-        peers[from].reason = "left the group (shut down)";
+      bool was_up = false;
+      {
+        std::lock_guard lock(mu);
+        was_up = peers[from].state == PeerState::kUp;
+        if (was_up) {
+          peers[from].state = PeerState::kLeft;
+          peers[from].reason = "left the group";
+        }
       }
+      if (was_up) publish_change(rpc::MembershipChange::Kind::kLeft, peers[from].info);
       return true;
     }
     case pipe::FrameKind::kRequest:
@@ -941,6 +576,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
   const int peer = connection->peer;
   bool was_current = false;
   bool quiet = false;
+  bool was_up = false;
   std::string why;
   {
     std::lock_guard lock(mu);
@@ -948,6 +584,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
     quiet = stopping;
     if (peer >= 0 && peers[peer].connection == connection) {
       was_current = true;
+      was_up = peers[peer].state == PeerState::kUp;
       if (peers[peer].state == PeerState::kLeft) {
         quiet = true;
       } else if (peers[peer].state != PeerState::kLost) {
@@ -961,6 +598,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
     if (!quiet) spdlog::warn("rpc agent \"{}\": closed a connection: {}", name, reason);
     return;
   }
+  if (was_up && !quiet) publish_change(rpc::MembershipChange::Kind::kLeft, peers[peer].info);
   if (quiet) {
     spdlog::debug("rpc agent \"{}\": worker \"{}\" {}", name, name_of(peer), why);
   } else {
@@ -981,7 +619,12 @@ std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
   bool any_cuda = false;
   for (const Tensor& t : m.tensors) any_cuda = any_cuda || t.device().is_cuda();
   if (!any_cuda) return wire;
-  const rpc::DeviceMaps& maps = reply ? reverse_maps : options.device_maps;
+  rpc::DeviceMaps reverse;
+  if (reply) {
+    std::lock_guard lock(mu);  // a dynamic group changes it as workers join
+    reverse = reverse_maps;
+  }
+  const rpc::DeviceMaps& maps = reply ? reverse : options.device_maps;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     wire.push_back(rpc::target_device(maps, name_of(to), m.tensors[i].device(), i));
   }
@@ -1078,18 +721,23 @@ PipeAgent::PipeAgent(std::shared_ptr<Store> store, std::string name, int rank,
     : RpcAgent(WorkerInfo{name, rank}, options.num_worker_threads) {
   rpc::validate_worker_name(name);
   SB_REQUIRE(store != nullptr, "PIPE agent \"{}\": the store is null", name);
-  SB_REQUIRE(world_size.has_value(),
-             "PIPE agent \"{}\": dynamic groups (no world_size) are not supported yet",
-             name);
-  SB_REQUIRE(*world_size >= 1 && rank >= 0 && rank < *world_size,
-             "PIPE agent \"{}\": rank {} is outside [0, {})", name, rank, *world_size);
+  const int capacity = world_size.value_or(options.max_dynamic_ranks);
+  SB_REQUIRE(capacity >= 1 && rank >= 0 && rank < capacity,
+             "PIPE agent \"{}\": rank {} is outside [0, {}){}", name, rank, capacity,
+             world_size ? "" : " (a dynamic group's ranks; see max_dynamic_ranks)");
+  SB_REQUIRE(options.membership_lease.count() > 0,
+             "PIPE agent \"{}\": membership_lease must be positive", name);
   SB_REQUIRE(options.heartbeat_interval.count() > 0,
              "PIPE agent \"{}\": heartbeat_interval must be positive", name);
   auto prefixed = std::make_shared<PrefixStore>("pipe", std::move(store));
-  impl_ = std::make_shared<Impl>(*this, prefixed, std::move(name), rank, *world_size,
+  impl_ = std::make_shared<Impl>(*this, prefixed, std::move(name), rank, world_size,
                                  options);
   try {
-    impl_->rendezvous();
+    if (impl_->dynamic) {
+      impl_->join_group();
+    } else {
+      impl_->rendezvous();
+    }
   } catch (...) {
     shutdown();
     throw;
@@ -1171,30 +819,54 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
   return result;
 }
 
+// A dynamic group may have had several workers of one name over time (one
+// left, another joined): the one up now wins, else the latest.
 WorkerInfo PipeAgent::worker(const std::string& name) const {
-  for (const auto& peer : impl_->peers) {
-    if (peer.info.name == name) return peer.info;
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  const Impl::Peer* found = nullptr;
+  for (const auto& peer : s.peers) {
+    if (peer.state == Impl::PeerState::kAbsent || peer.info.name != name) continue;
+    if (found == nullptr || peer.state == Impl::PeerState::kUp) found = &peer;
   }
-  throw NotFoundError(fmt::format("rpc agent \"{}\": no worker named \"{}\"",
-                                  impl_->name, name));
+  if (found == nullptr) {
+    throw NotFoundError(fmt::format("rpc agent \"{}\": no worker named \"{}\"{}", s.name,
+                                    name, s.dynamic ? " in this dynamic group" : ""));
+  }
+  return found->info;
 }
 
 WorkerInfo PipeAgent::worker(int id) const {
-  if (id < 0 || id >= impl_->world_size) {
-    throw NotFoundError(
-        fmt::format("rpc agent \"{}\": no worker with id {}", impl_->name, id));
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
+  if (id < 0 || id >= s.capacity || s.peers[id].state == Impl::PeerState::kAbsent) {
+    throw NotFoundError(fmt::format("rpc agent \"{}\": no worker with id {}", s.name, id));
   }
-  return impl_->peers[id].info;
+  return s.peers[id].info;
 }
 
+// Static: every worker of the group. Dynamic: the members now.
 std::vector<WorkerInfo> PipeAgent::workers() const {
+  const Impl& s = *impl_;
+  std::lock_guard lock(s.mu);
   std::vector<WorkerInfo> out;
-  for (const auto& peer : impl_->peers) out.push_back(peer.info);
+  for (const auto& peer : s.peers) {
+    if (!s.dynamic || peer.state == Impl::PeerState::kUp) out.push_back(peer.info);
+  }
   return out;
+}
+
+void PipeAgent::set_membership_listener(rpc::MembershipListener listener) {
+  std::lock_guard lock(impl_->mu);
+  impl_->listener = std::move(listener);
 }
 
 void PipeAgent::join(Timeout timeout) {
   Impl& s = *impl_;
+  if (s.dynamic) {
+    s.leave_group(timeout);
+    return;
+  }
   const auto deadline = Clock::now() + timeout;
   {
     std::unique_lock lock(s.mu);
@@ -1263,12 +935,19 @@ void PipeAgent::shutdown() {
   for (auto& thread : s.io_threads) {
     if (thread.joinable()) thread.join();
   }
-  s.gloo.reset();
+  if (s.gloo) s.gloo.reset();
 }
 
 std::string PipeAgent::listen_address() const { return impl_->address; }
 int PipeAgent::listen_port() const { return impl_->port; }
-const rpc::DeviceMaps& PipeAgent::reverse_device_maps() const { return impl_->reverse_maps; }
-const std::vector<Device>& PipeAgent::devices() const { return impl_->devices; }
+rpc::DeviceMaps PipeAgent::reverse_device_maps() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->reverse_maps;
+}
+
+std::vector<Device> PipeAgent::devices() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->devices;
+}
 
 }  // namespace switchboard::agents

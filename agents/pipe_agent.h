@@ -1,8 +1,9 @@
 // PipeAgent: the PIPE RPC backend (the default), a TensorPipe-style
-// transport on Boost.Asio. Static groups for now (dynamic membership is
-// issue 6).
+// transport on Boost.Asio, for static groups (world_size given) and dynamic
+// ones (no world_size; see "Dynamic groups" below).
 //
-// Construction (a rendezvous; every rank constructs at about the same time):
+// Construction of a static group (a rendezvous; every rank constructs at
+// about the same time):
 //   1. checks the name (rpc::validate_worker_name) and options, and starts
 //      listening on the listen address (agents/pipe_address.h), port 0;
 //   2. creates a GlooProcessGroup "pipe" over the store and all-gathers every
@@ -39,6 +40,35 @@
 // the worker, and later calls to that worker fail at once too. The agent
 // keeps serving the other workers. A worker that shuts down says goodbye
 // first, so its peers fail calls to it as "left" rather than "lost".
+//
+// Dynamic groups (world_size nullopt): workers join and leave while the
+// others run. Joins and leaves are serialized by a membership token in the
+// store (rpc/membership_token.h: a lease of options.membership_lease; a
+// worker killed while holding it holds the group up for at most that long,
+// then the next one takes it over). The store keeps the member list and
+// which ranks were taken (pipe/dyn/...; agents/pipe_dynamic.cc).
+//   Joining (the constructor): take the token (TimeoutError after
+//   rpc_timeout naming the holder); read the members; refuse a rank that
+//   was ever taken or a name in use (std::invalid_argument); validate the
+//   device maps of the members plus this worker (rpc/device_map.h, dynamic
+//   rules: targets that are not members are allowed); connect to every
+//   member and introduce this worker (name, address, device maps); each
+//   member validates it again and answers. A refusal fails the join, naming
+//   the member and its reason; a member that cannot be reached (it died
+//   without leaving) is dropped from the list. Then the list gains this
+//   worker and the token is released.
+//   Members: add the joiner (reverse maps included) and report it to the
+//   membership listener (on the pool).
+//   Leaving (join(), i.e. graceful shutdown): take the token, say goodbye to
+//   every member (from then on they fail new calls to this worker at once
+//   with ConnectionError "... "w1" left the group"), finish the calls in
+//   flight in both directions and the requests being handled (renewing the
+//   token meanwhile; TimeoutError after the timeout), remove this worker
+//   from the list, release the token. Any member may leave, rank 0 too.
+//   A member whose connection fails is reported as left too (lost).
+//   Ranks are in [0, options.max_dynamic_ranks) and never reused; a name
+//   may come back under a new rank once its worker left.
+//   join()'s barrier and the Gloo group exist for static groups only.
 //
 // Tensors: CPU tensors of every dtype (non-contiguous ones travel as
 // contiguous copies). A CUDA tensor needs a device map entry for its
@@ -100,6 +130,10 @@ struct PipeAgentOptions {
   // and the devices this worker uses (empty: derived, as PyTorch does).
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
+  // Dynamic groups: ranks are in [0, max_dynamic_ranks), and the
+  // membership token is held for at most `membership_lease` at a time.
+  int max_dynamic_ranks = 1024;
+  std::chrono::milliseconds membership_lease{10'000};
   // CUDA devices of this machine as the maps are validated against; -1
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
   // a binary that does not link //collective:cuda_allocator).
@@ -108,8 +142,8 @@ struct PipeAgentOptions {
 
 class PipeAgent final : public rpc::RpcAgent {
  public:
-  // Rendezvous as described above. `world_size` nullopt (a dynamic group)
-  // is std::invalid_argument until issue 6.
+  // Rendezvous (static) or joins (dynamic, `world_size` nullopt) as
+  // described above.
   PipeAgent(std::shared_ptr<Store> store, std::string name, int rank,
             std::optional<int> world_size, const PipeAgentOptions& options = {});
   ~PipeAgent() override;
@@ -120,10 +154,13 @@ class PipeAgent final : public rpc::RpcAgent {
   rpc::WorkerInfo worker(const std::string& name) const override;
   rpc::WorkerInfo worker(int id) const override;
   std::vector<rpc::WorkerInfo> workers() const override;
+  void set_membership_listener(rpc::MembershipListener listener) override;
 
-  // Waits until this agent has no call in flight and no request being
-  // handled, then meets every worker at a Gloo barrier. TimeoutError after
-  // `timeout` (0: none) naming what was still in flight or the barrier.
+  // Static: waits until this agent has no call in flight and no request
+  // being handled, then meets every worker at a Gloo barrier. Dynamic:
+  // leaves the group (above). TimeoutError after `timeout` (0: none; a
+  // minute for the dynamic token) naming what was still in flight or the
+  // barrier.
   void join(Timeout timeout) override;
   // Fails pending calls with Error(kCancelled), says goodbye to every peer,
   // closes the sockets, joins the I/O threads and the pool. Idempotent;
@@ -135,8 +172,8 @@ class PipeAgent final : public rpc::RpcAgent {
   int listen_port() const;
   // The device maps responses to each caller travel along (the inverse of
   // the caller's map to this worker).
-  const rpc::DeviceMaps& reverse_device_maps() const;
-  const std::vector<Device>& devices() const;
+  rpc::DeviceMaps reverse_device_maps() const;
+  std::vector<Device> devices() const;
 
  private:
   struct Impl;

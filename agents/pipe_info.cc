@@ -112,14 +112,42 @@ void check_unique_names(const std::vector<WorkerAnnouncement>& all) {
   }
 }
 
-std::vector<uint8_t> encode_hello(int rank, const std::string& name) {
-  return pack(std::make_tuple(rank, name));
+std::vector<uint8_t> encode_hello(const Hello& hello) {
+  return pack(std::make_tuple(static_cast<int>(hello.kind), hello.rank, hello.name,
+                              hello.announcement, hello.accepted, hello.reason));
 }
 
-std::pair<int, std::string> decode_hello(const std::vector<uint8_t>& payload) {
-  auto [rank, name] =
-      unpack_as<std::tuple<int, std::string>>(payload.data(), payload.size(), "hello");
-  return {rank, std::move(name)};
+Hello decode_hello(const std::vector<uint8_t>& payload) {
+  using Wire = std::tuple<int, int, std::string, std::vector<uint8_t>, bool, std::string>;
+  auto [kind, rank, name, announcement, accepted, reason] =
+      unpack_as<Wire>(payload.data(), payload.size(), "hello");
+  if (kind < 0 || kind > static_cast<int>(Hello::Kind::kWelcome)) {
+    throw std::invalid_argument(fmt::format("PIPE agent: a hello of unknown kind {}", kind));
+  }
+  Hello hello;
+  hello.kind = static_cast<Hello::Kind>(kind);
+  hello.rank = rank;
+  hello.name = std::move(name);
+  hello.announcement = std::move(announcement);
+  hello.accepted = accepted;
+  hello.reason = std::move(reason);
+  return hello;
+}
+
+std::vector<uint8_t> encode_members(const std::vector<Member>& members) {
+  std::vector<std::pair<int, std::vector<uint8_t>>> wire;
+  for (const Member& m : members) wire.emplace_back(m.rank, encode_announcement(m.announcement));
+  return pack(wire);
+}
+
+std::vector<Member> decode_members(const std::vector<uint8_t>& bytes) {
+  auto wire = unpack_as<std::vector<std::pair<int, std::vector<uint8_t>>>>(
+      bytes.data(), bytes.size(), "member list");
+  std::vector<Member> members;
+  for (const auto& [rank, announcement] : wire) {
+    members.push_back({rank, decode_announcement(announcement.data(), announcement.size())});
+  }
+  return members;
 }
 
 }  // namespace switchboard::agents

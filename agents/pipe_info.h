@@ -39,9 +39,35 @@ std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup
 // std::invalid_argument naming a name used by several ranks, and the ranks.
 void check_unique_names(const std::vector<WorkerAnnouncement>& all);
 
-// A hello frame's payload: the connecting worker's rank and name.
-std::vector<uint8_t> encode_hello(int rank, const std::string& name);
+// A hello frame's payload.
+//   kStatic   a static group's connecting worker (the higher rank) says who
+//             it is;
+//   kJoin     a worker joining a dynamic group introduces itself to a
+//             member, with its announcement;
+//   kWelcome  the member's answer to kJoin: accepted, or refused with the
+//             reason (the joiner then aborts its join).
+struct Hello {
+  enum class Kind : int { kStatic = 0, kJoin = 1, kWelcome = 2 };
+  Kind kind = Kind::kStatic;
+  int rank = -1;
+  std::string name;
+  std::vector<uint8_t> announcement;  // kJoin: encode_announcement()
+  bool accepted = true;               // kWelcome
+  std::string reason;                 // kWelcome, when refused
+};
+
+std::vector<uint8_t> encode_hello(const Hello& hello);
+// Throws std::invalid_argument on malformed bytes or an unknown kind.
+Hello decode_hello(const std::vector<uint8_t>& payload);
+
+// A dynamic group's members as the Store holds them (written by the holder
+// of the membership token): rank and announcement of each.
+struct Member {
+  int rank = -1;
+  WorkerAnnouncement announcement;
+};
+std::vector<uint8_t> encode_members(const std::vector<Member>& members);
 // Throws std::invalid_argument on malformed bytes.
-std::pair<int, std::string> decode_hello(const std::vector<uint8_t>& payload);
+std::vector<Member> decode_members(const std::vector<uint8_t>& bytes);
 
 }  // namespace switchboard::agents

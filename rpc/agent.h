@@ -43,6 +43,16 @@ inline constexpr size_t kMaxWorkerNameLength = 128;
 // Throws std::invalid_argument naming `name` and the rule when it breaks it.
 void validate_worker_name(const std::string& name);
 
+// A change in a dynamic group's membership, as its agent reports it.
+struct MembershipChange {
+  enum class Kind { kJoined, kLeft };
+  Kind kind = Kind::kJoined;
+  WorkerInfo worker;
+  // kLeft: "left the group" (it said goodbye) or "lost its connection (...)".
+  std::string reason;
+};
+using MembershipListener = std::function<void(const MembershipChange&)>;
+
 class RpcAgent {
  public:
   using Timeout = std::chrono::milliseconds;
@@ -70,9 +80,16 @@ class RpcAgent {
   virtual WorkerInfo worker(int id) const = 0;
   virtual std::vector<WorkerInfo> workers() const = 0;
 
-  // Barrier: returns when every worker called join() and none has requests
-  // in flight (sent and unanswered); TimeoutError after `timeout`.
+  // Static groups: a barrier; returns when every worker called join() and
+  // none has requests in flight (sent and unanswered). Dynamic groups: this
+  // worker leaves (see the agent). TimeoutError after `timeout`.
   virtual void join(Timeout timeout) = 0;
+
+  // Agents of dynamic groups call `listener` on the pool, once per change,
+  // after a worker joined or left (the workers present at init are not
+  // reported). Replaces any earlier listener; nullptr removes it. The
+  // default implementation (static groups) never calls it.
+  virtual void set_membership_listener(MembershipListener listener) { (void)listener; }
   // Stops serving and sending; fails pending futures with
   // Error(kCancelled); joins every thread. Idempotent. Waits for handlers
   // already running (a handler that never returns blocks it), nothing else.

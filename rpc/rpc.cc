@@ -23,6 +23,22 @@ struct RpcContext::State {
 
 namespace {
 
+// One store hosts one kind of group: the first init_rpc over it records
+// "static" or "dynamic" (compare_set, so racing workers agree), and a
+// worker of the other kind is refused before it reaches the backend.
+void claim_group_kind(Store& store, const std::string& name, std::optional<int> world_size) {
+  const std::string mine = world_size ? "static" : "dynamic";
+  const Bytes desired(mine.begin(), mine.end());
+  const Bytes found = store.compare_set("rpc/group_kind", {}, desired);
+  if (found == desired) return;
+  const std::string theirs(found.begin(), found.end());
+  throw std::invalid_argument(fmt::format(
+      "init_rpc(\"{}\"): this worker would join a {} group{}, but its store holds a {} "
+      "group; static (world_size given) and dynamic (no world_size) workers cannot form one "
+      "group",
+      name, mine, world_size ? fmt::format(" (world_size {})", *world_size) : "", theirs));
+}
+
 // The store key space of one static group's incarnation: every rank adds 1
 // to a counter, so the ranks of the k-th init_rpc over this store read
 // values in [k*world_size + 1, (k+1)*world_size] and agree on k.
@@ -35,7 +51,47 @@ std::shared_ptr<Store> generation_store(const std::shared_ptr<Store>& store,
 
 }  // namespace
 
-RpcContext::RpcContext() : functions_(std::make_shared<FunctionRegistry>("")) {}
+struct RpcContext::Callbacks {
+  std::mutex mu;
+  std::vector<std::function<void(const WorkerInfo&)>> on_join;   // GUARDED_BY(mu)
+  std::vector<std::function<void(const WorkerInfo&)>> on_leave;  // GUARDED_BY(mu)
+
+  // Runs on the agent's pool, one change at a time per call.
+  void dispatch(const MembershipChange& change) {
+    std::vector<std::function<void(const WorkerInfo&)>> targets;
+    {
+      std::lock_guard lock(mu);
+      targets = change.kind == MembershipChange::Kind::kJoined ? on_join : on_leave;
+    }
+    for (const auto& callback : targets) {
+      try {
+        callback(change.worker);
+      } catch (...) {
+        detail::log_uncaught(
+            fmt::format("{} callback for \"{}\"",
+                        change.kind == MembershipChange::Kind::kJoined ? "on_join" : "on_leave",
+                        change.worker.name),
+            std::current_exception());
+      }
+    }
+  }
+};
+
+RpcContext::RpcContext()
+    : functions_(std::make_shared<FunctionRegistry>("")),
+      callbacks_(std::make_shared<Callbacks>()) {}
+
+void RpcContext::on_join(std::function<void(const WorkerInfo&)> callback) {
+  SB_REQUIRE(callback != nullptr, "on_join() with an empty callback");
+  std::lock_guard lock(callbacks_->mu);
+  callbacks_->on_join.push_back(std::move(callback));
+}
+
+void RpcContext::on_leave(std::function<void(const WorkerInfo&)> callback) {
+  SB_REQUIRE(callback != nullptr, "on_leave() with an empty callback");
+  std::lock_guard lock(callbacks_->mu);
+  callbacks_->on_leave.push_back(std::move(callback));
+}
 
 RpcContext::~RpcContext() {
   try {
@@ -80,9 +136,11 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
                name, functions_->worker_name());
   }
   validate_worker_name(name);
+  const bool forced_dynamic = world_size && *world_size == kDynamicGroup;
+  if (forced_dynamic) world_size.reset();
   SB_REQUIRE(!world_size || *world_size >= 1,
-             "init_rpc(\"{}\"): world_size must be at least 1, got {}", name,
-             world_size.value_or(0));
+             "init_rpc(\"{}\"): world_size must be at least 1 (or kDynamicGroup), got {}",
+             name, world_size.value_or(0));
   if (!options) options = construct_rpc_backend_options(backend);
 
   auto state = std::make_shared<State>(State{backend, options, nullptr, nullptr});
@@ -97,8 +155,9 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
                                   options->rpc_timeout);
     state->store = std::move(found.store);
     rank = found.rank;
-    world_size = found.world_size;
+    world_size = forced_dynamic ? std::nullopt : found.world_size;
   }
+  claim_group_kind(*state->store, name, world_size);
 
   BackendInit init;
   init.store = world_size ? generation_store(state->store, *world_size) : state->store;
@@ -108,6 +167,9 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   init.options = options;
   state->agent = init_backend(backend, init);
 
+  std::shared_ptr<Callbacks> callbacks = callbacks_;
+  state->agent->set_membership_listener(
+      [callbacks](const MembershipChange& change) { callbacks->dispatch(change); });
   functions_->set_worker_name(name);
   std::shared_ptr<FunctionRegistry> functions = functions_;
   state->agent->start([functions](Message request, const WorkerInfo& from) {
@@ -235,6 +297,14 @@ WorkerInfo get_worker_info(const std::string& name) {
 }
 
 std::vector<WorkerInfo> get_worker_infos() { return RpcContext::global().get_worker_infos(); }
+
+void on_join(std::function<void(const WorkerInfo&)> callback) {
+  RpcContext::global().on_join(std::move(callback));
+}
+
+void on_leave(std::function<void(const WorkerInfo&)> callback) {
+  RpcContext::global().on_leave(std::move(callback));
+}
 
 void shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
   RpcContext::global().shutdown(graceful, timeout);

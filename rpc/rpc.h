@@ -20,8 +20,13 @@
 //     kDefaultBackend, "PIPE" (PyTorch's default is TensorPipe).
 //   - `rank`, `world_size`: -1 and nullopt take them from the environment
 //     (env://: RANK/WORLD_SIZE, SLURM, Open MPI; see rpc/rendezvous.h).
-//     A world size makes a static group; none, a dynamic one (backends
-//     that do not support dynamic groups refuse it).
+//     A world size makes a static group; none (nullopt where the init
+//     method knows none either, or kDynamicGroup), a dynamic one: workers
+//     join and leave while the others run (PIPE; backends without dynamic
+//     groups refuse it). A dynamic worker's rank is its id, unique for the
+//     life of the group. One store hosts one kind of group: a static and a
+//     dynamic worker meeting in one store is std::invalid_argument naming
+//     both kinds.
 //   - `options`: from construct_rpc_backend_options(backend, ...); null
 //     takes the backend's defaults (rpc_timeout 60 s, init_method env://).
 //   - `store`: an explicit rendezvous Store; null resolves
@@ -69,9 +74,18 @@
 // Handlers that do not want to hold a thread return a Future (async
 // handlers, PyTorch's @async_execution).
 //
-// shutdown(graceful = true, timeout): graceful first waits (the agent's
-// join(): a barrier) until every worker called shutdown and no worker has
-// calls outstanding, then stops this worker; a failing barrier
+// on_join(callback), on_leave(callback): dynamic groups call them on the
+// pool with the worker that joined or left (not for the workers present at
+// init_rpc, nor for this worker). Kept across shutdown and re-init; any
+// number may be registered. get_worker_infos() lists the members now.
+//
+// shutdown(graceful = true, timeout): in a dynamic group, graceful is
+// leaving: this worker takes the membership token, says goodbye (the
+// others fail new calls to it at once), finishes its calls in flight and
+// the requests it is handling, and leaves the group's member list. In a
+// static group graceful first waits (the agent's join(): a barrier) until
+// every worker called shutdown and no worker has calls outstanding, then
+// stops this worker; a failing barrier
 // (TimeoutError after `timeout`, default options.rpc_timeout) still stops
 // this worker and then rethrows. Ungraceful stops at once and fails this
 // worker's pending futures with Error(kCancelled). Either way the context is
@@ -86,6 +100,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -136,6 +151,11 @@ class WorkerRef {
 // The backend init_rpc uses when none is named.
 inline constexpr const char* kDefaultBackend = "PIPE";
 
+// world_size for a dynamic group where the init method would find a world
+// size (e.g. under the launcher, whose WORLD_SIZE counts the processes it
+// started).
+inline constexpr int kDynamicGroup = 0;
+
 class RpcContext {
  public:
   RpcContext();
@@ -181,6 +201,9 @@ class RpcContext {
   WorkerInfo get_worker_info() const;
   WorkerInfo get_worker_info(const std::string& name) const;
   std::vector<WorkerInfo> get_worker_infos() const;
+  // Membership callbacks (see the top of this file).
+  void on_join(std::function<void(const WorkerInfo&)> callback);
+  void on_leave(std::function<void(const WorkerInfo&)> callback);
   // The options init_rpc used (Error(kFailedPrecondition) before init_rpc).
   std::shared_ptr<const RpcBackendOptions> options() const;
 
@@ -201,7 +224,10 @@ class RpcContext {
   Future<R> call(const WorkerRef& to, const std::string& function,
                  std::optional<std::chrono::milliseconds> timeout, const Args&... args);
 
+  struct Callbacks;
+
   const std::shared_ptr<FunctionRegistry> functions_;
+  const std::shared_ptr<Callbacks> callbacks_;
   std::mutex lifecycle_mu_;  // serializes init_rpc and shutdown
   mutable std::mutex mu_;
   std::shared_ptr<State> state_;  // GUARDED_BY(mu_); null when uninitialized
@@ -242,6 +268,8 @@ R rpc_sync(const WorkerRef& to, const std::string& function, const Args&... args
 WorkerInfo get_worker_info();
 WorkerInfo get_worker_info(const std::string& name);
 std::vector<WorkerInfo> get_worker_infos();
+void on_join(std::function<void(const WorkerInfo&)> callback);
+void on_leave(std::function<void(const WorkerInfo&)> callback);
 void shutdown(bool graceful = true,
               std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 

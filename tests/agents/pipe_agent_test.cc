@@ -369,9 +369,9 @@ std::vector<uint8_t> header_bytes(const agents::pipe::FrameHeader& header) {
   return bytes;
 }
 
-// A hello as rank 1 ("w1") sends it: msgpack [1, "w1"].
+// A hello as rank 1 ("w1") sends it: msgpack [kind 0 (static), 1, "w1", bin "", true, ""].
 std::vector<uint8_t> hello_from_w1() {
-  const std::vector<uint8_t> payload{0x92, 0x01, 0xa2, 'w', '1'};
+  const std::vector<uint8_t> payload{0x96, 0x00, 0x01, 0xa2, 'w', '1', 0xc4, 0x00, 0xc3, 0xa0};
   std::vector<uint8_t> bytes;
   agents::pipe::append_control_frame(bytes, agents::pipe::FrameKind::kHello, 0,
                                      payload.data(), payload.size());
@@ -482,6 +482,23 @@ TEST_CASE(
     std::vector<uint8_t> bytes = hello_from_w1();
     pipe::append_frame(bytes, request("impostor", {4}));
     cases.push_back({"a hello claiming rank 1 followed by a request", bytes});
+  }
+  {
+    // Regression: a hello whose payload did not decode threw out of the
+    // I/O thread and ended the process.
+    const std::vector<uint8_t> payload{0x01};
+    std::vector<uint8_t> bytes;
+    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+                               payload.size());
+    cases.push_back({"a hello whose payload is not a hello", bytes});
+  }
+  {
+    // A dynamic group's join hello sent to a static group.
+    const std::vector<uint8_t> payload{0x96, 0x01, 0x05, 0xa1, 'x', 0xc4, 0x00, 0xc3, 0xa0};
+    std::vector<uint8_t> bytes;
+    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+                               payload.size());
+    cases.push_back({"a dynamic group's join hello to a static group", bytes});
   }
   {
     pipe::FrameHeader header;

@@ -1,0 +1,222 @@
+#include "agents/pipe_connection.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
+
+namespace switchboard::agents {
+
+using Clock = std::chrono::steady_clock;
+using rpc::Message;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             Clock::now().time_since_epoch())
+      .count();
+}
+
+bool Connection::enqueue(const Message& m, const std::vector<Device>& devices,
+                         bool send_now) {
+  std::lock_guard lock(mu_);
+  if (closed_ || closing_) return false;
+  pipe::append_frame(queued_, m, devices);
+  for (const Tensor& t : m.tensors) {
+    if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
+  }
+  if (send_now && !writing_) send_inline_locked();
+  if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
+  return true;
+}
+
+template <typename Emit>
+void Connection::for_each_piece(const std::vector<uint8_t>& bytes,
+                                const std::vector<QueuedTensor>& tensors, Emit&& emit) {
+  size_t at = 0;
+  for (const QueuedTensor& t : tensors) {
+    if (t.offset > at) emit(bytes.data() + at, t.offset - at);
+    at = t.offset;
+    if (t.sent < t.tensor.nbytes()) {
+      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent, t.tensor.nbytes() - t.sent);
+    }
+  }
+  if (at < bytes.size()) emit(bytes.data() + at, bytes.size() - at);
+}
+
+void Connection::send_inline_locked() {
+  if (closed_ || (queued_.empty() && queued_tensors_.empty())) return;
+  // A few pieces cover the common case (a frame or a handful of small
+  // ones); more go to the asynchronous path whole.
+  constexpr size_t kMaxPieces = 64;
+  iovec pieces[kMaxPieces];
+  size_t count = 0;
+  bool all = true;
+  for_each_piece(queued_, queued_tensors_, [&](const uint8_t* data, size_t size) {
+    if (count == kMaxPieces) {
+      all = false;
+      return;
+    }
+    pieces[count++] = iovec{const_cast<uint8_t*>(data), size};
+  });
+  if (!all) return;
+  msghdr header{};
+  header.msg_iov = pieces;
+  header.msg_iovlen = count;
+  const ssize_t n = ::sendmsg(socket.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // Errors (EAGAIN, a reset) are left to the asynchronous path, which
+  // retries or reports them.
+  if (n > 0) consume_locked(static_cast<size_t>(n));
+}
+
+void Connection::consume_locked(size_t n) {
+  size_t at = 0;        // frame bytes fully sent
+  size_t finished = 0;  // tensors fully sent
+  while (n > 0) {
+    const size_t end =
+        finished < queued_tensors_.size() ? queued_tensors_[finished].offset : queued_.size();
+    const size_t bytes = std::min(n, end - at);
+    at += bytes;
+    n -= bytes;
+    if (n == 0 || finished == queued_tensors_.size()) break;
+    QueuedTensor& t = queued_tensors_[finished];
+    const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
+    t.sent += take;
+    n -= take;
+    if (t.sent < t.tensor.nbytes()) break;
+    ++finished;
+  }
+  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(at));
+  queued_tensors_.erase(queued_tensors_.begin(),
+                        queued_tensors_.begin() + static_cast<std::ptrdiff_t>(finished));
+  for (QueuedTensor& t : queued_tensors_) t.offset -= at;
+}
+
+bool Connection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
+                                 size_t size) {
+  std::lock_guard lock(mu_);
+  if (closed_ || closing_) return false;
+  pipe::append_control_frame(queued_, kind, 0, payload, size);
+  kick_locked();
+  return true;
+}
+
+void Connection::kick_locked() {
+  if (writing_) return;
+  writing_ = true;
+  asio::post(strand, [self = shared_from_this()] { self->write_some(); });
+}
+
+void Connection::write_some() {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    if (queued_.empty() && queued_tensors_.empty()) {
+      writing_ = false;
+      if (closing_) {
+        closed_ = true;
+        closed_cv_.notify_all();
+        boost::system::error_code ignored;
+        socket.shutdown(tcp::socket::shutdown_send, ignored);
+        socket.close(ignored);
+      }
+      return;
+    }
+    sending_.swap(queued_);
+    sending_tensors_.swap(queued_tensors_);
+  }
+  buffers_.clear();
+  for_each_piece(sending_, sending_tensors_,
+                 [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
+  asio::async_write(
+      socket, buffers_,
+      asio::bind_executor(strand, [self = shared_from_this()](
+                                      const boost::system::error_code& error, size_t) {
+        self->sending_.clear();
+        self->sending_tensors_.clear();
+        if (error) {
+          self->agent.connection_failed(self, "write failed: " + error.message());
+          return;
+        }
+        self->write_some();
+      }));
+}
+
+void Connection::start_reading() {
+  asio::post(strand, [self = shared_from_this()] { self->read_some(); });
+}
+
+void Connection::read_some() {
+  std::pair<uint8_t*, size_t> next;
+  try {
+    next = reader.next_buffer();  // may fail to allocate a large body
+  } catch (const std::exception& e) {
+    agent.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
+    return;
+  }
+  auto [data, size] = next;
+  socket.async_read_some(
+      asio::buffer(data, size),
+      asio::bind_executor(strand, [self = shared_from_this()](
+                                      const boost::system::error_code& error, size_t n) {
+        if (error) {
+          self->agent.connection_failed(
+              self, error == asio::error::eof ? "the peer closed the connection"
+                                              : "read failed: " + error.message());
+          return;
+        }
+        self->last_recv_ns = now_ns();
+        try {
+          self->reader.commit(n);
+        } catch (const std::exception& e) {
+          self->agent.connection_failed(self, fmt::format("protocol error: {}", e.what()));
+          return;
+        }
+        if (self->drain()) self->read_some();
+      }));
+}
+
+bool Connection::drain() {
+  pipe::InboundFrame frame;
+  while (reader.pop(frame)) {
+    if (!agent.on_frame(shared_from_this(), std::move(frame))) return false;
+  }
+  return true;
+}
+
+void Connection::resume_reading() {
+  asio::post(strand, [self = shared_from_this()] {
+    if (self->drain()) self->read_some();
+  });
+}
+
+void Connection::close_after_flush() {
+  std::lock_guard lock(mu_);
+  if (closed_ || closing_) return;
+  closing_ = true;
+  kick_locked();
+}
+
+bool Connection::wait_closed(Clock::time_point deadline) {
+  std::unique_lock lock(mu_);
+  return closed_cv_.wait_until(lock, deadline, [&] { return closed_; });
+}
+
+void Connection::close_now() {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    closed_ = true;
+    closed_cv_.notify_all();
+  }
+  asio::post(strand, [self = shared_from_this()] {
+    boost::system::error_code ignored;
+    self->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    self->socket.close(ignored);
+  });
+}
+
+}  // namespace switchboard::agents

@@ -1,0 +1,326 @@
+// PIPE dynamic groups: workers join and leave while the others run.
+//
+// Workers are RpcContexts on threads of this process over one HashStore,
+// on 127.0.0.1. Membership events are awaited through on_join/on_leave
+// callbacks (bounded by kGuard), never by sleeping. The only durations are
+// timeouts and, in the dead-holder case, the lease of a token value written
+// as a killed joiner would have left it.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agents/builtin_backends.h"
+#include "collective/tensor.h"
+#include "common/error.h"
+#include "rpc/backend_registry.h"
+#include "rpc/rpc.h"
+#include "store/hash_store.h"
+#include "tests/util/threads.h"
+
+using namespace switchboard;
+using namespace std::chrono_literals;
+using rpc::RpcContext;
+using rpc::WorkerInfo;
+using rpc::with_timeout;
+using testing::Gate;
+using testing::on_threads;
+using testing::rethrow_first;
+
+namespace {
+
+constexpr std::chrono::milliseconds kGuard = 60s;
+
+std::shared_ptr<rpc::RpcBackendOptions> options(std::chrono::milliseconds timeout = 30s,
+                                                const rpc::Extras& more = {}) {
+  rpc::Extras extras{{"listen_address", "127.0.0.1"}, {"num_worker_threads", "4"}};
+  for (const auto& [key, value] : more) extras[key] = value;
+  return rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), timeout, "env://",
+                                            extras);
+}
+
+// Names the worker sets of membership events, and waits for them.
+class Events {
+ public:
+  void attach(RpcContext& ctx) {
+    ctx.on_join([this](const WorkerInfo& w) { add(joined_, w.name); });
+    ctx.on_leave([this](const WorkerInfo& w) { add(left_, w.name); });
+  }
+  bool wait_joined(const std::set<std::string>& names) { return wait(joined_, names); }
+  bool wait_left(const std::set<std::string>& names) { return wait(left_, names); }
+  std::set<std::string> joined() {
+    std::lock_guard lock(mu_);
+    return joined_;
+  }
+
+ private:
+  void add(std::set<std::string>& to, const std::string& name) {
+    std::lock_guard lock(mu_);
+    to.insert(name);
+    cv_.notify_all();
+  }
+  bool wait(std::set<std::string>& in, const std::set<std::string>& names) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, kGuard, [&] {
+      return std::includes(in.begin(), in.end(), names.begin(), names.end());
+    });
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<std::string> joined_;
+  std::set<std::string> left_;
+};
+
+// A dynamic worker serving "whoami" (its name) and "add".
+struct Worker {
+  Worker(const std::string& name, int rank, std::shared_ptr<Store> store,
+         std::shared_ptr<rpc::RpcBackendOptions> opts = options())
+      : name(name) {
+    ctx.register_function("whoami", [name] { return name; });
+    ctx.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+    events.attach(ctx);
+    ctx.init_rpc(name, "PIPE", rank, std::nullopt, std::move(opts), std::move(store));
+  }
+  ~Worker() { ctx.shutdown(false); }
+
+  std::set<std::string> members() {
+    std::set<std::string> out;
+    for (const WorkerInfo& w : ctx.get_worker_infos()) out.insert(w.name);
+    return out;
+  }
+
+  std::string name;
+  RpcContext ctx;
+  Events events;
+};
+
+// What a call threw: "ConnectionError: ..." and so on.
+std::string failure_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const ConnectionError& e) {
+    return std::string("ConnectionError: ") + e.what();
+  } catch (const TimeoutError& e) {
+    return std::string("TimeoutError: ") + e.what();
+  } catch (const NotFoundError& e) {
+    return std::string("NotFoundError: ") + e.what();
+  } catch (const std::invalid_argument& e) {
+    return std::string("invalid_argument: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "none";
+}
+
+}  // namespace
+
+TEST_CASE("workers join one at a time, see each other, and the members learn of them",
+          "[pipe][dynamic]") {
+  auto store = std::make_shared<HashStore>();
+  Worker ps("ps", 0, store);
+  CHECK(ps.members() == std::set<std::string>{"ps"});
+  Worker t1("trainer-1", 1, store);
+  Worker t2("trainer-2", 2, store);
+  const std::set<std::string> all{"ps", "trainer-1", "trainer-2"};
+  REQUIRE(ps.events.wait_joined({"trainer-1", "trainer-2"}));
+  REQUIRE(t1.events.wait_joined({"trainer-2"}));
+  CHECK(t2.events.joined().empty());  // the members present at init are not events
+  CHECK(ps.members() == all);
+  CHECK(t1.members() == all);
+  CHECK(t2.members() == all);
+  for (Worker* from : {&ps, &t1, &t2}) {
+    for (const char* to : {"ps", "trainer-1", "trainer-2"}) {
+      CHECK(from->ctx.rpc_sync<std::string>(to, "whoami") == to);
+    }
+  }
+  CHECK(t2.ctx.get_worker_info("ps").id == 0);
+  CHECK(ps.ctx.rpc_sync<int64_t>(2, "add", int64_t{40}, int64_t{2}) == 42);
+}
+
+TEST_CASE("a worker that leaves is reported, and calls to it fail at once naming it",
+          "[pipe][dynamic]") {
+  auto store = std::make_shared<HashStore>();
+  Worker w0("w0", 0, store);
+  Worker w1("w1", 1, store);
+  Worker w2("w2", 2, store);
+  w1.ctx.shutdown(true, kGuard);  // leave
+  REQUIRE(w0.events.wait_left({"w1"}));
+  REQUIRE(w2.events.wait_left({"w1"}));
+  CHECK(w0.members() == std::set<std::string>{"w0", "w2"});
+  // No timeout at all: the call can only end by failing at once.
+  const std::string failure = failure_of(
+      [&] { w0.ctx.rpc_sync<std::string>("w1", "whoami", with_timeout(0ms)); });
+  CHECK_THAT(failure, Catch::StartsWith("ConnectionError"));
+  CHECK_THAT(failure, Catch::Contains("\"w1\" left the group"));
+  CHECK(w0.ctx.rpc_sync<std::string>("w2", "whoami") == "w2");
+  CHECK(w2.ctx.rpc_sync<std::string>("w0", "whoami") == "w0");
+}
+
+TEST_CASE("rank 0 may leave; the others keep working and new workers still join",
+          "[pipe][dynamic]") {
+  auto store = std::make_shared<HashStore>();
+  auto w0 = std::make_unique<Worker>("w0", 0, store);
+  Worker w1("w1", 1, store);
+  Worker w2("w2", 2, store);
+  w0->ctx.shutdown(true, kGuard);
+  REQUIRE(w1.events.wait_left({"w0"}));
+  REQUIRE(w2.events.wait_left({"w0"}));
+  w0.reset();
+  Worker w3("w3", 3, store);
+  REQUIRE(w1.events.wait_joined({"w3"}));
+  CHECK(w3.members() == std::set<std::string>{"w1", "w2", "w3"});
+  CHECK(w3.ctx.rpc_sync<std::string>("w1", "whoami") == "w1");
+  CHECK(w2.ctx.rpc_sync<std::string>("w3", "whoami") == "w3");
+}
+
+TEST_CASE("several workers joining and leaving at once all succeed", "[pipe][dynamic]") {
+  auto store = std::make_shared<HashStore>();
+  Worker anchor("anchor", 0, store);
+  std::vector<std::unique_ptr<Worker>> leavers;
+  for (int i = 1; i <= 2; ++i) {
+    leavers.push_back(std::make_unique<Worker>(fmt::format("leaver-{}", i), i, store));
+  }
+  std::vector<std::unique_ptr<Worker>> joiners(4);
+  rethrow_first(on_threads(6, [&](int i) {
+    if (i < 4) {
+      joiners[i] = std::make_unique<Worker>(fmt::format("joiner-{}", i), 10 + i, store);
+    } else {
+      leavers[i - 4]->ctx.shutdown(true, kGuard);
+    }
+  }));
+  REQUIRE(anchor.events.wait_joined({"joiner-0", "joiner-1", "joiner-2", "joiner-3"}));
+  REQUIRE(anchor.events.wait_left({"leaver-1", "leaver-2"}));
+  const std::set<std::string> expected{"anchor", "joiner-0", "joiner-1", "joiner-2",
+                                       "joiner-3"};
+  CHECK(anchor.members() == expected);
+  for (auto& j : joiners) {
+    for (const std::string& to : expected) {
+      CHECK(j->ctx.rpc_sync<std::string>(to, "whoami") == to);
+    }
+  }
+}
+
+TEST_CASE("a joiner with an invalid device map is refused and the group is unaffected",
+          "[pipe][dynamic][device_map]") {
+  auto store = std::make_shared<HashStore>();
+  Worker w0("w0", 0, store, options(30s, {{"device_count", "1"}}));
+  Worker w1("w1", 1, store, options(30s, {{"device_count", "1"}}));
+  auto bad = options(30s, {{"device_count", "1"}});
+  dynamic_cast<agents::PipeRpcBackendOptions&>(*bad).set_device_map("w1",
+                                                                    {{"cuda:0", "cuda:5"}});
+  const std::string failure = failure_of([&] { Worker w2("w2", 2, store, bad); });
+  CHECK_THAT(failure, Catch::StartsWith("invalid_argument"));
+  CHECK_THAT(failure, Catch::Contains("cuda:5"));
+  CHECK_THAT(failure, Catch::Contains("\"w2\""));
+  CHECK(w0.members() == std::set<std::string>{"w0", "w1"});
+  CHECK(w0.ctx.rpc_sync<std::string>("w1", "whoami") == "w1");
+  // The refused joiner released the token and never took its rank.
+  Worker w2("w2", 2, store, options(30s, {{"device_count", "1"}}));
+  CHECK(w2.members() == std::set<std::string>{"w0", "w1", "w2"});
+}
+
+TEST_CASE("a joiner killed while holding the token holds the group up for one lease only",
+          "[pipe][dynamic][token]") {
+  auto store = std::make_shared<HashStore>();
+  Worker w0("w0", 0, store);
+  // What a joiner killed mid-join leaves in the store: its token, with a
+  // lease that ends 2 s from now.
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  const std::string ghost = fmt::format("ghost\n{}\n1", now_ms + 2'000);
+  store->set("pipe/dyn/token", Bytes(ghost.begin(), ghost.end()));
+  // Inside the lease: a joiner that will not wait is refused, naming it.
+  const std::string failure = failure_of([&] { Worker hasty("hasty", 1, store, options(50ms)); });
+  CHECK_THAT(failure, Catch::StartsWith("TimeoutError"));
+  CHECK_THAT(failure, Catch::Contains("held by \"ghost\""));
+  // One that waits gets in once the lease is over.
+  Worker w2("w2", 2, store);
+  CHECK(w2.members() == std::set<std::string>{"w0", "w2"});
+  CHECK(w2.ctx.rpc_sync<std::string>("w0", "whoami") == "w0");
+}
+
+TEST_CASE("ranks are never reused; a name may come back after its worker left",
+          "[pipe][dynamic]") {
+  auto store = std::make_shared<HashStore>();
+  Worker w0("w0", 0, store);
+  {
+    Worker w1("w1", 1, store);
+    w1.ctx.shutdown(true, kGuard);
+  }
+  REQUIRE(w0.events.wait_left({"w1"}));
+  const std::string reused = failure_of([&] { Worker again("w1-again", 1, store); });
+  CHECK_THAT(reused, Catch::StartsWith("invalid_argument"));
+  CHECK_THAT(reused, Catch::Contains("rank 1 was taken by worker \"w1\""));
+  const std::string duplicate = failure_of([&] { Worker twin("w0", 7, store); });
+  CHECK_THAT(duplicate, Catch::Contains("\"w0\" is used by rank 0"));
+  Worker back("w1", 5, store);
+  CHECK(w0.ctx.rpc_sync<std::string>("w1", "whoami") == "w1");
+  CHECK(w0.ctx.get_worker_info("w1").id == 5);
+}
+
+TEST_CASE("a leaving worker finishes the calls it is serving before it goes",
+          "[pipe][dynamic][join]") {
+  auto store = std::make_shared<HashStore>();
+  auto gate = std::make_shared<Gate>(kGuard);
+  Worker w0("w0", 0, store);
+  RpcContext w1;
+  w1.register_function("gated", [gate](int64_t v) {
+    gate->pass();
+    return v + 1;
+  });
+  w1.init_rpc("w1", "PIPE", 1, std::nullopt, options(), store);
+  auto call = w0.ctx.rpc_async<int64_t>("w1", "gated", int64_t{41});
+  REQUIRE(gate->wait_arrived(1));
+  std::exception_ptr leave_error;
+  std::thread leaver([&] {
+    try {
+      w1.shutdown(true, kGuard);
+    } catch (...) {
+      leave_error = std::current_exception();
+    }
+  });
+  // New calls fail once w0 has the goodbye; the one in flight completes.
+  REQUIRE(w0.events.wait_left({"w1"}));
+  CHECK_THAT(failure_of([&] { w0.ctx.rpc_sync<int64_t>("w1", "gated", int64_t{0}); }),
+             Catch::Contains("left the group"));
+  gate->open();
+  CHECK(call.value() == 42);
+  leaver.join();
+  CHECK(leave_error == nullptr);
+}
+
+TEST_CASE("static and dynamic workers cannot form one group", "[pipe][dynamic]") {
+  SECTION("a dynamic worker meets a static group") {
+    auto store = std::make_shared<HashStore>();
+    std::vector<std::unique_ptr<RpcContext>> group(2);
+    rethrow_first(on_threads(2, [&](int rank) {
+      group[rank] = std::make_unique<RpcContext>();
+      group[rank]->init_rpc(fmt::format("s{}", rank), "PIPE", rank, 2, options(), store);
+    }));
+    RpcContext joiner;
+    const std::string failure = failure_of(
+        [&] { joiner.init_rpc("d0", "PIPE", 5, std::nullopt, options(), store); });
+    CHECK_THAT(failure, Catch::StartsWith("invalid_argument"));
+    CHECK_THAT(failure, Catch::Contains("would join a dynamic group"));
+    CHECK_THAT(failure, Catch::Contains("holds a static group"));
+    on_threads(2, [&](int rank) { group[rank]->shutdown(true, kGuard); });
+  }
+  SECTION("a static worker meets a dynamic group") {
+    auto store = std::make_shared<HashStore>();
+    Worker d0("d0", 0, store);
+    RpcContext s0;
+    const std::string failure =
+        failure_of([&] { s0.init_rpc("s0", "PIPE", 0, 1, options(), store); });
+    CHECK_THAT(failure, Catch::Contains("would join a static group (world_size 1)"));
+    CHECK_THAT(failure, Catch::Contains("holds a dynamic group"));
+    CHECK(d0.members() == std::set<std::string>{"d0"});
+  }
+}
