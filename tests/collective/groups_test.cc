@@ -19,6 +19,7 @@
 #include "store/hash_store.h"
 #include "store/store.h"
 #include "store/tcp_store.h"
+#include "tests/util/threads.h"
 
 using namespace switchboard;
 using namespace switchboard::collective;
@@ -30,21 +31,7 @@ constexpr GroupTimeout kTimeout = 30s;
 
 // Runs body(rank) on one thread per rank; rethrows the first rank's error.
 void run_ranks(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  switchboard::testing::rethrow_first(switchboard::testing::on_threads(n, body));
 }
 
 using Contexts = std::vector<std::unique_ptr<CollectiveContext>>;

@@ -23,6 +23,7 @@
 #include "common/error.h"
 #include "store/hash_store.h"
 #include "store/store.h"
+#include "tests/util/threads.h"
 
 using namespace switchboard;
 using namespace switchboard::collective;
@@ -162,21 +163,7 @@ void register_threads_backend() {
 
 // Runs body(rank) on one thread per rank; rethrows the first rank's error.
 void run_ranks(int n, const std::function<void(int)>& body) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank);
-      } catch (...) {
-        errors[rank] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  switchboard::testing::rethrow_first(switchboard::testing::on_threads(n, body));
 }
 
 std::vector<std::unique_ptr<CollectiveContext>> make_contexts(
