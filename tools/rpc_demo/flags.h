@@ -1,0 +1,45 @@
+// Command line of the RPC demo: its flags, their parser and the usage text.
+//
+// Thread safety: plain functions over values; nothing is shared.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace switchboard::rpc_demo {
+
+extern const char* const kUsage;
+
+struct DemoFlags {
+  int64_t steps = 10000;          // SGD steps of the first trainer
+  int64_t dim = 128;              // parameters (w* has this many weights)
+  int64_t batch = 32;             // minibatch rows per step
+  int64_t samples = 4096;         // rows in each trainer's shard
+  int64_t held_out = 2048;        // rows in the ps's held-out set
+  double lr = 0.05;               // SGD step size
+  int64_t pushes_per_update = 0;  // K; 0: the number of trainers
+  int64_t spread = 20;            // percent fewer steps for the last trainer
+  int64_t log_every = 0;          // updates between progress lines; 0: ~10 lines
+  int64_t seed = 1;               // w*, every shard and the held-out set
+  std::string listen_address = "127.0.0.1";  // PIPE and the trainers' Gloo group
+  bool quick = false;                        // about a second, for tests
+};
+
+// What parse_flags() found: flags, a request for help, or an error.
+struct FlagsResult {
+  DemoFlags flags;
+  bool help = false;
+  std::string error;  // non-empty: what is wrong
+};
+
+// Parses argv[1..]: "--flag VALUE" or "--flag=VALUE". --quick changes the
+// defaults (steps, dim, samples, held-out rows), wherever it appears; flags
+// given explicitly still win.
+FlagsResult parse_flags(int argc, char** argv);
+
+// Steps trainer `trainer` (1..trainers) runs: `steps` for trainer 1, down to
+// steps * (1 - spread / 100) for the last one, so that the trainers finish
+// at different times. At least 1.
+int64_t steps_for(const DemoFlags& flags, int trainer, int trainers);
+
+}  // namespace switchboard::rpc_demo

@@ -1,0 +1,107 @@
+// rpc_demo: a parameter server and its trainers over Switchboard RPC, the
+// main job (tools/demo). Run it under the launcher:
+//
+//   bazel build //tools/rpc_demo //tools/launch
+//   bazel-bin/tools/launch/launch --nproc 4 -- bazel-bin/tools/rpc_demo/rpc_demo
+//
+// Rank 0 is the parameter server "ps" (ps.cc); ranks 1..N-1 are the trainers
+// "trainer-1", ... (trainer.cc). They fit y = X w* + noise with SGD: each
+// trainer pushes minibatch gradients to the ps with rpc_async, the ps
+// averages them in batches (parameter_server.h) and the trainers fetch the
+// new parameters. At the end the trainers check over a Gloo allreduce that
+// they all hold the same parameters. `rpc_demo --help` lists the flags.
+//
+// Exit status: 0 the held-out loss went down and the trainers agree; 1 it
+// did not, they do not, or something failed (the error is printed); 2 a
+// usage error (bad flags, or not started by the launcher).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "rpc/rendezvous.h"
+#include "rpc/rpc.h"
+#include "tools/rpc_demo/flags.h"
+#include "tools/rpc_demo/roles.h"
+
+namespace switchboard::rpc_demo {
+
+std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags) {
+  return rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), kRpcTimeout,
+                                            "env://",
+                                            {{"listen_address", flags.listen_address}});
+}
+
+void say_line(const std::string& who, const std::string& text) {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
+  fmt::print("{}: {}\n", who, text);
+  std::fflush(stdout);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace switchboard::rpc_demo
+
+namespace {
+
+using namespace switchboard::rpc_demo;
+
+// The role's name, for the error line.
+std::string role_name(int rank) {
+  return rank == 0 ? "ps" : fmt::format("trainer-{}", rank);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  FlagsResult parsed = parse_flags(argc, argv);
+  if (parsed.help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!parsed.error.empty()) {
+    fmt::print(stderr, "rpc_demo: {}\n{}", parsed.error, kUsage);
+    return 2;
+  }
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  try {
+    rank = switchboard::rpc::env_rank();
+    world_size = switchboard::rpc::env_world_size();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "rpc_demo: {}\n", e.what());
+    return 2;
+  }
+  if (!rank || !world_size || *world_size < 2) {
+    fmt::print(stderr,
+               "rpc_demo: needs RANK and a WORLD_SIZE of at least 2 (one ps, one "
+               "trainer); found RANK={} WORLD_SIZE={}. Start it with the launcher:\n"
+               "  launch --nproc 4 -- rpc_demo\n",
+               rank ? std::to_string(*rank) : "(unset)",
+               world_size ? std::to_string(*world_size) : "(unset)");
+    return 2;
+  }
+  // The trainers' Gloo group binds what SWITCHBOARD_GLOO_HOSTNAME names
+  // (collective/registry.cc); keep it on the same address as PIPE unless
+  // the caller chose one. Set while this process has one thread.
+  ::setenv("SWITCHBOARD_GLOO_HOSTNAME", parsed.flags.listen_address.c_str(),
+           /*overwrite=*/0);
+  try {
+    return *rank == 0 ? run_ps(parsed.flags, *world_size)
+                      : run_trainer(parsed.flags, *rank, *world_size);
+  } catch (const std::exception& e) {
+    say(role_name(*rank), "failed: {}", e.what());
+    if (switchboard::rpc::RpcContext::global().initialized()) {
+      switchboard::rpc::shutdown(/*graceful=*/false);
+    }
+    return 1;
+  }
+}
