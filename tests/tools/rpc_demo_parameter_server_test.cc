@@ -184,3 +184,52 @@ TEST_CASE("SGD on the demo's synthetic regression lowers the held-out loss",
   CHECK(loss(held_out, w) < initial / 100);
   CHECK(distance(w, w_star) < distance(std::vector<float>(16, 0.0f), w_star) / 10);
 }
+
+// A dynamic group: trainer 3 joins late. Until its join() the batches are
+// those of the trainers already training; the run ends only once it, too,
+// is done.
+TEST_CASE("a late trainer counts only from its join, and the run waits for it",
+          "[rpc_demo][dynamic]") {
+  ParameterServer server({.dim = 1,
+                          .learning_rate = 1.0f,
+                          .trainers = 3,
+                          .pushes_per_update = 3,
+                          .late = {3}});
+  CHECK_THROWS_WITH(server.push(3, grad_of({1})), Catch::Contains("has not joined"));
+  auto a = server.push(1, grad_of({1}));
+  CHECK_FALSE(a.done());
+  auto b = server.push(2, grad_of({3}));
+  REQUIRE(a.wait_for(kGuard));  // min(3, 2 training) = 2 pushes
+  CHECK(b.value() == 1);
+  server.join(3);
+  CHECK_THROWS_WITH(server.join(3), Catch::Contains("it is training"));
+  CHECK_THROWS_WITH(server.join(1), Catch::Contains("not a late trainer"));
+  auto c = server.push(1, grad_of({1}));
+  auto d = server.push(3, grad_of({1}));
+  CHECK_FALSE(c.done());  // now 3 are training
+  auto e = server.push(2, grad_of({1}));
+  REQUIRE(c.wait_for(kGuard));
+  CHECK(d.value() == 2);
+  CHECK(e.value() == 2);
+  // Trainers 1 and 2 finishing is not the end while 3 still trains.
+  auto finished = server.done(1);
+  (void)server.done(2);
+  CHECK_FALSE(finished.done());
+  CHECK(server.still_training() == std::vector<int64_t>{3});
+  (void)server.done(3);
+  REQUIRE(finished.wait_for(kGuard));
+  CHECK(values_of(finished.value()) == std::vector<float>{-3.0f});
+}
+
+TEST_CASE("a late trainer that never joins may still be done, ending the run",
+          "[rpc_demo][dynamic]") {
+  ParameterServer server(
+      {.dim = 1, .learning_rate = 1.0f, .trainers = 2, .pushes_per_update = 2, .late = {2}});
+  auto a = server.push(1, grad_of({2}));
+  REQUIRE(a.wait_for(kGuard));  // only trainer 1 trains
+  auto finished = server.done(1);
+  CHECK_FALSE(finished.done());
+  (void)server.done(2);
+  REQUIRE(finished.wait_for(kGuard));
+  CHECK(server.version() == 1);
+}

@@ -16,7 +16,8 @@ const char* const kUsage =
     "\n"
     "Rank 0 is the parameter server \"ps\"; ranks 1..N-1 are trainers\n"
     "\"trainer-1\"... that fit a linear regression y = X w* + noise with SGD over\n"
-    "RPC, then check with a Gloo allreduce that they hold the same parameters.\n"
+    "RPC in a dynamic group, then check with a Gloo allreduce that they hold the\n"
+    "same parameters. With 3 or more trainers, one joins mid-run and one leaves.\n"
     "\n"
     "  --steps S           SGD steps of trainer-1 (default 10000; --quick 200)\n"
     "  --spread P          the last trainer runs P% fewer steps (default 20)\n"
@@ -28,6 +29,11 @@ const char* const kUsage =
     "  --pushes-per-update K  gradients averaged into one update (default: the\n"
     "                      number of trainers, i.e. one update per round)\n"
     "  --log-every U       updates between progress lines (default: ~10 lines)\n"
+    "  --late-joiner R     trainer R joins the group once the ps is halfway\n"
+    "                      (default: the last trainer when there are 3 or more;\n"
+    "                      0: none)\n"
+    "  --leaver R          trainer R leaves the group after a third of its steps\n"
+    "                      (default: trainer-2 when there are 3 or more; 0: none)\n"
     "  --seed N            seed of w*, the shards and the held-out set (default 1)\n"
     "  --listen-address A  address PIPE and Gloo bind (default 127.0.0.1)\n"
     "  --quick             a run of about a second, for tests\n"
@@ -63,6 +69,8 @@ constexpr IntFlag kIntFlags[] = {
     {"--pushes-per-update", &DemoFlags::pushes_per_update, 0},
     {"--log-every", &DemoFlags::log_every, 0},
     {"--seed", &DemoFlags::seed, 0},
+    {"--late-joiner", &DemoFlags::late_joiner, 0},
+    {"--leaver", &DemoFlags::leaver, 0},
 };
 
 // Applies one "--flag VALUE"; returns an error message, or "" when it fits.
@@ -125,6 +133,16 @@ FlagsResult parse_flags(int argc, char** argv) {
                                result.flags.spread);
   }
   return result;
+}
+
+int64_t late_joiner(const DemoFlags& flags, int trainers) {
+  if (flags.late_joiner >= 0) return flags.late_joiner;
+  return trainers >= 3 ? trainers : 0;
+}
+
+int64_t leaver(const DemoFlags& flags, int trainers) {
+  if (flags.leaver >= 0) return flags.leaver;
+  return trainers >= 3 ? 2 : 0;
 }
 
 int64_t steps_for(const DemoFlags& flags, int trainer, int trainers) {

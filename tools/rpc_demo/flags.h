@@ -21,6 +21,8 @@ struct DemoFlags {
   int64_t spread = 20;            // percent fewer steps for the last trainer
   int64_t log_every = 0;          // updates between progress lines; 0: ~10 lines
   int64_t seed = 1;               // w*, every shard and the held-out set
+  int64_t late_joiner = -1;       // trainer that joins mid-run; 0 none, -1 auto
+  int64_t leaver = -1;            // trainer that leaves early; 0 none, -1 auto
   std::string listen_address = "127.0.0.1";  // PIPE and the trainers' Gloo group
   bool quick = false;                        // about a second, for tests
 };
@@ -41,5 +43,11 @@ FlagsResult parse_flags(int argc, char** argv);
 // steps * (1 - spread / 100) for the last one, so that the trainers finish
 // at different times. At least 1.
 int64_t steps_for(const DemoFlags& flags, int trainer, int trainers);
+
+// The trainer that joins the group once the ps is halfway, and the one that
+// leaves after a third of its steps (0: none): the flags, or by default the
+// last trainer and trainer 2 when there are at least 3 trainers.
+int64_t late_joiner(const DemoFlags& flags, int trainers);
+int64_t leaver(const DemoFlags& flags, int trainers);
 
 }  // namespace switchboard::rpc_demo

@@ -5,7 +5,8 @@
 //   bazel-bin/tools/launch/launch --nproc 4 -- bazel-bin/tools/rpc_demo/rpc_demo
 //
 // Rank 0 is the parameter server "ps" (ps.cc); ranks 1..N-1 are the trainers
-// "trainer-1", ... (trainer.cc). They fit y = X w* + noise with SGD: each
+// "trainer-1", ... (trainer.cc). They form a dynamic group: with 3 or more
+// trainers, one joins mid-run and one leaves early. They fit y = X w* + noise with SGD: each
 // trainer pushes minibatch gradients to the ps with rpc_async, the ps
 // averages them in batches (parameter_server.h) and the trainers fetch the
 // new parameters. At the end the trainers check over a Gloo allreduce that
@@ -87,6 +88,17 @@ int main(int argc, char** argv) {
                "  launch --nproc 4 -- rpc_demo\n",
                rank ? std::to_string(*rank) : "(unset)",
                world_size ? std::to_string(*world_size) : "(unset)");
+    return 2;
+  }
+  const int trainers = *world_size - 1;
+  const int64_t late = late_joiner(parsed.flags, trainers);
+  const int64_t leaves = leaver(parsed.flags, trainers);
+  if (late > trainers || leaves > trainers || (late > 0 && late == leaves) ||
+      (leaves > 0 && trainers - 1 < 1)) {
+    fmt::print(stderr,
+               "rpc_demo: --late-joiner {} and --leaver {} must name different trainers "
+               "among 1..{} (0: none), and one trainer must stay\n",
+               late, leaves, trainers);
     return 2;
   }
   // The trainers' Gloo group binds what SWITCHBOARD_GLOO_HOSTNAME names

@@ -19,9 +19,26 @@ ParameterServer::ParameterServer(ServerOptions options, ServerHooks hooks)
              options_.pushes_per_update);
   params_ = Tensor::zeros({options_.dim}, DType::kFloat32);
   sum_.assign(static_cast<size_t>(options_.dim), 0.0);
-  done_.assign(static_cast<size_t>(options_.trainers), false);
+  phase_.assign(static_cast<size_t>(options_.trainers), Phase::kTraining);
   pushes_.assign(static_cast<size_t>(options_.trainers), 0);
   still_training_ = options_.trainers;
+  for (int64_t trainer : options_.late) {
+    check_trainer(trainer, "ParameterServer: a late trainer");
+    SB_REQUIRE(phase_[trainer - 1] == Phase::kTraining,
+               "ParameterServer: late trainer {} is listed twice", trainer);
+    phase_[trainer - 1] = Phase::kLate;
+    --still_training_;
+  }
+}
+
+void ParameterServer::join(int64_t trainer) {
+  check_trainer(trainer, "join");
+  std::lock_guard lock(mu_);
+  SB_REQUIRE(phase_[trainer - 1] == Phase::kLate,
+             "join: trainer {} is not a late trainer waiting to join ({})", trainer,
+             phase_[trainer - 1] == Phase::kDone ? "it is done" : "it is training");
+  phase_[trainer - 1] = Phase::kTraining;
+  ++still_training_;
 }
 
 void ParameterServer::check_trainer(int64_t trainer, const char* what) const {
@@ -41,7 +58,9 @@ rpc::Future<int64_t> ParameterServer::push(int64_t trainer, const Tensor& grad) 
   Released released;
   {
     std::lock_guard lock(mu_);
-    SB_REQUIRE(!done_[trainer - 1], "push_grad: trainer {} already called done", trainer);
+    SB_REQUIRE(phase_[trainer - 1] == Phase::kTraining, "push_grad: trainer {} {}", trainer,
+               phase_[trainer - 1] == Phase::kDone ? "already called done"
+                                                   : "is a late trainer that has not joined");
     for (size_t j = 0; j < sum_.size(); ++j) sum_[j] += values[j];
     pending_.push_back(promise);
     ++pushes_[trainer - 1];
@@ -59,13 +78,15 @@ rpc::Future<Tensor> ParameterServer::done(int64_t trainer) {
   Tensor final_params;
   {
     std::lock_guard lock(mu_);
-    SB_REQUIRE(!done_[trainer - 1], "done: trainer {} called done twice", trainer);
-    done_[trainer - 1] = true;
-    --still_training_;
+    SB_REQUIRE(phase_[trainer - 1] != Phase::kDone, "done: trainer {} called done twice",
+               trainer);
+    if (phase_[trainer - 1] == Phase::kTraining) --still_training_;
+    phase_[trainer - 1] = Phase::kDone;
+    ++done_count_;
     released = maybe_update_locked(/*flush_all=*/still_training_ == 0);
     event = {trainer, pushes_[trainer - 1], still_training_,
              std::min(options_.pushes_per_update, still_training_)};
-    if (still_training_ == 0) final_params = params_;
+    if (done_count_ == options_.trainers) final_params = params_;
   }
   release(std::move(released));
   if (hooks_.on_done) hooks_.on_done(event);
@@ -117,8 +138,8 @@ int64_t ParameterServer::version() const {
 std::vector<int64_t> ParameterServer::still_training() const {
   std::lock_guard lock(mu_);
   std::vector<int64_t> trainers;
-  for (size_t i = 0; i < done_.size(); ++i) {
-    if (!done_[i]) trainers.push_back(static_cast<int64_t>(i) + 1);
+  for (size_t i = 0; i < phase_.size(); ++i) {
+    if (phase_[i] != Phase::kDone) trainers.push_back(static_cast<int64_t>(i) + 1);
   }
   return trainers;
 }

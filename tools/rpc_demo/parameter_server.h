@@ -8,12 +8,14 @@
 //
 //     pending pushes >= target = min(pushes_per_update, trainers still training)
 //
-// where a trainer is still training until its done() arrived. The rule is
+// where a trainer is training from the start (or, for a late trainer, from
+// its join()) until its done() arrived. The rule is
 // checked after every push() and every done(). When it holds, the pending
 // gradients are averaged, one step w -= learning_rate * mean is applied, the
 // version goes up by one, and every pending push's future completes with
-// that version. When the last trainer is done, whatever is still pending is
-// applied, and every done() future completes with the final parameters.
+// that version. When no trainer is training, whatever is still pending is
+// applied; when every trainer is done, every done() future completes with
+// the final parameters.
 // With pushes_per_update = number of trainers this is synchronous SGD: one
 // update per round, every trainer's gradient in it.
 //
@@ -21,8 +23,10 @@
 // pending here, or has called done(). If every trainer still training is
 // waiting, then pending >= trainers still training >= target, so the push
 // that arrived last applied an update and released them. A trainer that
-// finishes early lowers the target when its done() arrives, which releases
-// a partial batch the others wait on; the last done() flushes everything.
+// finishes early (or leaves) lowers the target when its done() arrives,
+// which releases a partial batch the others wait on; the last done()
+// flushes everything. A late trainer counts only from its join(), when it
+// is about to push, so waiting for it never holds a batch back.
 //
 // Thread safety: every method may be called from any thread. The hooks run,
 // and then the futures complete, outside the lock, on the thread whose
@@ -44,6 +48,9 @@ struct ServerOptions {
   float learning_rate = 0.1f;  // the SGD step size (> 0)
   int trainers = 0;            // trainers numbered 1..trainers (> 0)
   int pushes_per_update = 0;   // the batch size K (> 0)
+  // Trainers that join later (a dynamic group): they count as training only
+  // from their join().
+  std::vector<int64_t> late;
 };
 
 // What an update did, for progress lines.
@@ -87,7 +94,13 @@ class ParameterServer {
   // another dtype or size, naming what it got.
   rpc::Future<int64_t> push(int64_t trainer, const Tensor& grad);
 
-  // Trainer `trainer` pushes no more. The future (the same one for every
+  // Late trainer `trainer` starts training: from now on it counts in the
+  // batching rule. Throws std::invalid_argument for a trainer that is not
+  // late, or that joined or called done() already.
+  void join(int64_t trainer);
+
+  // Trainer `trainer` pushes no more (a late trainer may call it without
+  // having joined). The future (the same one for every
   // trainer) completes with the final parameters once every trainer called
   // done(). Throws std::invalid_argument for an unknown trainer or a second
   // done() from one trainer.
@@ -100,7 +113,8 @@ class ParameterServer {
   // replace and never write to, so the caller may keep and send it.
   Tensor params() const;
   int64_t version() const;
-  // The trainers (1..trainers) that have not called done(), in order.
+  // The trainers (1..trainers) that have not called done() (late ones
+  // included, joined or not), in order.
   std::vector<int64_t> still_training() const;
   // Pushes received so far from each trainer (index 0 is trainer 1).
   std::vector<int64_t> pushes_by_trainer() const;
@@ -129,7 +143,9 @@ class ParameterServer {
   int64_t version_ = 0;                         // GUARDED_BY(mu_)
   std::vector<double> sum_;                     // GUARDED_BY(mu_); pending gradients
   std::vector<rpc::Promise<int64_t>> pending_;  // GUARDED_BY(mu_)
-  std::vector<bool> done_;                      // GUARDED_BY(mu_); by trainer - 1
+  enum class Phase : uint8_t { kLate, kTraining, kDone };
+  std::vector<Phase> phase_;                    // GUARDED_BY(mu_); by trainer - 1
+  int done_count_ = 0;                          // GUARDED_BY(mu_)
   std::vector<int64_t> pushes_;                 // GUARDED_BY(mu_); by trainer - 1
   int still_training_ = 0;                      // GUARDED_BY(mu_)
 };

@@ -1,6 +1,9 @@
 // The parameter server role of the RPC demo (rank 0, worker "ps").
 //
-// It serves push_grad, get_params and done (roles.h) over a ParameterServer
+// It joins the dynamic group, reports every worker that joins or leaves
+// (on_join/on_leave), lets the late trainer in once it is halfway (a key in
+// the launcher's store), and serves push_grad, get_params, join_training,
+// retire and done (roles.h) over a ParameterServer
 // (parameter_server.h), prints a progress line every --log-every updates and
 // a report once every trainer is done, then shuts down gracefully. It exits
 // 1 when the held-out loss did not fall below kMaxLossRatio of its start.
@@ -15,7 +18,9 @@
 
 #include "collective/tensor.h"
 #include "common/error.h"
+#include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
+#include "store/store.h"
 #include "tools/rpc_demo/parameter_server.h"
 #include "tools/rpc_demo/regression.h"
 #include "tools/rpc_demo/roles.h"
@@ -50,6 +55,10 @@ struct PsState {
   CallCounts calls;
   Clock::time_point start = Clock::now();
   std::unique_ptr<ParameterServer> server;
+  // The late trainer may join once this many updates are applied.
+  int64_t late_join_at = 0;
+  std::shared_ptr<Store> store;  // the launcher's, for the late-join signal
+  std::atomic<bool> late_join_signaled{false};
 };
 
 double held_out_loss(const PsState& ps, const Tensor& params) {
@@ -58,7 +67,13 @@ double held_out_loss(const PsState& ps, const Tensor& params) {
 
 // The progress line for every --log-every-th update (the hook runs on the
 // thread that applied the update, outside the server's lock).
-void on_update(const PsState& ps, const UpdateEvent& event) {
+void on_update(PsState& ps, const UpdateEvent& event) {
+  if (ps.late_join_at > 0 && event.version >= ps.late_join_at &&
+      !ps.late_join_signaled.exchange(true)) {
+    say("ps", "halfway ({} updates applied): letting trainer-{} join", ps.late_join_at,
+        late_joiner(ps.flags, ps.trainers));
+    ps.store->set(kLateJoinKey, Bytes{1});
+  }
   if (event.version % ps.log_every != 0) return;
   say("ps",
       "update {:>5}: held-out loss {:10.6f}, batch of {}, {} training, "
@@ -88,6 +103,21 @@ void register_functions(const std::shared_ptr<PsState>& ps) {
   rpc::register_function("done", [ps](int64_t trainer) -> rpc::Future<Tensor> {
     ++ps->calls.done;
     return ps->server->done(trainer);
+  });
+  rpc::register_function("join_training", [ps](int64_t trainer) {
+    ++ps->calls.done;
+    ps->server->join(trainer);
+  });
+  // A trainer that leaves: done, without waiting for the end of the run.
+  rpc::register_function("retire", [ps](int64_t trainer) {
+    ++ps->calls.done;
+    (void)ps->server->done(trainer);
+  });
+  rpc::on_join([](const rpc::WorkerInfo& w) {
+    say("ps", "{} joined the group ({} members now)", w.name, rpc::get_worker_infos().size());
+  });
+  rpc::on_leave([](const rpc::WorkerInfo& w) {
+    say("ps", "{} left the group ({} members now)", w.name, rpc::get_worker_infos().size());
   });
 }
 
@@ -125,9 +155,7 @@ Tensor wait_for_trainers(const PsState& ps) {
 bool report(const PsState& ps, double initial_loss, const Tensor& final_params,
             double training_seconds) {
   const double final_loss = held_out_loss(ps, final_params);
-  std::vector<int64_t> steps;
-  for (int t = 1; t <= ps.trainers; ++t)
-    steps.push_back(steps_for(ps.flags, t, ps.trainers));
+  const std::vector<int64_t> steps = ps.server->pushes_by_trainer();
   const std::vector<float> zeros(ps.w_star.size(), 0.0f);
   const auto pushes = ps.calls.push_grad.load();
   const auto total = ps.calls.total();
@@ -141,8 +169,8 @@ bool report(const PsState& ps, double initial_loss, const Tensor& final_params,
   say("ps", "  distance to w*  {:.6f} -> {:.6f}", distance(zeros, ps.w_star),
       distance(final_params.span<float>(), ps.w_star));
   say("ps",
-      "  RPC calls served {} (push_grad {}, get_params {}, done {}) in {:.2f} s: "
-      "{:.0f} calls/s",
+      "  RPC calls served {} (push_grad {}, get_params {}, done/join/retire {}) in "
+      "{:.2f} s: {:.0f} calls/s",
       total, pushes, ps.calls.get_params.load(), ps.calls.done.load(), training_seconds,
       total / std::max(training_seconds, 1e-9));
   const bool ok = final_loss <= kMaxLossRatio * initial_loss;
@@ -172,7 +200,12 @@ int run_ps(const DemoFlags& flags, int world_size) {
   ServerOptions options{
       flags.dim, static_cast<float>(flags.lr), ps->trainers,
       static_cast<int>(std::min<int64_t>(ps->pushes_per_update, 1 << 30))};
-  const PsState* raw = ps.get();  // the hook must not keep ps alive (a cycle)
+  if (const int64_t late = late_joiner(flags, ps->trainers); late > 0) {
+    options.late = {late};
+    ps->late_join_at = std::max<int64_t>(1, steps_for(flags, 1, ps->trainers) / 2);
+    ps->store = rpc::rendezvous("env://", 0, std::nullopt, kRpcTimeout).store;
+  }
+  PsState* raw = ps.get();  // the hook must not keep ps alive (a cycle)
   ps->server = std::make_unique<ParameterServer>(
       options,
       ServerHooks{.on_update = [raw](const UpdateEvent& e) { on_update(*raw, e); },
@@ -181,7 +214,7 @@ int run_ps(const DemoFlags& flags, int world_size) {
 
   // Functions first: requests may arrive as soon as init_rpc returns.
   register_functions(ps);
-  rpc::init_rpc("ps", 0, world_size, demo_rpc_options(flags));
+  rpc::init_rpc("ps", 0, rpc::kDynamicGroup, demo_rpc_options(flags));
   const Clock::time_point training_start = Clock::now();
   say("ps",
       "serving {} trainers: dim {}, lr {}, one update per {} pushes "
@@ -190,7 +223,7 @@ int run_ps(const DemoFlags& flags, int world_size) {
 
   const Tensor final_params = wait_for_trainers(*ps);
   const bool ok = report(*ps, initial_loss, final_params, seconds_since(training_start));
-  rpc::shutdown();  // waits for the trainers' agreement check and shutdown
+  rpc::shutdown();  // leaves the group; the trainers finish their check alone
   say("ps", "wall time {:.2f} s", seconds_since(ps->start));
   return ok ? 0 : 1;
 }

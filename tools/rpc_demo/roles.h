@@ -8,6 +8,12 @@
 //   get_params() -> Tensor                           the current parameters
 //   done(int64 trainer) -> Tensor                    async handler: replies
 //       with the final parameters once every trainer has called done
+//   join_training(int64 trainer)                     the late trainer starts
+//   retire(int64 trainer)                            a trainer that leaves is
+//       done, without waiting for the others
+//
+// All workers form a dynamic group (init_rpc with rpc::kDynamicGroup); the
+// late trainer joins it mid-run and the leaver leaves it early.
 //
 // Thread safety: run_ps() and run_trainer() own the process's RPC worker
 // (RpcContext::global()); call one of them, once, from main.
@@ -25,6 +31,9 @@
 #include "tools/rpc_demo/flags.h"
 
 namespace switchboard::rpc_demo {
+
+// The store key the ps sets when the late trainer may join.
+inline constexpr char kLateJoinKey[] = "rpc_demo/late_join";
 
 // Every RPC and the trainers' Gloo group wait at most this long; see ps.cc
 // for the one call that waits longer (done, bounded by the ps instead).

@@ -5,9 +5,14 @@
 // the batch holding it, get_params (chained on the push's future with
 // then(), so no thread of this trainer waits in between); meanwhile it draws
 // the next minibatch. After its last step it calls done, which returns the
-// final parameters once every trainer is done. The trainers then form the
-// Gloo group "trainers" (rank k - 1 of N - 1, over the launcher's store) and
-// check with allreduces that they hold the same parameters.
+// final parameters once every trainer is done. The trainers that stayed
+// then form the Gloo group "trainers" over the launcher's store and check
+// with allreduces that they hold the same parameters.
+//
+// Membership: every trainer joins the dynamic group and waits until the ps
+// is a member (on_join). The late trainer first waits for the ps's signal
+// in the store, joins mid-run and calls join_training. The leaver stops
+// after a third of its steps, calls retire and leaves the group.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,7 +24,9 @@
 
 #include "collective/groups.h"
 #include "collective/tensor.h"
+#include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
+#include "store/store.h"
 #include "tools/rpc_demo/regression.h"
 #include "tools/rpc_demo/roles.h"
 
@@ -97,20 +104,80 @@ double max_deviation(const Tensor& final_params) {
   return worst.span<double>()[0];
 }
 
+// Waits until the worker `who` is a member of the group: an on_join event
+// (registered before init_rpc, so none is missed) or, for a member that was
+// there first, get_worker_infos(). TimeoutError after kRpcTimeout.
+class MemberWatch {
+ public:
+  explicit MemberWatch(std::string who) : who_(std::move(who)) {
+    rpc::on_join([seen = seen_, who = who_](const rpc::WorkerInfo& w) {
+      if (w.name == who) seen.set_value();
+    });
+  }
+  void wait() {
+    for (const rpc::WorkerInfo& w : rpc::get_worker_infos()) {
+      if (w.name == who_) seen_.set_value();
+    }
+    if (!seen_.get_future().wait_for(kRpcTimeout)) {
+      throw TimeoutError(fmt::format("\"{}\" did not join the group within {} s", who_,
+                                     kRpcTimeout.count()));
+    }
+  }
+
+ private:
+  std::string who_;
+  rpc::Promise<void> seen_;
+};
+
+// The trainers that stay to the end (all but the leaver), in rank order.
+std::vector<int> finishers(const DemoFlags& flags, int trainers) {
+  std::vector<int> out;
+  for (int t = 1; t <= trainers; ++t) {
+    if (t != leaver(flags, trainers)) out.push_back(t);
+  }
+  return out;
+}
+
 }  // namespace
 
 int run_trainer(const DemoFlags& flags, int rank, int world_size) {
   const std::string name = fmt::format("trainer-{}", rank);
   const int trainers = world_size - 1;
-  const int64_t steps = steps_for(flags, rank, trainers);
+  const bool late = late_joiner(flags, trainers) == rank;
+  const bool leaving = leaver(flags, trainers) == rank;
+  const int64_t steps =
+      leaving ? std::max<int64_t>(1, steps_for(flags, rank, trainers) / 3)
+              : steps_for(flags, rank, trainers);
   const std::vector<float> w_star =
       true_weights(flags.dim, static_cast<uint64_t>(flags.seed));
   const Dataset shard =
       make_dataset(w_star, flags.samples, kNoise, data_seed(flags, rank));
 
-  rpc::init_rpc(name, rank, world_size, demo_rpc_options(flags));
-  say(name, "shard of {} rows, {} steps of minibatch {}", shard.rows, steps, flags.batch);
+  if (late) {
+    say(name, "waiting for the ps to be halfway before joining the group");
+    std::shared_ptr<Store> store =
+        rpc::rendezvous("env://", rank, std::nullopt, kRpcTimeout).store;
+    store->wait({kLateJoinKey}, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::minutes(10)));
+  }
+  MemberWatch ps("ps");
+  rpc::init_rpc(name, rank, rpc::kDynamicGroup, demo_rpc_options(flags));
+  ps.wait();
+  if (late) {
+    rpc::rpc_sync("ps", "join_training", int64_t{rank});
+    say(name, "joined the group mid-run ({} members)", rpc::get_worker_infos().size());
+  }
+  say(name, "shard of {} rows, {} steps of minibatch {}{}", shard.rows, steps, flags.batch,
+      leaving ? " (then it leaves the group)" : "");
   train(flags, name, rank, steps, shard);
+
+  if (leaving) {
+    rpc::rpc_sync("ps", "retire", int64_t{rank});
+    say(name, "leaving the group after {} of {} steps", steps,
+        steps_for(flags, rank, trainers));
+    rpc::shutdown();  // graceful: leaves the dynamic group
+    return 0;
+  }
 
   // The ps replies once the last trainer is done, however long that takes,
   // so this call has no timeout of its own: the ps bounds it (it gives up
@@ -119,7 +186,11 @@ int run_trainer(const DemoFlags& flags, int rank, int world_size) {
   const Tensor final_params = rpc::rpc_sync<Tensor>(
       "ps", "done", rpc::with_timeout(std::chrono::milliseconds(0)), int64_t{rank});
 
-  col::init_collective_group(trainers, rank - 1, "gloo", "trainers", kRpcTimeout);
+  const std::vector<int> stay = finishers(flags, trainers);
+  const int group_rank =
+      static_cast<int>(std::find(stay.begin(), stay.end(), rank) - stay.begin());
+  col::init_collective_group(static_cast<int>(stay.size()), group_rank, "gloo", "trainers",
+                             kRpcTimeout);
   const double deviation = max_deviation(final_params);
   col::destroy_collective_group("trainers");
   const bool agree = deviation <= kAgreementTolerance;
@@ -127,7 +198,7 @@ int run_trainer(const DemoFlags& flags, int rank, int world_size) {
       "{} on the final parameters: max |w_i - mean| = {:g} over {} values and {} "
       "trainer{} (allreduce in group \"trainers\"); distance to w* {:.6f}",
       agree ? "trainers agree" : "FAILED: trainers disagree", deviation,
-      final_params.numel(), trainers, trainers == 1 ? "" : "s",
+      final_params.numel(), stay.size(), stay.size() == 1 ? "" : "s",
       distance(final_params.span<float>(), w_star));
   rpc::shutdown();
   return agree ? 0 : 1;
