@@ -57,6 +57,8 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   options->heartbeat_timeout = std::chrono::milliseconds(
       read_int(reader, "heartbeat_timeout_ms", 0, 86'400'000, 5'000));
   options->device_count = static_cast<int>(read_int(reader, "device_count", 0, 1024, -1));
+  options->membership_lease = std::chrono::milliseconds(
+      read_int(reader, "membership_lease_ms", 1, 86'400'000, 10'000));
   reader.finish();
   return options;
 }
@@ -74,6 +76,7 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
     options.heartbeat_interval = typed->heartbeat_interval;
     options.heartbeat_timeout = typed->heartbeat_timeout;
     options.device_count = typed->device_count;
+    options.membership_lease = typed->membership_lease;
     options.device_maps = typed->device_maps;
     options.devices = typed->devices;
   }

@@ -40,6 +40,9 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //   "heartbeat_timeout_ms"   integer >= 0, 0 disables (default 5000)
 //   "device_count"           integer >= 0: the CUDA devices device maps are
 //                            validated against (default: ask CUDA)
+//   "membership_lease_ms"    integer > 0: how long a dynamic group's joiner
+//                            or leaver may hold the membership token
+//                            (default 10000; see agents/pipe_agent.h)
 // Device maps are set on the options object, as in PyTorch:
 //   options->set_device_map("w1", {{"cuda:0", "cuda:1"}});
 //   options->set_devices({"cuda:0"});
@@ -53,6 +56,7 @@ struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds heartbeat_timeout{5'000};
   int device_count = -1;
+  std::chrono::milliseconds membership_lease{10'000};
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
 

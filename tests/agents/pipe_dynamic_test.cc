@@ -6,6 +6,7 @@
 // timeouts and, in the dead-holder case, the lease of a token value written
 // as a killed joiner would have left it.
 #include <fmt/format.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -22,7 +23,11 @@
 #include "common/error.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
+#include "rpc/membership_token.h"
 #include "store/hash_store.h"
+#include "store/tcp_store.h"
+#include "store/tcp_store_server.h"
+#include "tests/util/subprocess.h"
 #include "tests/util/threads.h"
 
 using namespace switchboard;
@@ -33,6 +38,7 @@ using rpc::with_timeout;
 using testing::Gate;
 using testing::on_threads;
 using testing::rethrow_first;
+using sbtest::Subprocess;
 
 namespace {
 
@@ -323,4 +329,77 @@ TEST_CASE("static and dynamic workers cannot form one group", "[pipe][dynamic]")
     CHECK_THAT(failure, Catch::Contains("holds a dynamic group"));
     CHECK(d0.members() == std::set<std::string>{"d0"});
   }
+}
+
+// ---- a joiner SIGKILLed while it holds the token ---------------------------
+
+namespace {
+
+TcpStoreOptions client_options() {
+  TcpStoreOptions options;
+  options.timeout = kGuard;
+  return options;
+}
+
+void say(const std::string& line) {
+  fmt::print("{}\n", line);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+// args: store port, name, rank, membership_lease_ms. Joins the dynamic
+// group, says "joined", serves "add", and stays until the store key
+// "release" is set (or it is killed).
+SB_CHILD_MAIN(dynamic_worker) {
+  const auto port = static_cast<uint16_t>(std::stoi(args.at(0)));
+  auto store = std::make_shared<TcpStore>("127.0.0.1", port, client_options());
+  RpcContext ctx;
+  ctx.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  ctx.init_rpc(args.at(1), "PIPE", std::stoi(args.at(2)), std::nullopt,
+               options(kGuard, {{"membership_lease_ms", args.at(3)}}), store);
+  say("joined");
+  TcpStore waiter("127.0.0.1", port, client_options());
+  waiter.wait({"release"}, kGuard);
+  ctx.shutdown(false);
+  return 0;
+}
+
+// The member is stopped (SIGSTOP), so a joiner that connects to it waits
+// for its answer while holding the token; killing that joiner then leaves
+// the token behind, as a crash mid-join does.
+TEST_CASE("a joiner killed mid-join, holding the token, holds the group up for one lease",
+          "[pipe][dynamic][token][multiprocess]") {
+  TcpStoreServer server;
+  const std::string port = std::to_string(server.port());
+  Subprocess member = sbtest::spawn_child("dynamic_worker", {port, "m0", "0", "10000"});
+  REQUIRE(member.read_line(std::chrono::seconds(60)) == "joined");
+  member.kill(SIGSTOP);
+  Subprocess victim = sbtest::spawn_child("dynamic_worker", {port, "victim", "1", "1000"});
+  // Wait until the victim holds the token: it is then inside its join.
+  TcpStore store("127.0.0.1", server.port(), client_options());
+  const auto deadline = std::chrono::steady_clock::now() + kGuard;
+  std::string holder;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (store.check({"pipe/dyn/token"})) {
+      const Bytes value = store.get("pipe/dyn/token");
+      holder = rpc::MembershipToken::holder_of(std::string(value.begin(), value.end()));
+      if (holder == "victim") break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a condition
+  }
+  REQUIRE(holder == "victim");
+  victim.kill(SIGKILL);
+  CHECK(victim.wait() == 128 + SIGKILL);
+  member.kill(SIGCONT);
+  // A new joiner waits out the victim's 1 s lease, takes the token over and
+  // joins the member; the victim never made it into the group.
+  auto client = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
+  Worker survivor("survivor", 2, client);
+  CHECK(survivor.members() == std::set<std::string>{"m0", "survivor"});
+  CHECK(survivor.ctx.rpc_sync<int64_t>("m0", "add", int64_t{2}, int64_t{3}) == 5);
+  CHECK(failure_of([&] { survivor.ctx.rpc_sync<int64_t>("victim", "add", int64_t{1},
+                                                        int64_t{1}); }) != "none");
+  store.set("release", Bytes{1});
+  CHECK(member.wait() == 0);
 }
