@@ -286,13 +286,14 @@ Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape) {
 
 template <typename T>
 T* Tensor::data_as() const {
+  using U = std::remove_cv_t<T>;  // span<const float>() reads a float tensor
   require_defined("data_as");
-  if constexpr (kIsHalfBits<T>) {
+  if constexpr (kIsHalfBits<U>) {
     require_element_type(dtype_, 2, "data_as");
-  } else if constexpr (std::is_same_v<T, uint8_t>) {
+  } else if constexpr (std::is_same_v<U, uint8_t>) {
     if (dtype_ != DType::kBool) require_element_type(DType::kUInt8, 1, "data_as");
   } else {
-    require_element_type(dtype_of<T>(), sizeof(T), "data_as");
+    require_element_type(dtype_of<U>(), sizeof(U), "data_as");
   }
   return static_cast<T*>(data());
 }

@@ -705,3 +705,14 @@ TEST_CASE("Tensor::to copies to the CPU without hooks and through the registered
   CHECK_FALSE(switchboard::has_device_copier());
   CHECK(switchboard::registered_cuda_device_count() == 0);
 }
+
+// Regression: span<const T>() named dtype_of<const T>, which is declared
+// but never defined, so reading a tensor through a const span failed to
+// link.
+TEST_CASE("span<const T> reads a tensor of T and refuses other dtypes", "[tensor]") {
+  const Tensor t = Tensor::from_vector(std::vector<float>{1.5f, 2.5f});
+  const std::span<const float> values = t.span<const float>();
+  REQUIRE(values.size() == 2);
+  CHECK(values[1] == 2.5f);
+  CHECK_THROWS_AS(t.span<const int32_t>(), std::invalid_argument);
+}
