@@ -49,6 +49,10 @@
 //   - `to`: a worker name, a WorkerInfo, or a worker id.
 //   - the timeout: with_timeout(t) for this call, else options.rpc_timeout;
 //     0 means none (as in PyTorch).
+//   - Tensors in `args` are not copied: the agent reads their bytes while
+//     the call is under way (PIPE may do so from its I/O thread), so the
+//     caller must not write to them until the future completes. Likewise a
+//     handler must not write to a tensor it returned.
 //   - R is what the remote function returns (void by default). A result of
 //     another type fails the call with SerializationError naming the
 //     function and both types.
