@@ -375,19 +375,17 @@ TEST_CASE("a joiner killed mid-join, holding the token, holds the group up for o
   Subprocess member = sbtest::spawn_child("dynamic_worker", {port, "m0", "0", "10000"});
   REQUIRE(member.read_line(std::chrono::seconds(60)) == "joined");
   member.kill(SIGSTOP);
-  Subprocess victim = sbtest::spawn_child("dynamic_worker", {port, "victim", "1", "1000"});
-  // Wait until the victim holds the token: it is then inside its join.
+  // The token is free (m0 released it); delete the key so that the victim's
+  // compare_set creates it, and wait for that: the victim then holds the
+  // token and is inside its join, waiting for the stopped member.
   TcpStore store("127.0.0.1", server.port(), client_options());
-  const auto deadline = std::chrono::steady_clock::now() + kGuard;
-  std::string holder;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (store.check({"pipe/dyn/token"})) {
-      const Bytes value = store.get("pipe/dyn/token");
-      holder = rpc::MembershipToken::holder_of(std::string(value.begin(), value.end()));
-      if (holder == "victim") break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a condition
-  }
+  REQUIRE(store.check({"pipe/dyn/token"}));
+  store.delete_key("pipe/dyn/token");
+  Subprocess victim = sbtest::spawn_child("dynamic_worker", {port, "victim", "1", "1000"});
+  store.wait({"pipe/dyn/token"}, kGuard);
+  const Bytes value = store.get("pipe/dyn/token");
+  const std::string holder =
+      rpc::MembershipToken::holder_of(std::string(value.begin(), value.end()));
   REQUIRE(holder == "victim");
   victim.kill(SIGKILL);
   CHECK(victim.wait() == 128 + SIGKILL);
