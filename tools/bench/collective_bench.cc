@@ -184,15 +184,6 @@ int run_worker(const std::vector<std::string>& args) {
 
 // ---- the bench: launch both sides, collect, compare ----
 
-// True once `pid` (our child) has exited, i.e. is a zombie or gone.
-bool has_exited(pid_t pid) {
-  std::ifstream file(fmt::format("/proc/{}/stat", pid));
-  std::string stat;
-  if (!std::getline(file, stat)) return true;
-  size_t paren = stat.rfind(')');
-  return paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
-
 // Waits for kDoneKey in `store`, failing early when one of `children`
 // exits, and returns every case's figures. Throws std::runtime_error naming
 // `side` and what went wrong.

@@ -176,4 +176,18 @@ void ChildProcess::stop() {
   pid_ = -1;
 }
 
+bool has_exited(pid_t pid) {
+  std::ifstream file(fmt::format("/proc/{}/stat", pid));
+  std::string stat;
+  if (!std::getline(file, stat)) return true;
+  size_t paren = stat.rfind(')');
+  return paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+void wait_for_stdin_eof() {
+  char buffer[64];
+  while (::read(STDIN_FILENO, buffer, sizeof buffer) > 0) {
+  }
+}
+
 }  // namespace switchboard::bench

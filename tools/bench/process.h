@@ -21,6 +21,13 @@ namespace switchboard::bench {
 std::string find_runfile(const std::string& argv0, const std::string& runfile,
                          const char* env_override);
 
+// True once `pid` (a child of ours) has exited: it is a zombie or gone.
+bool has_exited(pid_t pid);
+
+// In a child started as a ChildProcess: blocks until the parent closes our
+// stdin (it holds the other end), which is how the parent says "exit".
+void wait_for_stdin_eof();
+
 // A child process whose stdin and stdout are pipes to us; stderr is shared.
 // Closing stdin is how a child like torch_store_server.py learns to exit, so
 // it dies with us even if we crash.

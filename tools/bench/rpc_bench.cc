@@ -24,14 +24,9 @@
 // its children (SIGTERM) on the way out, also when it fails.
 #include "tools/bench/rpc_bench.h"
 
-#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,6 +53,8 @@
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"
+#include "tools/bench/rpc_tcp_baseline.h"
+#include "tools/bench/stats.h"
 
 namespace switchboard::bench {
 
@@ -71,8 +68,6 @@ constexpr const char* kPython = "/usr/bin/python3";
 constexpr const char* kServer = "server";
 constexpr const char* kClient = "client";
 
-constexpr size_t kPingBytes = 64;
-constexpr size_t kBulkBytes = size_t{64} << 20;
 
 constexpr auto kSocketTimeout = 30s;  // each TCP accept, send and recv
 constexpr auto kRpcTimeout = 60s;     // each call
@@ -169,21 +164,7 @@ void print_number(const std::string& name, double value, int precision) {
   print_value(name, fmt::format("{:.{}f}", value, precision));
 }
 
-// ---- statistics, as torch_rpc.py computes them ----
-
-// Nearest rank: the smallest sample with at least q of the samples <= it.
-double percentile(std::vector<double> samples, double q) {
-  std::sort(samples.begin(), samples.end());
-  auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(samples.size())));
-  return samples[std::max<size_t>(rank, 1) - 1];
-}
-
-// Python's statistics.median.
-double median(std::vector<double> samples) {
-  std::sort(samples.begin(), samples.end());
-  size_t mid = samples.size() / 2;
-  return samples.size() % 2 ? samples[mid] : (samples[mid - 1] + samples[mid]) / 2;
-}
+// ---- statistics: tools/bench/stats.h ----
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -198,179 +179,11 @@ double peak_rss_mib() {
   throw std::runtime_error("no VmHWM in /proc/self/status");
 }
 
-// Blocks until the bench closes our stdin (it holds the other end).
-void wait_for_stdin_eof() {
-  char buffer[64];
-  while (::read(STDIN_FILENO, buffer, sizeof buffer) > 0) {
-  }
-}
-
 std::string self_exe() {
   char path[4096];
   ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0) throw std::runtime_error("cannot read /proc/self/exe");
   return std::string(path, static_cast<size_t>(n));
-}
-
-// ---- raw TCP ----
-
-// Owns a socket.
-class Socket {
- public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Socket(Socket&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Socket& operator=(Socket&&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-[[noreturn]] void throw_errno(const char* what) {
-  throw std::runtime_error(fmt::format("tcp {}: {}", what, std::strerror(errno)));
-}
-
-// TCP_NODELAY, and kSocketTimeout on every send and recv.
-Socket configure(int fd) {
-  if (fd < 0) throw_errno("socket");
-  Socket socket(fd);
-  int one = 1;
-  timeval timeout{std::chrono::seconds(kSocketTimeout).count(), 0};
-  if (::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0 ||
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout) != 0) {
-    throw_errno("setsockopt");
-  }
-  return socket;
-}
-
-sockaddr_in loopback(uint16_t port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return address;
-}
-
-void send_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = ::send(fd, data, size, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(errno == EAGAIN ? "send timed out" : "send");
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-}
-
-// Reads exactly `size` bytes; false when the peer closed before the first.
-bool recv_all(int fd, char* data, size_t size) {
-  for (size_t got = 0; got < size;) {
-    ssize_t n = ::recv(fd, data + got, size - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(errno == EAGAIN ? "recv timed out" : "recv");
-    if (n == 0) {
-      if (got == 0) return false;
-      throw std::runtime_error("tcp recv: the peer closed mid-message");
-    }
-    got += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-Socket accept_one(int listener) {
-  pollfd readable{listener, POLLIN, 0};
-  int waited = ::poll(
-      &readable, 1, static_cast<int>(std::chrono::milliseconds(kSocketTimeout).count()));
-  if (waited == 0) throw std::runtime_error("tcp accept: nobody connected in time");
-  if (waited < 0) throw_errno("poll");
-  return configure(::accept(listener, nullptr, nullptr));
-}
-
-// `bench rpc --tcp-server`: the far end of the raw TCP baseline.
-int run_tcp_server() {
-  Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in address = loopback(0);
-  socklen_t length = sizeof address;
-  if (listener.fd() < 0 ||
-      ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::listen(listener.fd(), 4) != 0 ||
-      ::getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw_errno("listen");
-  }
-  print_value("port", std::to_string(ntohs(address.sin_port)));
-  {  // ping-pong until the client closes
-    Socket peer = accept_one(listener.fd());
-    char message[kPingBytes];
-    while (recv_all(peer.fd(), message, sizeof message)) {
-      send_all(peer.fd(), message, sizeof message);
-    }
-  }
-  {  // bulk: one ack per whole 64 MiB
-    Socket peer = accept_one(listener.fd());
-    std::vector<char> buffer(kBulkBytes);
-    const char ack = 1;
-    while (recv_all(peer.fd(), buffer.data(), buffer.size()))
-      send_all(peer.fd(), &ack, 1);
-  }
-  wait_for_stdin_eof();
-  return 0;
-}
-
-Socket connect_to(uint16_t port) {
-  Socket socket = configure(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in address = loopback(port);
-  if (::connect(socket.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) !=
-      0) {
-    throw_errno("connect");
-  }
-  return socket;
-}
-
-void measure_tcp_rtt(uint16_t port, const Counts& counts, Figures& figures) {
-  Socket socket = connect_to(port);
-  char message[kPingBytes] = {};
-  std::vector<double> us;
-  us.reserve(static_cast<size_t>(counts.tcp_round_trips));
-  for (int i = 0; i < counts.tcp_warmup + counts.tcp_round_trips; ++i) {
-    auto start = Clock::now();
-    send_all(socket.fd(), message, sizeof message);
-    if (!recv_all(socket.fd(), message, sizeof message)) {
-      throw std::runtime_error("tcp server closed during ping-pong");
-    }
-    if (i >= counts.tcp_warmup) us.push_back(seconds_since(start) * 1e6);
-  }
-  figures["rtt_us_p50"] = percentile(us, 0.50);
-  figures["rtt_us_p99"] = percentile(us, 0.99);
-}
-
-void measure_tcp_oneway(uint16_t port, const Counts& counts, Figures& figures) {
-  Socket socket = connect_to(port);
-  std::vector<char> data(kBulkBytes, 1);
-  std::vector<double> gbps;
-  for (int i = 0; i < 1 + counts.tcp_bulk_sends; ++i) {
-    auto start = Clock::now();
-    send_all(socket.fd(), data.data(), data.size());
-    char ack = 0;
-    if (!recv_all(socket.fd(), &ack, 1))
-      throw std::runtime_error("tcp server sent no ack");
-    if (i > 0)
-      gbps.push_back(static_cast<double>(kBulkBytes) / seconds_since(start) / 1e9);
-  }
-  figures["oneway_GBps"] = median(gbps);
-  figures["oneway_GBps_best"] = *std::max_element(gbps.begin(), gbps.end());
-}
-
-Figures run_tcp(const Counts& counts) {
-  ChildProcess server({self_exe(), "rpc", "--tcp-server"});
-  uint16_t port = server.read_port(kStartTimeout);
-  Figures figures;
-  measure_tcp_rtt(port, counts, figures);
-  measure_tcp_oneway(port, counts, figures);
-  server.stop();
-  return figures;
 }
 
 // ---- worker mode: one role of an RPC pair, our backends ----
@@ -520,15 +333,6 @@ int run_worker(const std::vector<std::string>& args) {
 }
 
 // ---- the bench: run each side, collect, compare ----
-
-// True once `pid` (our child) has exited, i.e. is a zombie or gone.
-bool has_exited(pid_t pid) {
-  std::ifstream file(fmt::format("/proc/{}/stat", pid));
-  std::string stat;
-  if (!std::getline(file, stat)) return true;
-  size_t paren = stat.rfind(')');
-  return paren + 2 < stat.size() && stat[paren + 2] == 'Z';
-}
 
 // Waits until `key` is in `store`; throws std::runtime_error naming `side`
 // when one of `children` exits first or `deadline` passes.
@@ -772,7 +576,8 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   const Counts& counts = counts_for(quick);
   std::string script = find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
   print_header(counts, quick);
-  Figures tcp = run_tcp(counts);
+  Figures tcp = run_tcp_baseline(
+      self_exe(), {counts.tcp_warmup, counts.tcp_round_trips, counts.tcp_bulk_sends});
   print_tcp(tcp);
   bool ok = true;
   std::vector<std::pair<const Backend*, Figures>> ours;
@@ -810,7 +615,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
 
 int run_rpc_bench(const std::string& argv0, const std::vector<std::string>& args) {
   try {
-    if (!args.empty() && args[0] == "--tcp-server") return run_tcp_server();
+    if (!args.empty() && args[0] == "--tcp-server") return run_tcp_server(kSocketTimeout);
     if (!args.empty() && args[0] == "--worker") return run_worker(args);
     bool quick = false;
     std::string only;
