@@ -1,0 +1,404 @@
+#include "rpc/call_table.h"
+
+#include <fmt/format.h>
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include <deque>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "common/mutex.h"
+#include "rpc/remote_error.h"
+
+namespace switchboard::rpc {
+
+std::string call_prefix(const std::string& dst_name, const std::string& function) {
+  return fmt::format("rpc to \"{}\" function \"{}\"", dst_name, function);
+}
+
+namespace {
+
+using Clock = CallTable::Clock;
+using Failure = std::pair<Promise<Message>, std::exception_ptr>;
+
+std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Call& call) {
+  return std::make_exception_ptr(
+      Error(ErrorCode::kCancelled, fmt::format("{}: rpc agent \"{}\" shut down",
+                                               call_prefix(call.dst_name, call.function),
+                                               agent)));
+}
+
+}  // namespace
+
+// Everything the table knows, shared with its timer thread and (weakly)
+// with the callbacks of handlers' futures, so that either may outlive the
+// CallTable object.
+struct CallTable::State : std::enable_shared_from_this<State> {
+  struct Pending {
+    Promise<Message> promise;
+    Call call;
+    Clock::time_point deadline;  // when call.timeout > 0
+  };
+
+  State(std::string name_in, std::shared_ptr<Executor> executor_in)
+      : name(std::move(name_in)), executor(std::move(executor_in)) {}
+
+  const std::string name;
+  const std::shared_ptr<Executor> executor;
+
+  mutable Mutex mu;
+  CondVar idle_cv;   // in_flight or handling reached 0, or closed
+  CondVar timer_cv;  // an earlier deadline than `armed`, or closed
+  bool closed SB_GUARDED_BY(mu) = false;
+  uint64_t next_id SB_GUARDED_BY(mu) = 1;
+  std::unordered_map<uint64_t, Pending> pending SB_GUARDED_BY(mu);
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines SB_GUARDED_BY(mu);
+  // What the timer thread sleeps until (max: until woken). A new deadline
+  // wakes it only when earlier, so a stream of calls with one timeout
+  // costs no wake-ups.
+  Clock::time_point armed SB_GUARDED_BY(mu) = Clock::time_point::max();
+  // Calls added whose future has not been completed yet (>= pending.size():
+  // a call leaves `pending` just before its future completes).
+  size_t in_flight SB_GUARDED_BY(mu) = 0;
+  size_t handling SB_GUARDED_BY(mu) = 0;
+  std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
+  bool started SB_GUARDED_BY(mu) = false;  // stays true after close()
+  std::deque<Request> early SB_GUARDED_BY(mu);  // accepted before start()
+
+  bool idle() const SB_REQUIRES(mu) { return in_flight == 0 && handling == 0; }
+
+  // Removes call `id` from `pending` (and its deadline); null when absent.
+  std::optional<Pending> take(uint64_t id) SB_REQUIRES(mu) {
+    auto it = pending.find(id);
+    if (it == pending.end()) return std::nullopt;
+    Pending p = std::move(it->second);
+    pending.erase(it);
+    if (p.call.timeout.count() > 0) deadlines.erase({p.deadline, id});
+    return p;
+  }
+
+  // Completes calls taken out of `pending`, outside the lock, then counts
+  // them out of `in_flight`.
+  void settle(std::vector<Failure> failures) SB_EXCLUDES(mu) {
+    if (failures.empty()) return;
+    for (auto& [promise, error] : failures) promise.set_error(error);
+    calls_done(failures.size());
+  }
+
+  void calls_done(size_t n) SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    in_flight -= n;
+    if (idle()) idle_cv.notify_all();
+  }
+
+  void handling_done() SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    --handling;
+    if (idle()) idle_cv.notify_all();
+  }
+
+  void run_timer() SB_EXCLUDES(mu) {
+    pthread_setname_np(pthread_self(), "sb-call-timer");
+    MutexLock lock(mu);
+    while (!closed) {
+      if (deadlines.empty()) {
+        armed = Clock::time_point::max();
+        timer_cv.wait(mu);
+        continue;
+      }
+      const Clock::time_point next = deadlines.begin()->first;
+      if (Clock::now() < next) {
+        armed = next;
+        timer_cv.wait_until(mu, next);
+        continue;
+      }
+      std::vector<Failure> expired;
+      const auto now = Clock::now();
+      while (!deadlines.empty() && deadlines.begin()->first <= now) {
+        std::optional<Pending> p = take(deadlines.begin()->second);
+        expired.emplace_back(std::move(p->promise),
+                             std::make_exception_ptr(TimeoutError(fmt::format(
+                                 "{}: timed out after {} ms",
+                                 call_prefix(p->call.dst_name, p->call.function),
+                                 p->call.timeout.count()))));
+      }
+      lock.unlock();
+      settle(std::move(expired));
+      lock.lock();
+    }
+  }
+
+  // On the executor: runs the handler, and gives its answer to
+  // request.reply once the handler's future completes.
+  void serve(Request request) SB_EXCLUDES(mu) {
+    std::shared_ptr<const RpcAgent::RequestHandler> h;
+    {
+      MutexLock lock(mu);
+      if (!closed) h = handler;
+    }
+    if (!h) {  // closed since it was accepted: dropped
+      handling_done();
+      return;
+    }
+    const uint64_t id = request.message.id;
+    Future<Message> result;
+    try {
+      if (request.prepare) request.prepare(request.message);
+      result = (*h)(std::move(request.message), request.from);
+      SB_ASSERT(result.valid(), "the request handler returned an invalid future");
+    } catch (...) {
+      result = Future<Message>::failed(std::current_exception());
+    }
+    std::weak_ptr<State> weak = weak_from_this();
+    result.add_callback(
+        [weak, id, reply = std::move(request.reply)](const Future<Message>& done) {
+          if (auto self = weak.lock()) self->answer(id, done, reply);
+        });
+  }
+
+  void answer(uint64_t id, const Future<Message>& done,
+              const std::function<void(Message)>& reply) SB_EXCLUDES(mu) {
+    Message m;
+    try {
+      if (done.has_error()) std::rethrow_exception(done.error());
+      m = done.value();
+      SB_ASSERT(m.type == MessageType::kResponse || m.type == MessageType::kError,
+                "the request handler answered with message type {}",
+                static_cast<int>(m.type));
+      m.id = id;
+    } catch (...) {
+      m = error_reply(id, std::current_exception());
+    }
+    bool closed_now = false;
+    {
+      MutexLock lock(mu);
+      closed_now = closed;
+    }
+    try {
+      if (closed_now) {
+        spdlog::debug("rpc agent \"{}\": the reply to call {} is dropped: shut down", name,
+                      id);
+      } else {
+        reply(std::move(m));
+      }
+    } catch (const std::exception& e) {
+      spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
+                   e.what());
+    }
+    handling_done();
+  }
+
+  Message error_reply(uint64_t id, std::exception_ptr error) const {
+    Message m;
+    m.id = id;
+    encode_remote_error(m, name, std::move(error));
+    return m;
+  }
+
+  // Hands an accepted request (counted in `handling`) to the executor.
+  bool post(Request request) SB_EXCLUDES(mu) {
+    try {
+      executor->post([self = shared_from_this(), request = std::move(request)]() mutable {
+        self->serve(std::move(request));
+      });
+      return true;
+    } catch (const std::exception& e) {
+      spdlog::debug("rpc agent \"{}\": request dropped: {}", name, e.what());
+      handling_done();
+      return false;
+    }
+  }
+};
+
+CallTable::CallTable(std::string agent_name, std::shared_ptr<Executor> executor) {
+  SB_REQUIRE(executor != nullptr, "call table of rpc agent \"{}\": the executor is null",
+             agent_name);
+  state_ = std::make_shared<State>(std::move(agent_name), std::move(executor));
+}
+
+CallTable::~CallTable() { close(); }
+
+CallTable::Added CallTable::add(Call call) {
+  SB_REQUIRE(call.timeout.count() >= 0, "{}: negative timeout {} ms",
+             call_prefix(call.dst_name, call.function), call.timeout.count());
+  State& s = *state_;
+  Promise<Message> promise(s.executor);
+  Added added;
+  added.future = promise.get_future();
+  const bool timed = call.timeout.count() > 0;
+  const auto deadline = timed ? Clock::now() + call.timeout : Clock::time_point::max();
+  MutexLock lock(s.mu);
+  if (s.closed) std::rethrow_exception(shut_down_error(s.name, call));
+  added.id = s.next_id++;
+  if (timed) {
+    s.deadlines.emplace(deadline, added.id);
+    if (deadline < s.armed) {
+      s.armed = deadline;
+      s.timer_cv.notify_one();
+      start_timer_locked();
+    }
+  }
+  s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline});
+  added.in_flight = ++s.in_flight;
+  return added;
+}
+
+void CallTable::start_timer_locked() {
+  if (timer_.joinable()) return;
+  timer_ = std::thread([state = state_] { state->run_timer(); });
+}
+
+bool CallTable::complete(uint64_t id, Message response, std::optional<int> from) {
+  State& s = *state_;
+  std::optional<State::Pending> p;
+  {
+    MutexLock lock(s.mu);
+    auto it = s.pending.find(id);
+    if (it != s.pending.end() && (!from || it->second.call.dst == *from)) p = s.take(id);
+  }
+  if (!p) return false;
+  p->promise.set_value(std::move(response));
+  s.calls_done(1);
+  return true;
+}
+
+bool CallTable::fail(uint64_t id, std::exception_ptr error) {
+  State& s = *state_;
+  std::vector<Failure> failed;
+  {
+    MutexLock lock(s.mu);
+    if (auto p = s.take(id)) failed.emplace_back(std::move(p->promise), std::move(error));
+  }
+  const bool found = !failed.empty();
+  s.settle(std::move(failed));
+  return found;
+}
+
+size_t CallTable::fail_if(const std::function<bool(const Call&)>& which,
+                          const std::function<std::exception_ptr(const Call&)>& error) {
+  State& s = *state_;
+  std::vector<Failure> failed;
+  {
+    MutexLock lock(s.mu);
+    std::vector<uint64_t> ids;
+    for (const auto& [id, p] : s.pending) {
+      if (which(p.call)) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      State::Pending p = *s.take(id);
+      std::exception_ptr e = error(p.call);
+      failed.emplace_back(std::move(p.promise), std::move(e));
+    }
+  }
+  const size_t n = failed.size();
+  s.settle(std::move(failed));
+  return n;
+}
+
+std::optional<int> CallTable::destination(uint64_t id) const {
+  MutexLock lock(state_->mu);
+  auto it = state_->pending.find(id);
+  if (it == state_->pending.end()) return std::nullopt;
+  return it->second.call.dst;
+}
+
+void CallTable::start(RpcAgent::RequestHandler handler) {
+  State& s = *state_;
+  SB_REQUIRE(handler != nullptr, "rpc agent \"{}\": start() with an empty handler", s.name);
+  std::deque<Request> early;
+  {
+    MutexLock lock(s.mu);
+    SB_REQUIRE(!s.closed, "rpc agent \"{}\": start() after shutdown()", s.name);
+    SB_REQUIRE(!s.started, "rpc agent \"{}\": start() called twice", s.name);
+    s.handler = std::make_shared<const RpcAgent::RequestHandler>(std::move(handler));
+    s.started = true;
+    early.swap(s.early);
+  }
+  for (Request& request : early) s.post(std::move(request));
+}
+
+bool CallTable::started() const {
+  MutexLock lock(state_->mu);
+  return state_->started;
+}
+
+bool CallTable::accept(Request request) {
+  State& s = *state_;
+  {
+    MutexLock lock(s.mu);
+    if (s.closed) return false;
+    ++s.handling;
+    if (!s.started) {
+      s.early.push_back(std::move(request));
+      return true;
+    }
+  }
+  return s.post(std::move(request));
+}
+
+Message CallTable::error_reply(uint64_t id, std::exception_ptr error) const {
+  return state_->error_reply(id, std::move(error));
+}
+
+CallTable::Idle CallTable::wait_idle(std::optional<Clock::time_point> deadline) {
+  State& s = *state_;
+  MutexLock lock(s.mu);
+  auto done = [&]() SB_REQUIRES(s.mu) { return s.closed || s.idle(); };
+  if (deadline) {
+    s.idle_cv.wait_until(s.mu, *deadline, done);
+  } else {
+    s.idle_cv.wait(s.mu, done);
+  }
+  if (s.closed) return Idle::kClosed;
+  return s.idle() ? Idle::kIdle : Idle::kTimedOut;
+}
+
+CallTable::Load CallTable::load() const {
+  MutexLock lock(state_->mu);
+  return Load{state_->in_flight, state_->handling};
+}
+
+void CallTable::close() {
+  State& s = *state_;
+  std::vector<Failure> cancelled;
+  {
+    MutexLock lock(s.mu);
+    if (s.closed) return;
+    s.closed = true;
+    for (auto& [id, p] : s.pending) {
+      cancelled.emplace_back(std::move(p.promise), shut_down_error(s.name, p.call));
+    }
+    s.pending.clear();
+    s.deadlines.clear();
+    s.handling -= s.early.size();
+    s.early.clear();
+    s.handler.reset();  // what it holds may hold the agent
+    s.timer_cv.notify_all();
+    s.idle_cv.notify_all();
+  }
+  s.settle(std::move(cancelled));
+  if (timer_.joinable()) {
+    if (timer_.get_id() == std::this_thread::get_id()) {
+      // The timer completed a future whose inline callback closed this
+      // table: the thread holds the state and exits when it returns here.
+      timer_.detach();
+    } else {
+      timer_.join();
+    }
+  }
+}
+
+bool CallTable::closed() const {
+  MutexLock lock(state_->mu);
+  return state_->closed;
+}
+
+const std::string& CallTable::agent_name() const { return state_->name; }
+
+}  // namespace switchboard::rpc

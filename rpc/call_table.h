@@ -1,0 +1,168 @@
+// CallTable: the bookkeeping of an RPC agent's calls, in both directions,
+// written once for every backend (PIPE, PROCESS_GROUP, and yours).
+//
+// Calls this worker makes: add() gives each an id and a future; the agent
+// sends the request and, when the response arrives, complete()s the id.
+// The table fails the call by itself when its timeout passes
+// (TimeoutError), and the agent fails calls by rule (fail_if: every call to
+// a peer that went away) or all at once (close: Error(kCancelled)).
+//
+// Requests this worker serves: the agent hands each to accept(); the table
+// runs the RequestHandler on the executor (the agent's pool), turns
+// whatever goes wrong (the handler throws, returns an invalid future, its
+// future fails, it answers with a request) into an error reply naming this
+// worker, and gives the reply to the agent to send. Requests accepted
+// before start() wait for it.
+//
+// Draining: wait_idle() returns once no call is in flight and no request is
+// being handled (join(), leaving a dynamic group, graceful shutdown).
+//
+// A backend gets timeouts, draining and cancellation from this table; see
+// examples/custom_backend.cc for a whole agent built on it.
+//
+// Threads: one timer thread per table, started by the first call with a
+// timeout (fails expired calls). Futures from
+// add() run their callbacks on the executor; the table never runs user
+// code or completes a future while holding its lock. The table may be used
+// from any thread; its destructor closes it and joins the timer (a
+// destructor that runs on the timer thread itself hands the thread its
+// state and lets it exit).
+//
+// Ownership: the table shares the executor. Replies to handler futures
+// that complete after the table was closed (or destroyed) are dropped.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "rpc/agent.h"
+#include "rpc/future.h"
+#include "rpc/message.h"
+#include "rpc/thread_pool.h"
+
+namespace switchboard::rpc {
+
+class CallTable {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Timeout = std::chrono::milliseconds;
+
+  // A call as the table knows it: for errors ("rpc to "w1" function "f": ...")
+  // and for the rules of fail_if().
+  struct Call {
+    int dst = -1;          // the callee's worker id
+    std::string dst_name;  // the callee's name
+    std::string function;
+    Timeout timeout{0};    // 0: none
+  };
+
+  struct Added {
+    uint64_t id = 0;           // the request's Message::id
+    Future<Message> future;    // completes with the response, or fails
+    size_t in_flight = 0;      // calls in flight now, this one included
+  };
+
+  // A request to serve.
+  struct Request {
+    Message message;  // type kRequest; its id is the caller's
+    WorkerInfo from;
+    // Runs on the executor before the handler (e.g. moving tensors to
+    // their devices); what it throws becomes the error reply. May be empty.
+    std::function<void(Message&)> prepare;
+    // Sends the reply (id set; kResponse or kError). Runs once, where the
+    // handler's future runs its callbacks (the executor for the futures
+    // Switchboard makes; inline for a handler that failed at once), and
+    // not at all once the table is closed or gone. The request counts as
+    // being handled until it returns.
+    std::function<void(Message)> reply;
+  };
+
+  enum class Idle { kIdle, kTimedOut, kClosed };
+
+  struct Load {
+    size_t calls_in_flight = 0;  // added, future not yet completed
+    size_t handling = 0;         // accepted, reply not yet given
+  };
+
+  // `agent_name` names this worker in errors; `executor` (non-null) runs
+  // handlers and the callbacks of add()'s futures.
+  CallTable(std::string agent_name, std::shared_ptr<Executor> executor);
+  // close(), then joins the timer thread.
+  ~CallTable();
+  CallTable(const CallTable&) = delete;
+  CallTable& operator=(const CallTable&) = delete;
+
+  // ------------------------------------------------------------ calls made
+
+  // Registers a call. Throws Error(kCancelled) "rpc to "w1" function "f":
+  // rpc agent "w0" shut down" once closed, std::invalid_argument for a
+  // negative timeout. With a timeout, the call fails with TimeoutError
+  // "rpc to "w1" function "f": timed out after 200 ms" unless completed
+  // before.
+  Added add(Call call);
+
+  // Completes call `id` with `response`. False, dropping the response, when
+  // the call is no longer pending (timed out, failed, cancelled) or, with
+  // `from`, when it went to another worker.
+  bool complete(uint64_t id, Message response, std::optional<int> from = std::nullopt);
+  // Fails call `id` with `error`; false when it is no longer pending.
+  bool fail(uint64_t id, std::exception_ptr error);
+  // Fails every pending call for which `which` is true, each with
+  // `error(call)`; returns how many. Both run under the table's lock: they
+  // must not call into the table.
+  size_t fail_if(const std::function<bool(const Call&)>& which,
+                 const std::function<std::exception_ptr(const Call&)>& error);
+  // The callee of pending call `id`, if it is pending.
+  std::optional<int> destination(uint64_t id) const;
+
+  // ------------------------------------------------------ requests served
+
+  // Requests accepted so far, and from now on, go to `handler` (non-null;
+  // once: std::invalid_argument naming the agent otherwise).
+  void start(RpcAgent::RequestHandler handler);
+  // Whether start() was called (also after close()).
+  bool started() const;
+  // Takes `request` to be handled on the executor (or, before start(),
+  // once started). False, dropping it, once closed or when the executor
+  // refuses it (shut down).
+  bool accept(Request request);
+  // A kError reply to `id` for `error`, naming this worker.
+  Message error_reply(uint64_t id, std::exception_ptr error) const;
+
+  // ------------------------------------------------------------------ both
+
+  // Blocks until no call is in flight and no request is being handled
+  // (kIdle), `deadline` passes (kTimedOut; none: waits for ever) or the
+  // table is closed (kClosed).
+  Idle wait_idle(std::optional<Clock::time_point> deadline);
+  Load load() const;
+
+  // Fails every pending call with Error(kCancelled) (see add()), refuses new
+  // calls and requests, drops requests waiting for start(), wakes
+  // wait_idle(). Idempotent. Does not wait for running handlers.
+  void close();
+  bool closed() const;
+
+  const std::string& agent_name() const;
+
+ private:
+  struct State;
+  // Starts the timer thread on the first call with a timeout (with the
+  // state's lock held).
+  void start_timer_locked();
+
+  std::shared_ptr<State> state_;
+  std::thread timer_;
+};
+
+// "rpc to "w1" function "f"": how every error about a call begins.
+std::string call_prefix(const std::string& dst_name, const std::string& function);
+
+}  // namespace switchboard::rpc

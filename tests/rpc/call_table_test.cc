@@ -1,0 +1,436 @@
+// CallTable: calls made (ids, completion, timeouts, failing by rule,
+// cancellation at close), requests served (the handler on the executor,
+// error replies for every way a handler can go wrong, requests held until
+// start()), draining, and a concurrent mix. Ordering comes from futures and
+// promises, never from sleeps; every wait is bounded by kLong.
+#include "rpc/call_table.h"
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "rpc/remote_error.h"
+#include "rpc/thread_pool.h"
+
+namespace {
+
+using switchboard::Error;
+using switchboard::ErrorCode;
+using switchboard::TimeoutError;
+using switchboard::rpc::CallTable;
+using switchboard::rpc::Future;
+using switchboard::rpc::Message;
+using switchboard::rpc::MessageType;
+using switchboard::rpc::Promise;
+using switchboard::rpc::ThreadPool;
+using switchboard::rpc::WorkerInfo;
+using namespace std::chrono_literals;
+
+constexpr std::chrono::milliseconds kLong = 30s;
+
+struct Fixture {
+  std::shared_ptr<ThreadPool> pool = std::make_shared<ThreadPool>(2, "call-table-test");
+  CallTable table{"w0", pool};
+};
+
+CallTable::Call call_to(int dst, std::string function,
+                        std::chrono::milliseconds timeout = 0ms) {
+  return CallTable::Call{dst, "w" + std::to_string(dst), std::move(function), timeout};
+}
+
+Message response(std::string text) {
+  Message m;
+  m.type = MessageType::kResponse;
+  m.payload.assign(text.begin(), text.end());
+  return m;
+}
+
+std::string text_of(const Message& m) { return std::string(m.payload.begin(), m.payload.end()); }
+
+// The error `f` failed with (bounded wait); fails the test when none.
+std::exception_ptr error_of(const Future<Message>& f) {
+  REQUIRE(f.wait_for(kLong));
+  REQUIRE(f.has_error());
+  return f.error();
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return "";
+}
+
+ErrorCode code_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    return x.code();
+  } catch (...) {
+  }
+  FAIL("not a switchboard::Error");
+  return ErrorCode::kInternal;
+}
+
+// Collects the replies a table gives, and lets a test wait for them.
+struct Replies {
+  std::mutex mu;
+  std::vector<Message> got;
+  Promise<void> first;
+  std::function<void(Message)> sink() {
+    return [this](Message m) {
+      std::lock_guard lock(mu);
+      got.push_back(std::move(m));
+      if (got.size() == 1) first.set_value();
+    };
+  }
+  Message await_first() {
+    REQUIRE(first.get_future().wait_for(kLong));
+    std::lock_guard lock(mu);
+    return got.front();
+  }
+};
+
+CallTable::Request request(uint64_t id, std::function<void(Message)> reply,
+                           std::string function = "f") {
+  CallTable::Request r;
+  r.message.type = MessageType::kRequest;
+  r.message.id = id;
+  r.message.function = std::move(function);
+  r.from = WorkerInfo{"w1", 1};
+  r.reply = std::move(reply);
+  return r;
+}
+
+// A handler that answers every request with its function name.
+Future<Message> echo_function(Message request, const WorkerInfo&) {
+  return Future<Message>::ready(response(request.function));
+}
+
+}  // namespace
+
+TEST_CASE("add() gives ids and futures that complete() fulfils once", "[call_table]") {
+  Fixture fx;
+  auto a = fx.table.add(call_to(1, "f"));
+  auto b = fx.table.add(call_to(2, "g"));
+  CHECK(a.id != b.id);
+  CHECK(a.in_flight == 1);
+  CHECK(b.in_flight == 2);
+  CHECK(fx.table.destination(b.id) == 2);
+  CHECK(fx.table.complete(a.id, response("one")));
+  CHECK_FALSE(fx.table.complete(a.id, response("again")));
+  REQUIRE(a.future.wait_for(kLong));
+  CHECK(text_of(a.future.value()) == "one");
+  CHECK_FALSE(fx.table.destination(a.id).has_value());
+  CHECK(fx.table.load().calls_in_flight == 1);
+  CHECK(fx.table.complete(b.id, response("two")));
+  CHECK(fx.table.load().calls_in_flight == 0);
+}
+
+TEST_CASE("complete() from another worker than the callee is dropped", "[call_table]") {
+  Fixture fx;
+  auto a = fx.table.add(call_to(1, "f"));
+  CHECK_FALSE(fx.table.complete(a.id, response("x"), 2));
+  CHECK_FALSE(a.future.done());
+  CHECK(fx.table.complete(a.id, response("y"), 1));
+  REQUIRE(a.future.wait_for(kLong));
+  CHECK(text_of(a.future.value()) == "y");
+}
+
+TEST_CASE("a call that is not answered within its timeout fails naming it", "[call_table]") {
+  Fixture fx;
+  auto slow = fx.table.add(call_to(3, "step", 20ms));
+  auto patient = fx.table.add(call_to(3, "step", kLong));
+  auto e = error_of(slow.future);
+  CHECK_THROWS_AS(std::rethrow_exception(e), TimeoutError);
+  CHECK(what_of(e) == "rpc to \"w3\" function \"step\": timed out after 20 ms");
+  CHECK_FALSE(fx.table.complete(slow.id, response("late")));
+  CHECK(fx.table.complete(patient.id, response("on time")));
+  REQUIRE(patient.future.wait_for(kLong));
+  CHECK_FALSE(patient.future.has_error());
+}
+
+TEST_CASE("an earlier deadline added later still fires first", "[call_table]") {
+  Fixture fx;
+  auto late = fx.table.add(call_to(1, "late", kLong));
+  auto early = fx.table.add(call_to(1, "early", 10ms));
+  error_of(early.future);
+  CHECK_FALSE(late.future.done());
+  CHECK(fx.table.complete(late.id, response("ok")));
+}
+
+TEST_CASE("a negative timeout is refused naming the call", "[call_table]") {
+  Fixture fx;
+  CHECK_THROWS_WITH(fx.table.add(call_to(1, "f", -1ms)),
+                    "rpc to \"w1\" function \"f\": negative timeout -1 ms");
+}
+
+TEST_CASE("fail_if() fails the calls its rule picks, and only those", "[call_table]") {
+  Fixture fx;
+  auto to1 = fx.table.add(call_to(1, "f"));
+  auto to2 = fx.table.add(call_to(2, "g"));
+  auto to1b = fx.table.add(call_to(1, "h", kLong));
+  const size_t n = fx.table.fail_if(
+      [](const CallTable::Call& c) { return c.dst == 1; },
+      [](const CallTable::Call& c) {
+        return std::make_exception_ptr(switchboard::ConnectionError(
+            fmt::format("{} lost", c.function)));
+      });
+  CHECK(n == 2);
+  CHECK(what_of(error_of(to1.future)) == "f lost");
+  CHECK(what_of(error_of(to1b.future)) == "h lost");
+  CHECK_FALSE(to2.future.done());
+  CHECK(fx.table.load().calls_in_flight == 1);
+  CHECK(fx.table.fail(to2.id, std::make_exception_ptr(std::runtime_error("gone"))));
+  CHECK(what_of(error_of(to2.future)) == "gone");
+  CHECK_FALSE(fx.table.fail(to2.id, std::make_exception_ptr(std::runtime_error("twice"))));
+}
+
+TEST_CASE("close() cancels pending calls and refuses new ones", "[call_table]") {
+  Fixture fx;
+  auto a = fx.table.add(call_to(1, "f", kLong));
+  fx.table.close();
+  auto e = error_of(a.future);
+  CHECK(code_of(e) == ErrorCode::kCancelled);
+  CHECK(what_of(e) == "rpc to \"w1\" function \"f\": rpc agent \"w0\" shut down");
+  CHECK(fx.table.closed());
+  try {
+    fx.table.add(call_to(2, "g"));
+    FAIL("add() after close() did not throw");
+  } catch (const Error& x) {
+    CHECK(x.code() == ErrorCode::kCancelled);
+    CHECK(std::string(x.what()) == "rpc to \"w2\" function \"g\": rpc agent \"w0\" shut down");
+  }
+  Replies replies;
+  CHECK_FALSE(fx.table.accept(request(7, replies.sink())));
+  CHECK(fx.table.wait_idle(std::nullopt) == CallTable::Idle::kClosed);
+  fx.table.close();  // idempotent
+}
+
+TEST_CASE("requests accepted before start() are served once it is called",
+          "[call_table]") {
+  Fixture fx;
+  Replies replies;
+  REQUIRE(fx.table.accept(request(41, replies.sink(), "early")));
+  CHECK(fx.table.load().handling == 1);
+  CHECK_FALSE(fx.table.started());
+  fx.table.start(echo_function);
+  CHECK(fx.table.started());
+  Message m = replies.await_first();
+  CHECK(m.id == 41);
+  CHECK(m.type == MessageType::kResponse);
+  CHECK(text_of(m) == "early");
+  CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
+}
+
+TEST_CASE("start() refuses an empty handler, a second call and a closed table",
+          "[call_table]") {
+  Fixture fx;
+  CHECK_THROWS_WITH(fx.table.start(nullptr), "rpc agent \"w0\": start() with an empty handler");
+  fx.table.start(echo_function);
+  CHECK_THROWS_WITH(fx.table.start(echo_function), "rpc agent \"w0\": start() called twice");
+  Fixture closed;
+  closed.table.close();
+  CHECK_THROWS_WITH(closed.table.start(echo_function),
+                    "rpc agent \"w0\": start() after shutdown()");
+}
+
+namespace {
+
+// The reply a table gives for one request to `handler`.
+Message serve_one(switchboard::rpc::RpcAgent::RequestHandler handler,
+                  std::function<void(Message&)> prepare = nullptr) {
+  Fixture fx;
+  fx.table.start(std::move(handler));
+  Replies replies;
+  auto r = request(9, replies.sink());
+  r.prepare = std::move(prepare);
+  REQUIRE(fx.table.accept(std::move(r)));
+  Message m = replies.await_first();
+  CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
+  return m;
+}
+
+// The remote error an error reply carries (and that it is one, for call 9).
+switchboard::rpc::RemoteError remote_of(const Message& m) {
+  CHECK(m.type == MessageType::kError);
+  CHECK(m.id == 9);
+  return switchboard::rpc::decode_remote_error(m);
+}
+
+}  // namespace
+
+TEST_CASE("every way a handler fails becomes an error reply naming this worker",
+          "[call_table]") {
+  SECTION("it throws") {
+    auto e = remote_of(serve_one([](Message, const WorkerInfo&) -> Future<Message> {
+      throw std::invalid_argument("bad argument 3");
+    }));
+    CHECK(e.worker() == "w0");
+    CHECK(e.remote_message() == "bad argument 3");
+  }
+  SECTION("it returns an invalid future") {
+    auto e = remote_of(serve_one([](Message, const WorkerInfo&) { return Future<Message>(); }));
+    CHECK_THAT(e.remote_message(), Catch::Contains("invalid future"));
+  }
+  SECTION("its future fails later") {
+    auto pending = std::make_shared<Promise<Message>>();
+    std::thread failer;
+    auto e = remote_of(serve_one([&](Message, const WorkerInfo&) {
+      failer = std::thread([pending] {
+        pending->set_error(std::make_exception_ptr(std::runtime_error("async failure")));
+      });
+      return pending->get_future();
+    }));
+    failer.join();
+    CHECK(e.remote_message() == "async failure");
+  }
+  SECTION("it answers with a request") {
+    auto e = remote_of(serve_one([](Message m, const WorkerInfo&) {
+      return Future<Message>::ready(std::move(m));
+    }));
+    CHECK_THAT(e.remote_message(), Catch::Contains("answered with message type 1"));
+  }
+  SECTION("preparing the request throws") {
+    bool ran = false;
+    auto e = remote_of(serve_one(
+        [&](Message m, const WorkerInfo&) {
+          ran = true;
+          return echo_function(std::move(m), {});
+        },
+        [](Message&) { throw std::invalid_argument("tensor 0 is for cuda:3"); }));
+    CHECK_FALSE(ran);
+    CHECK(e.remote_message() == "tensor 0 is for cuda:3");
+  }
+}
+
+TEST_CASE("the handler gets the request and its sender; the reply keeps the id",
+          "[call_table]") {
+  WorkerInfo seen;
+  Message m = serve_one([&](Message request, const WorkerInfo& from) {
+    seen = from;
+    return Future<Message>::ready(response(request.function + "!"));
+  });
+  CHECK(seen == WorkerInfo{"w1", 1});
+  CHECK(m.id == 9);
+  CHECK(text_of(m) == "f!");
+}
+
+TEST_CASE("wait_idle() waits for calls and for handlers, bounded by its deadline",
+          "[call_table]") {
+  Fixture fx;
+  auto deadline = [] { return std::chrono::steady_clock::now() + 10ms; };
+  CHECK(fx.table.wait_idle(deadline()) == CallTable::Idle::kIdle);
+  auto a = fx.table.add(call_to(1, "f"));
+  CHECK(fx.table.wait_idle(deadline()) == CallTable::Idle::kTimedOut);
+  std::thread completer([&] { fx.table.complete(a.id, response("x")); });
+  CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
+  completer.join();
+
+  // A handler whose future is not done yet holds the table busy.
+  Promise<Message> answer;
+  fx.table.start([&](Message, const WorkerInfo&) { return answer.get_future(); });
+  Replies replies;
+  REQUIRE(fx.table.accept(request(5, replies.sink())));
+  CHECK(fx.table.wait_idle(deadline()) == CallTable::Idle::kTimedOut);
+  CHECK(fx.table.load().handling == 1);
+  answer.set_value(response("done"));
+  CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
+  CHECK(replies.await_first().id == 5);
+}
+
+TEST_CASE("close() wakes a wait_idle() that waits for ever", "[call_table]") {
+  Fixture fx;
+  fx.table.add(call_to(1, "f"));
+  std::thread closer([&] { fx.table.close(); });
+  CHECK(fx.table.wait_idle(std::nullopt) == CallTable::Idle::kClosed);
+  closer.join();
+}
+
+TEST_CASE("a handler that answers after its table is gone is dropped", "[call_table]") {
+  auto pool = std::make_shared<ThreadPool>(2, "call-table-test");
+  Promise<Message> answer;
+  Promise<void> handled;
+  std::atomic<int> replies{0};
+  {
+    CallTable table("w0", pool);
+    table.start([&](Message, const WorkerInfo&) {
+      handled.set_value();
+      return answer.get_future();
+    });
+    REQUIRE(table.accept(request(1, [&](Message) { ++replies; })));
+    REQUIRE(handled.get_future().wait_for(kLong));
+  }
+  answer.set_value(response("late"));
+  pool->shutdown();
+  CHECK(replies == 0);
+}
+
+TEST_CASE("concurrent calls, answers and timeouts complete every future once",
+          "[call_table]") {
+  Fixture fx;
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 500;
+  std::vector<std::thread> threads;
+  std::vector<std::vector<CallTable::Added>> added(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kCalls; ++i) {
+        // Every third call is never answered and times out (1 ms).
+        auto a = fx.table.add(call_to(t, "f", i % 3 == 0 ? 1ms : kLong));
+        if (i % 3 != 0) fx.table.complete(a.id, response(std::to_string(i)));
+        added[t].push_back(std::move(a));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  int answered = 0;
+  int failed = 0;
+  for (auto& per_thread : added) {
+    for (auto& a : per_thread) {
+      REQUIRE(a.future.wait_for(kLong));
+      if (a.future.has_error()) {
+        ++failed;
+      } else {
+        ++answered;
+      }
+    }
+  }
+  const int unanswered = kThreads * ((kCalls + 2) / 3);
+  CHECK(failed == unanswered);
+  CHECK(answered == kThreads * kCalls - unanswered);
+  CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
+}
+
+TEST_CASE("a handler that answers after close() is not replied to, and stops counting",
+          "[call_table]") {
+  Fixture fx;
+  Promise<Message> answer;
+  Promise<void> handled;
+  std::atomic<int> replies{0};
+  fx.table.start([&](Message, const WorkerInfo&) {
+    handled.set_value();
+    return answer.get_future();
+  });
+  REQUIRE(fx.table.accept(request(1, [&](Message) { ++replies; })));
+  REQUIRE(handled.get_future().wait_for(kLong));
+  fx.table.close();
+  answer.set_value(response("late"));
+  fx.pool->shutdown();  // runs the reply callback
+  CHECK(replies == 0);
+  CHECK(fx.table.load().handling == 0);
+}
