@@ -81,8 +81,8 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       work(asio::make_work_guard(io)),
       timer_strand(asio::make_strand(io)),
       acceptor(timer_strand),
-      deadline_timer(timer_strand),
-      heartbeat_timer(timer_strand) {}
+      heartbeat_timer(timer_strand),
+      calls(this->name, owner.pool()) {}
 
 PipeAgent::Impl::~Impl() {
   work.reset();
@@ -129,76 +129,25 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   }
 }
 
-// Runs `request` on the pool (held back until start() when it comes
-// earlier: peers may call as soon as their own constructor returned).
+// Hands `request` to the call table, which runs the handler on the pool
+// (after start(): peers may call as soon as their own constructor
+// returned); the reply goes back to `from`.
 void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
-  {
-    std::lock_guard lock(mu);
-    if (stopping) return;
-    if (!started) {
-      early.emplace_back(from, std::move(request));
-      return;
-    }
-    ++handlers_running;
+  rpc::CallTable::Request r;
+  r.message = std::move(request.message);
+  r.from = peers[from].info;
+  std::weak_ptr<Impl> weak = weak_from_this();
+  const bool placed = std::any_of(request.devices.begin(), request.devices.end(),
+                                  [](const Device& d) { return !d.is_cpu(); });
+  if (placed) {
+    r.prepare = [weak, from, devices = std::move(request.devices)](Message& m) {
+      if (auto self = weak.lock()) self->place_tensors(m, devices, from);
+    };
   }
-  try {
-    owner.pool()->post([self = shared_from_this(), from, request = std::move(request)]() mutable {
-      self->serve(from, std::move(request));
-    });
-  } catch (const std::exception&) {
-    std::lock_guard lock(mu);
-    --handlers_running;
-    cv.notify_all();
-  }
-}
-
-void PipeAgent::Impl::fail_one(uint64_t id, std::exception_ptr error) {
-  Promise<Message> promise;
-  {
-    std::lock_guard lock(mu);
-    auto it = pending.find(id);
-    if (it == pending.end()) return;
-    if (it->second.has_deadline) deadlines.erase(it->second.deadline);
-    promise = std::move(it->second.promise);
-    pending.erase(it);
-    if (pending.empty()) cv.notify_all();
-  }
-  promise.set_error(std::move(error));
-}
-
-void PipeAgent::Impl::serve(int from, pipe::InboundFrame request) {
-  const uint64_t id = request.message.id;
-  Future<Message> response;
-  try {
-    place_tensors(request.message, request.devices, from);
-    response = handler(std::move(request.message), peers[from].info);
-    SB_REQUIRE(response.valid(), "the request handler returned an invalid future");
-  } catch (...) {
-    Message error;
-    error.type = MessageType::kError;
-    rpc::encode_remote_error(error, name, std::current_exception());
-    response = Future<Message>::ready(std::move(error));
-  }
-  std::weak_ptr<Impl> weak = shared_from_this();
-  response.add_callback([weak, from, id](const Future<Message>& done) {
-    auto self = weak.lock();
-    if (!self) return;
-    Message reply;
-    try {
-      reply = done.value();
-      SB_REQUIRE(reply.type != MessageType::kRequest,
-                 "the request handler answered with a request");
-    } catch (...) {
-      reply = Message{};
-      reply.type = MessageType::kError;
-      rpc::encode_remote_error(reply, self->name, std::current_exception());
-    }
-    reply.id = id;
-    self->deliver_reply(from, std::move(reply));
-    std::lock_guard lock(self->mu);
-    --self->handlers_running;
-    self->cv.notify_all();
-  });
+  r.reply = [weak, from](Message reply) {
+    if (auto self = weak.lock()) self->deliver_reply(from, std::move(reply));
+  };
+  calls.accept(std::move(r));
 }
 
 void PipeAgent::Impl::deliver_reply(int to, Message reply) {
@@ -227,12 +176,11 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     return;
   }
   std::shared_ptr<Connection> connection;
-  bool alone = false;  // the only handler running: send from here
   {
     std::lock_guard lock(mu);
     connection = peers[to].connection;
-    alone = handlers_running <= 1;
   }
+  const bool alone = calls.load().handling <= 1;  // the only handler: send from here
   if (!connection || !connection->enqueue(reply, wire, alone)) {
     spdlog::debug("rpc agent \"{}\": reply {} to \"{}\" dropped: no connection", name,
                   reply.id, name_of(to));
@@ -251,17 +199,12 @@ void PipeAgent::Impl::complete(pipe::InboundFrame response) {
   }
   auto place = [self = shared_from_this(), response = std::move(response)]() mutable {
     const uint64_t id = response.message.id;
-    int from = -1;
-    {
-      std::lock_guard lock(self->mu);
-      auto it = self->pending.find(id);
-      if (it == self->pending.end()) return;  // timed out or cancelled
-      from = it->second.dst;
-    }
+    const std::optional<int> from = self->calls.destination(id);
+    if (!from) return;  // timed out or cancelled
     try {
-      self->place_tensors(response.message, response.devices, from);
+      self->place_tensors(response.message, response.devices, *from);
     } catch (...) {
-      self->fail_one(id, std::current_exception());
+      self->calls.fail(id, std::current_exception());
       return;
     }
     self->complete_now(std::move(response.message));
@@ -292,37 +235,8 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
 }
 
 void PipeAgent::Impl::complete_now(Message response) {
-  Promise<Message> promise;
-  {
-    std::lock_guard lock(mu);
-    auto it = pending.find(response.id);
-    if (it == pending.end()) return;  // timed out or cancelled: dropped
-    if (it->second.has_deadline) deadlines.erase(it->second.deadline);
-    promise = std::move(it->second.promise);
-    pending.erase(it);
-    if (pending.empty()) cv.notify_all();
-  }
-  promise.set_value(std::move(response));
-}
-
-void PipeAgent::Impl::fail_pending_if(
-    const std::function<bool(const Pending&)>& which,
-    const std::function<std::exception_ptr(const Pending&)>& error) {
-  std::vector<std::pair<Promise<Message>, std::exception_ptr>> failed;
-  {
-    std::lock_guard lock(mu);
-    for (auto it = pending.begin(); it != pending.end();) {
-      if (which(it->second)) {
-        failed.emplace_back(std::move(it->second.promise), error(it->second));
-        if (it->second.has_deadline) deadlines.erase(it->second.deadline);
-        it = pending.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (pending.empty()) cv.notify_all();
-  }
-  for (auto& [promise, e] : failed) promise.set_error(e);
+  const uint64_t id = response.id;
+  calls.complete(id, std::move(response));  // false: timed out or cancelled
 }
 
 void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& connection,
@@ -361,12 +275,12 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
     spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, name_of(peer), why);
   }
   const std::string peer_name = name_of(peer);
-  fail_pending_if([peer](const Pending& p) { return p.dst == peer; },
-                  [&](const Pending& p) {
-                    return std::make_exception_ptr(ConnectionError(fmt::format(
-                        "rpc to \"{}\" function \"{}\": worker \"{}\" {}", peer_name,
-                        p.function, peer_name, why)));
-                  });
+  calls.fail_if([peer](const rpc::CallTable::Call& c) { return c.dst == peer; },
+                [&](const rpc::CallTable::Call& c) {
+                  return std::make_exception_ptr(ConnectionError(
+                      fmt::format("{}: worker \"{}\" {}", rpc::call_prefix(peer_name, c.function),
+                                  peer_name, why)));
+                });
 }
 
 std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
@@ -385,52 +299,6 @@ std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
     wire.push_back(rpc::target_device(maps, name_of(to), m.tensors[i].device(), i));
   }
   return wire;
-}
-
-void PipeAgent::Impl::add_deadline_locked(uint64_t id, Pending& p) {
-  const auto when = Clock::now() + p.timeout;
-  p.deadline = deadlines.emplace(when, id);
-  p.has_deadline = true;
-  if (when < armed) {
-    armed = when;
-    asio::post(timer_strand, [self = shared_from_this()] { self->rearm_deadline_timer(); });
-  }
-}
-
-void PipeAgent::Impl::rearm_deadline_timer() {
-  Clock::time_point next;
-  {
-    std::lock_guard lock(mu);
-    next = deadlines.empty() ? Clock::time_point::max() : deadlines.begin()->first;
-    armed = next;
-  }
-  deadline_timer.expires_at(next);
-  deadline_timer.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
-    if (!e) self->expire_deadlines();
-  });
-}
-
-void PipeAgent::Impl::expire_deadlines() {
-  const auto now = Clock::now();
-  std::vector<std::pair<Promise<Message>, std::string>> expired;
-  {
-    std::lock_guard lock(mu);
-    while (!deadlines.empty() && deadlines.begin()->first <= now) {
-      auto it = pending.find(deadlines.begin()->second);
-      deadlines.erase(deadlines.begin());
-      if (it == pending.end()) continue;
-      expired.emplace_back(std::move(it->second.promise),
-                           fmt::format("rpc to \"{}\" function \"{}\": timed out after {} ms",
-                                       name_of(it->second.dst), it->second.function,
-                                       it->second.timeout.count()));
-      pending.erase(it);
-    }
-    if (pending.empty()) cv.notify_all();
-  }
-  for (auto& [promise, message] : expired) {
-    promise.set_error(std::make_exception_ptr(TimeoutError(message)));
-  }
-  rearm_deadline_timer();
 }
 
 void PipeAgent::Impl::heartbeat() {
@@ -507,72 +375,63 @@ void PipeAgent::start(RequestHandler handler) {
              self().name);
   SB_REQUIRE(!impl_->shut_down, "PIPE agent \"{}\": start() after shutdown()",
              self().name);
-  SB_REQUIRE(!impl_->started, "PIPE agent \"{}\": start() called twice", self().name);
-  std::vector<std::pair<int, pipe::InboundFrame>> early;
-  {
-    std::lock_guard lock(impl_->mu);
-    impl_->handler = std::move(handler);
-    impl_->started = true;
-    early.swap(impl_->early);
-  }
-  for (auto& [from, request] : early) impl_->accept_request(from, std::move(request));
+  SB_REQUIRE(!impl_->calls.started(), "PIPE agent \"{}\": start() called twice",
+             self().name);
+  impl_->calls.start(std::move(handler));
 }
 
 Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout timeout) {
   Impl& s = *impl_;
-  Promise<Message> promise(pool());
-  Future<Message> result = promise.get_future();
-  uint64_t id = 0;  // nonzero once the call may be registered as pending
+  uint64_t id = 0;  // nonzero once the call is in the table
+  Future<Message> future;
   try {
-    SB_REQUIRE(s.started, "PIPE agent \"{}\": send() before start()", s.name);
+    SB_REQUIRE(s.calls.started(), "PIPE agent \"{}\": send() before start()", s.name);
     SB_REQUIRE(request.type == MessageType::kRequest,
                "PIPE agent \"{}\": send() takes a request", s.name);
     SB_REQUIRE(timeout.count() >= 0, "rpc to \"{}\": negative timeout", to.name);
     const int dst = worker(to.name).id;
     const std::vector<Device> wire = s.wire_devices(request, dst, false);
     if (dst != s.rank) stage_on_cpu(request, to.name);
-    id = s.next_id++;
+    rpc::CallTable::Added call = s.calls.add({dst, to.name, request.function, timeout});
+    id = call.id;
+    future = std::move(call.future);
     request.id = id;
+    // The call is in the table before the peer's state is read:
+    // connection_failed() marks the peer down first and then fails its
+    // calls, so this call is failed by one or the other.
     std::shared_ptr<Connection> connection;
-    bool alone = false;  // the only call in flight: send from this thread
     {
       std::lock_guard lock(s.mu);
-      if (s.stopping) {
-        throw Error(ErrorCode::kCancelled,
-                    fmt::format("rpc to \"{}\" function \"{}\": rpc agent \"{}\" shut down",
-                                to.name, request.function, s.name));
-      }
       const auto& peer = s.peers[dst];
       if (peer.state != Impl::PeerState::kUp) {
-        throw ConnectionError(fmt::format("rpc to \"{}\" function \"{}\": worker \"{}\" {}",
-                                          to.name, request.function, to.name, peer.reason));
+        throw ConnectionError(fmt::format("{}: worker \"{}\" {}",
+                                          rpc::call_prefix(to.name, request.function),
+                                          to.name, peer.reason));
       }
       connection = peer.connection;
-      auto [it, inserted] = s.pending.try_emplace(id);
-      it->second.promise = promise;
-      it->second.dst = dst;
-      it->second.function = request.function;
-      it->second.timeout = timeout;
-      if (timeout.count() > 0) s.add_deadline_locked(id, it->second);
-      alone = s.pending.size() <= 1;
     }
+    const bool alone = call.in_flight <= 1;  // the only call in flight: send from here
     if (dst == s.rank) {
       pipe::InboundFrame self_request;
       self_request.message = copy_tensors(std::move(request), wire);
       s.accept_request(s.rank, std::move(self_request));
     } else if (!connection->enqueue(request, wire, alone)) {
-      s.fail_one(id, std::make_exception_ptr(ConnectionError(fmt::format(
-                         "rpc to \"{}\" function \"{}\": the connection to worker \"{}\" "
-                         "is closed",
-                         to.name, request.function, to.name))));
+      s.calls.fail(id, std::make_exception_ptr(ConnectionError(fmt::format(
+                           "{}: the connection to worker \"{}\" is closed",
+                           rpc::call_prefix(to.name, request.function), to.name))));
     }
+    return future;
   } catch (...) {
     // What threw after the call was registered (a self-send's tensor copy,
     // encoding the frame) must not leave it pending: join() waits for it.
-    if (id != 0) s.fail_one(id, std::current_exception());
-    promise.set_error(std::current_exception());
+    if (id != 0) {
+      s.calls.fail(id, std::current_exception());
+      return future;
+    }
+    Promise<Message> failed(pool());
+    failed.set_error(std::current_exception());
+    return failed.get_future();
   }
-  return result;
 }
 
 // A dynamic group may have had several workers of one name over time (one
@@ -624,20 +483,18 @@ void PipeAgent::join(Timeout timeout) {
     return;
   }
   const auto deadline = Clock::now() + timeout;
-  {
-    std::unique_lock lock(s.mu);
-    auto drained = [&] { return s.stopping || (s.pending.empty() && s.handlers_running == 0); };
-    const bool done = timeout.count() > 0 ? s.cv.wait_until(lock, deadline, drained)
-                                          : (s.cv.wait(lock, drained), true);
-    if (s.stopping) {
+  switch (s.calls.wait_idle(timeout.count() > 0 ? std::optional(deadline) : std::nullopt)) {
+    case rpc::CallTable::Idle::kIdle:
+      break;
+    case rpc::CallTable::Idle::kClosed:
       throw Error(ErrorCode::kCancelled,
                   fmt::format("join: rpc agent \"{}\" shut down", s.name));
-    }
-    if (!done) {
+    case rpc::CallTable::Idle::kTimedOut: {
+      const auto load = s.calls.load();
       throw TimeoutError(fmt::format(
           "join on rpc agent \"{}\": {} call(s) still in flight and {} request(s) being "
           "handled after {} ms",
-          s.name, s.pending.size(), s.handlers_running, timeout.count()));
+          s.name, load.calls_in_flight, load.handling, timeout.count()));
     }
   }
   collective::Work barrier = s.gloo->barrier();
@@ -663,14 +520,7 @@ void PipeAgent::shutdown() {
     for (auto& c : s.unidentified) connections.push_back(c);
     s.cv.notify_all();
   }
-  s.fail_pending_if([](const Impl::Pending&) { return true; },
-                    [&](const Impl::Pending& p) {
-                      return std::make_exception_ptr(Error(
-                          ErrorCode::kCancelled,
-                          fmt::format("rpc to \"{}\" function \"{}\": rpc agent \"{}\" shut "
-                                      "down",
-                                      s.name_of(p.dst), p.function, s.name)));
-                    });
+  s.calls.close();
   for (auto& connection : connections) {
     connection->enqueue_control(pipe::FrameKind::kGoodbye);
     connection->close_after_flush();
@@ -682,7 +532,6 @@ void PipeAgent::shutdown() {
   asio::post(s.timer_strand, [impl = impl_] {
     boost::system::error_code ignored;
     impl->acceptor.close(ignored);
-    impl->deadline_timer.cancel();
     impl->heartbeat_timer.cancel();
   });
   pool()->shutdown();

@@ -27,6 +27,7 @@
 #include "agents/pipe_connection.h"
 #include "agents/pipe_info.h"
 #include "collective/gloo_process_group.h"
+#include "rpc/call_table.h"
 
 namespace switchboard::agents {
 
@@ -43,15 +44,6 @@ using Timeout = std::chrono::milliseconds;
 struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
   // kAbsent: a dynamic group's rank no worker has taken (yet).
   enum class PeerState { kAbsent, kConnecting, kUp, kLost, kLeft };
-
-  struct Pending {
-    Promise<Message> promise;
-    int dst = -1;
-    std::string function;
-    Timeout timeout{0};
-    std::multimap<Clock::time_point, uint64_t>::iterator deadline;
-    bool has_deadline = false;
-  };
 
   // info and announcement are written once, before the peer is first
   // published under `mu` (at init, or when it joins a dynamic group); ranks
@@ -92,19 +84,12 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   void connection_failed(const std::shared_ptr<Connection>& connection,
                          const std::string& reason) override;
   void accept_request(int from, pipe::InboundFrame request);
-  void fail_one(uint64_t id, std::exception_ptr error);
 
-  void serve(int from, pipe::InboundFrame request);
   void deliver_reply(int to, Message reply);
   void complete(pipe::InboundFrame response);
   void complete_now(Message response);
   void place_tensors(Message& m, const std::vector<Device>& wire, int from) const;
-  void fail_pending_if(const std::function<bool(const Pending&)>& which,
-                       const std::function<std::exception_ptr(const Pending&)>& error);
 
-  void add_deadline_locked(uint64_t id, Pending& pending);
-  void rearm_deadline_timer();
-  void expire_deadlines();
   void heartbeat();
 
   std::vector<Device> wire_devices(const Message& m, int to, bool reply) const;
@@ -133,7 +118,6 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   tcp::acceptor acceptor;
   std::string address;
   int port = 0;
-  asio::steady_timer deadline_timer;
   asio::steady_timer heartbeat_timer;
 
   std::unique_ptr<collective::GlooProcessGroup> gloo;
@@ -147,14 +131,9 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::unordered_map<uint64_t, Pending> pending;                // GUARDED_BY(mu)
-  std::multimap<Clock::time_point, uint64_t> deadlines;          // GUARDED_BY(mu)
-  Clock::time_point armed = Clock::time_point::max();            // GUARDED_BY(mu)
   std::vector<std::shared_ptr<Connection>> unidentified;         // GUARDED_BY(mu)
-  int handlers_running = 0;                                      // GUARDED_BY(mu)
   bool stopping = false;                                         // GUARDED_BY(mu)
 
-  std::vector<std::pair<int, pipe::InboundFrame>> early;         // GUARDED_BY(mu)
   // Hellos that came before `peers` was filled in (a faster peer finished
   // the all-gather first); handled once it is.
   bool peers_ready = false;                                      // GUARDED_BY(mu)
@@ -164,10 +143,10 @@ struct PipeAgent::Impl : ConnectionEvents, std::enable_shared_from_this<PipeAgen
   std::map<int, std::string> welcomes;                           // GUARDED_BY(mu)
   rpc::MembershipListener listener;                              // GUARDED_BY(mu)
   bool left = false;                                             // GUARDED_BY(mu)
-  std::atomic<uint64_t> next_id{1};
-  RequestHandler handler;
-  std::atomic<bool> started{false};  // written under mu
   std::atomic<bool> shut_down{false};
+  // Calls made and requests served: ids, deadlines, handlers, draining.
+  // Declared last: destroyed first, before the state its callbacks use.
+  rpc::CallTable calls;
 };
 
 

@@ -100,10 +100,11 @@ void PipeAgent::Impl::join_group() {
   }
   // Hellos that arrived before the table was ready (a stray joiner whose
   // token lease ended while this worker held it) are handled now.
-  for (auto& [connection, frame] : early) {
-    asio::post(connection->strand, [self = shared_from_this(), connection, frame] {
-      if (self->on_hello(connection, frame)) connection->resume_reading();
-    });
+  for (auto& hello : early) {
+    asio::post(hello.first->strand,
+               [self = shared_from_this(), connection = hello.first, frame = hello.second] {
+                 if (self->on_hello(connection, frame)) connection->resume_reading();
+               });
   }
 
   Hello hello;
@@ -291,30 +292,25 @@ void PipeAgent::Impl::leave_group(Timeout timeout) {
   // From the goodbye on, the others fail new calls to this worker at once;
   // calls already in flight in either direction still complete.
   for (auto& c : connections) c->enqueue_control(pipe::FrameKind::kGoodbye);
+  // Renew the token while waiting, so that a long drain does not lose it.
+  const auto slice = std::max(Timeout(1), options.membership_lease / 2);
   bool drained = false;
-  {
-    std::unique_lock lock(mu);
-    auto idle = [&] { return stopping || (pending.empty() && handlers_running == 0); };
-    // Renew the token while waiting, so that a long drain does not lose it.
-    const auto slice = std::max(Timeout(1), options.membership_lease / 2);
-    while (!(drained = idle()) && Clock::now() < deadline) {
-      cv.wait_until(lock, std::min(deadline, Clock::now() + slice), idle);
-      lock.unlock();
-      token.renew();
-      lock.lock();
-    }
-    drained = idle();
+  for (;;) {
+    const auto idle = calls.wait_idle(std::min(deadline, Clock::now() + slice));
+    drained = idle != rpc::CallTable::Idle::kTimedOut;
+    if (drained || Clock::now() >= deadline) break;
+    token.renew();
   }
   std::vector<Member> members = read_members(*store);
   std::erase_if(members, [&](const Member& m) { return m.rank == rank; });
   store->set(kMembersKey, encode_members(members));
   token.release();
   if (!drained) {
-    std::lock_guard lock(mu);
+    const auto load = calls.load();
     throw TimeoutError(fmt::format(
         "rpc agent \"{}\" left the dynamic group with {} call(s) still in flight and {} "
         "request(s) being handled after {} ms",
-        name, pending.size(), handlers_running, limit.count()));
+        name, load.calls_in_flight, load.handling, limit.count()));
   }
 }
 

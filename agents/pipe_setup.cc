@@ -87,10 +87,11 @@ void PipeAgent::Impl::rendezvous() {
     peers_ready = true;
     hellos.swap(early_hellos);
   }
-  for (auto& [connection, hello] : hellos) {
-    asio::post(connection->strand, [self = shared_from_this(), connection, hello] {
-      if (self->on_hello(connection, hello)) connection->resume_reading();
-    });
+  for (auto& early : hellos) {
+    asio::post(early.first->strand,
+               [self = shared_from_this(), connection = early.first, hello = early.second] {
+                 if (self->on_hello(connection, hello)) connection->resume_reading();
+               });
   }
   Hello hello;
   hello.rank = rank;

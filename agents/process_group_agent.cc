@@ -27,7 +27,7 @@
 #include "collective/gloo_process_group.h"
 #include "common/check.h"
 #include "common/error.h"
-#include "rpc/remote_error.h"
+#include "rpc/call_table.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -121,14 +121,6 @@ void check_arguments(const std::shared_ptr<Store>& store, const std::string& nam
 // ------------------------------------------------------------------ Impl
 
 struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
-  // A call sent and not yet answered.
-  struct Pending {
-    Promise<Message> promise;
-    int dst = -1;
-    std::string function;
-    Timeout timeout{0};
-    Clock::time_point deadline;  // meaningful when timeout > 0
-  };
   // One remote worker: the sender thread drains `outbox`, the listener
   // receives everything that worker sends here.
   struct Peer {
@@ -146,7 +138,8 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
         name(std::move(name_in)),
         rank(rank_in),
         world_size(world_in),
-        pool(std::move(pool_in)) {}
+        pool(std::move(pool_in)),
+        calls(name, pool) {}
 
   // Immutable after construction.
   const std::shared_ptr<Store> store;
@@ -163,22 +156,14 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
   std::unique_ptr<collective::GlooProcessGroup> pg;  // GUARDED_BY(pg_mu)
   bool pg_closed = false;                            // GUARDED_BY(pg_mu)
 
+  // Calls made and requests served: ids, deadlines, handlers, draining.
+  rpc::CallTable calls;
+
   std::mutex mu;
-  std::condition_variable drained_cv;             // pending or handling changed
-  std::condition_variable timer_cv;               // deadlines changed or stopping
   bool started = false;                           // GUARDED_BY(mu)
   bool stopping = false;                          // GUARDED_BY(mu)
-  std::shared_ptr<const RequestHandler> handler;  // GUARDED_BY(mu)
-  uint64_t next_id = 1;                           // GUARDED_BY(mu)
-  std::unordered_map<uint64_t, Pending> pending;  // GUARDED_BY(mu)
-  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;  // GUARDED_BY(mu)
-  int handling = 0;  // GUARDED_BY(mu): requests accepted, not answered
-  // Calls registered and whose future has not completed yet (>= the size
-  // of `pending`: a call leaves `pending` just before its future completes).
-  int calls_in_flight = 0;                   // GUARDED_BY(mu)
   uint64_t join_generation = 0;              // GUARDED_BY(mu)
   std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for this rank
-  std::thread timer;
   std::atomic<bool> shut_down{false};
 
   // Every agent thread holds a shared_ptr to the Impl, so the Impl dies
@@ -191,7 +176,6 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
       if (peer) release(peer->sender);
       if (peer) release(peer->listener);
     }
-    release(timer);
   }
 
   static void release(std::thread& thread) {
@@ -275,10 +259,9 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     std::lock_guard lock(mu);
     SB_REQUIRE(!stopping, "rpc agent \"{}\": start() after shutdown()", name);
     SB_REQUIRE(!started, "rpc agent \"{}\": start() called twice", name);
-    handler = std::make_shared<const RequestHandler>(std::move(h));
+    calls.start(std::move(h));
     started = true;
     auto self = shared_from_this();
-    timer = std::thread([self] { self->run_timer(); });
     for (int r = 0; r < world_size; ++r) {
       if (r == rank) continue;
       peers[r]->sender = std::thread([self, r] { self->run_sender(r); });
@@ -315,7 +298,7 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
   // ------------------------------------------------------------ sending
 
   std::string call_prefix(int dst, const std::string& function) const {
-    return fmt::format("rpc to \"{}\" function \"{}\"", workers[dst].name, function);
+    return rpc::call_prefix(workers[dst].name, function);
   }
 
   Future<Message> send(const WorkerInfo& to, Message request, Timeout timeout) {
@@ -324,27 +307,40 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
       return Future<Message>::failed(error);
     }
     if (dst == rank) clone_tensors(request);
-    Promise<Message> promise(pool);
-    Future<Message> future = promise.get_future();
-    std::optional<Message> to_self;  // a request to this worker, served here
     {
       std::lock_guard lock(mu);
-      if (auto error = refusal_locked(dst, request.function)) {
-        return Future<Message>::failed(error);
-      }
-      const uint64_t id = next_id++;
-      request.id = id;
-      add_pending_locked(id, Pending{promise, dst, request.function, timeout, {}});
-      if (dst == rank) {
-        ++handling;
-        to_self = std::move(request);
-      } else {
-        peers[dst]->outbox.push_back(std::move(request));
-        peers[dst]->outbox_cv.notify_one();
+      if (!started) {
+        return Future<Message>::failed(std::make_exception_ptr(std::invalid_argument(
+            fmt::format("{}: send() before start()", call_prefix(dst, request.function)))));
       }
     }
-    if (to_self) post_request(rank, std::move(*to_self));
-    return future;
+    rpc::CallTable::Added call;
+    try {
+      call = calls.add({dst, workers[dst].name, request.function, timeout});
+    } catch (...) {
+      return Future<Message>::failed(std::current_exception());
+    }
+    request.id = call.id;
+    if (dst == rank) {
+      calls.accept(incoming(rank, std::move(request)));
+      return call.future;
+    }
+    // Added before the peer's state is read: peer_failed() marks the peer
+    // failed first and then fails its calls, so this call is failed by one
+    // or the other.
+    std::exception_ptr refused;
+    {
+      std::lock_guard lock(mu);
+      Peer& p = *peers[dst];
+      if (p.failed) {
+        refused = connection_error(call_prefix(dst, request.function), dst, p.failure);
+      } else if (!stopping) {
+        p.outbox.push_back(std::move(request));
+        p.outbox_cv.notify_one();
+      }
+    }
+    if (refused) calls.fail(call.id, refused);
+    return call.future;
   }
 
   // What is wrong with a call, or nullptr. Makes strided tensors contiguous.
@@ -369,60 +365,6 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     if (problem.empty()) return nullptr;
     return std::make_exception_ptr(
         std::invalid_argument(fmt::format("{}: {}", prefix, problem)));
-  }
-
-  // Why a call to `dst` cannot be sent now, or nullptr.
-  std::exception_ptr refusal_locked(int dst, const std::string& function) const {
-    const std::string prefix = call_prefix(dst, function);
-    if (!started) {
-      return std::make_exception_ptr(
-          std::invalid_argument(fmt::format("{}: send() before start()", prefix)));
-    }
-    if (stopping) return shut_down_error(prefix);
-    if (dst != rank && peers[dst]->failed) {
-      return connection_error(prefix, dst, peers[dst]->failure);
-    }
-    return nullptr;
-  }
-
-  void add_pending_locked(uint64_t id, Pending p) {
-    if (p.timeout.count() > 0) {
-      p.deadline = Clock::now() + p.timeout;
-      const bool earliest = deadlines.empty() || p.deadline < deadlines.begin()->first;
-      deadlines.emplace(p.deadline, id);
-      if (earliest) timer_cv.notify_one();
-    }
-    pending.emplace(id, std::move(p));
-    ++calls_in_flight;
-  }
-
-  // Removes and returns the pending call `id` (nullopt when there is none).
-  std::optional<Pending> take_pending_locked(uint64_t id) {
-    auto it = pending.find(id);
-    if (it == pending.end()) return std::nullopt;
-    Pending p = std::move(it->second);
-    pending.erase(it);
-    if (p.timeout.count() > 0) deadlines.erase({p.deadline, id});
-    return p;
-  }
-
-  // Completes a call taken out of `pending` (outside the lock).
-  void settle(const Pending& call, const std::exception_ptr& error,
-              Message* response = nullptr) {
-    if (error) {
-      call.promise.set_error(error);
-    } else {
-      call.promise.set_value(std::move(*response));
-    }
-    std::lock_guard lock(mu);
-    --calls_in_flight;
-    drained_cv.notify_all();
-  }
-
-  std::exception_ptr shut_down_error(const std::string& prefix) const {
-    return std::make_exception_ptr(
-        Error(ErrorCode::kCancelled,
-              fmt::format("{}: rpc agent \"{}\" shut down", prefix, name)));
   }
 
   std::exception_ptr connection_error(const std::string& prefix, int peer,
@@ -511,7 +453,7 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
         return;
       }
       if (m.type == MessageType::kRequest) {
-        accept_request(peer, std::move(m));
+        calls.accept(incoming(peer, std::move(m)));
       } else {
         complete_call(peer, std::move(m));
       }
@@ -544,26 +486,17 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
 
   // A response arrived from `from` (or was produced here for a self-call).
   void complete_call(int from, Message response) {
-    std::optional<Pending> p;
-    {
-      std::lock_guard lock(mu);
-      auto it = pending.find(response.id);
-      if (it != pending.end() && it->second.dst == from)
-        p = take_pending_locked(response.id);
-    }
-    if (!p) {
+    const uint64_t id = response.id;
+    if (!calls.complete(id, std::move(response), from)) {
       spdlog::debug(
           "rpc agent \"{}\": dropping a response from \"{}\" to call {}, which "
           "is no longer pending (timed out or cancelled)",
-          name, workers[from].name, response.id);
-      return;
+          name, workers[from].name, id);
     }
-    settle(*p, nullptr, &response);
   }
 
   // The connection to `peer` is unusable: fail every call to it.
   void peer_failed(int peer, const std::string& reason) {
-    std::vector<Pending> lost;
     {
       std::lock_guard lock(mu);
       Peer& p = *peers[peer];
@@ -572,161 +505,49 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
       p.failure = reason;
       p.outbox.clear();
       p.outbox_cv.notify_all();
-      std::vector<uint64_t> ids;
-      for (const auto& [id, call] : pending) {
-        if (call.dst == peer) ids.push_back(id);
-      }
-      for (uint64_t id : ids) lost.push_back(*take_pending_locked(id));
     }
-    if (lost.empty()) {
+    const size_t lost = calls.fail_if(
+        [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
+        [&](const rpc::CallTable::Call& call) {
+          return connection_error(call_prefix(peer, call.function), peer, reason);
+        });
+    if (lost == 0) {
       spdlog::info("rpc agent \"{}\": worker \"{}\" went away: {}", name,
                    workers[peer].name, reason);
     } else {
       spdlog::warn("rpc agent \"{}\": worker \"{}\" went away with {} calls pending: {}",
-                   name, workers[peer].name, lost.size(), reason);
-    }
-    for (Pending& call : lost) {
-      settle(call, connection_error(call_prefix(peer, call.function), peer, reason));
+                   name, workers[peer].name, lost, reason);
     }
   }
 
   // ------------------------------------------------------------ serving
 
-  // A request arrived from `from`: hand it to the pool.
-  void accept_request(int from, Message request) {
-    {
-      std::lock_guard lock(mu);
-      if (stopping) return;
-      ++handling;
-    }
-    post_request(from, std::move(request));
-  }
-
-  // Runs serve() on the pool; `handling` already counts the request.
-  void post_request(int from, Message request) {
-    const uint64_t id = request.id;
-    try {
-      pool->post(
-          [self = shared_from_this(), from, request = std::move(request)]() mutable {
-            self->serve(from, std::move(request));
-          });
-    } catch (...) {
-      // The pool is shut down: the request is dropped.
-      if (from == rank) fail_self_call(id, std::current_exception());
-      finish_handling();
-    }
-  }
-
-  void fail_self_call(uint64_t id, const std::exception_ptr& error) {
-    std::optional<Pending> p;
-    {
-      std::lock_guard lock(mu);
-      p = take_pending_locked(id);
-    }
-    if (p) settle(*p, error);
-  }
-
-  void finish_handling() {
-    std::lock_guard lock(mu);
-    --handling;
-    drained_cv.notify_all();
-  }
-
-  // On a pool thread: runs the handler; the answer goes out when its
-  // future completes.
-  void serve(int from, Message request) {
-    std::shared_ptr<const RequestHandler> h;
-    {
-      std::lock_guard lock(mu);
-      if (!stopping) h = handler;
-    }
-    if (!h) {
-      finish_handling();
-      return;
-    }
-    const uint64_t id = request.id;
-    Future<Message> result;
-    try {
-      result = (*h)(std::move(request), workers[from]);
-    } catch (...) {
-      result = Future<Message>::failed(std::current_exception());
-    }
-    if (!result.valid()) {
-      result = Future<Message>::failed(std::make_exception_ptr(
-          Error(ErrorCode::kInternal, "the request handler returned an invalid future")));
-    }
+  // A request from `from`, for the call table; the reply goes back to it.
+  rpc::CallTable::Request incoming(int from, Message request) {
+    rpc::CallTable::Request r;
+    r.message = std::move(request);
+    r.from = workers[from];
     std::weak_ptr<Impl> weak = weak_from_this();
-    result.add_callback([weak, from, id](const Future<Message>& done) {
-      if (auto self = weak.lock()) self->respond(from, id, done);
-    });
+    r.reply = [weak, from](Message reply) {
+      if (auto self = weak.lock()) self->respond(from, std::move(reply));
+    };
+    return r;
   }
 
-  Message error_response(const std::exception_ptr& error) const {
-    Message m;
-    rpc::encode_remote_error(m, name, error);
-    return m;
-  }
-
-  // The response to send for a handler's finished future.
-  Message response_of(const Future<Message>& done) const {
-    if (done.has_error()) return error_response(done.error());
-    Message m = done.value();
-    if (m.type != MessageType::kResponse && m.type != MessageType::kError) {
-      return error_response(std::make_exception_ptr(
-          Error(ErrorCode::kInternal,
-                fmt::format("the request handler answered with message type {}",
-                            static_cast<int>(m.type)))));
+  // Sends the table's reply to `to`; a reply whose tensors cannot travel
+  // becomes an error reply.
+  void respond(int to, Message reply) {
+    if (auto problem = prepare_tensors(reply)) {
+      reply = calls.error_reply(reply.id, std::make_exception_ptr(std::invalid_argument(
+                                              fmt::format("the response's {}", *problem))));
     }
-    if (auto problem = prepare_tensors(m)) {
-      return error_response(std::make_exception_ptr(
-          std::invalid_argument(fmt::format("the response's {}", *problem))));
-    }
-    return m;
-  }
-
-  void respond(int to, uint64_t id, const Future<Message>& done) {
-    Message response;
-    try {
-      response = response_of(done);
-    } catch (...) {
-      response = error_response(std::current_exception());
-    }
-    response.id = id;
+    const uint64_t id = reply.id;
     if (to == rank) {
-      clone_tensors(response);
-      complete_call(rank, std::move(response));
-    } else if (!enqueue(to, std::move(response))) {
+      clone_tensors(reply);
+      complete_call(rank, std::move(reply));
+    } else if (!enqueue(to, std::move(reply))) {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
                     id, workers[to].name);
-    }
-    finish_handling();
-  }
-
-  // ------------------------------------------------------------ timeouts
-
-  void run_timer() {
-    name_thread("sb-pg-timer");
-    std::unique_lock lock(mu);
-    while (!stopping) {
-      if (deadlines.empty()) {
-        timer_cv.wait(lock);
-        continue;
-      }
-      const auto [deadline, id] = *deadlines.begin();
-      if (Clock::now() < deadline) {
-        timer_cv.wait_until(lock, deadline);
-        continue;
-      }
-      std::optional<Pending> p = take_pending_locked(id);
-      if (!p) {
-        deadlines.erase(deadlines.begin());  // not expected: kept in step
-        continue;
-      }
-      lock.unlock();
-      settle(*p, std::make_exception_ptr(TimeoutError(
-                     fmt::format("{}: timed out after {} ms",
-                                 call_prefix(p->dst, p->function), p->timeout.count()))));
-      lock.lock();
     }
   }
 
@@ -736,24 +557,23 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     const bool bounded = timeout.count() > 0;
     const auto deadline = Clock::now() + timeout;
     const std::string who = fmt::format("join on rpc worker \"{}\"", name);
-    uint64_t generation = 0;
-    {
-      std::unique_lock lock(mu);
-      auto idle = [&] { return stopping || (calls_in_flight == 0 && handling == 0); };
-      if (bounded) {
-        if (!drained_cv.wait_until(lock, deadline, idle)) {
-          throw TimeoutError(fmt::format(
-              "{}: timed out after {} ms with {} calls in flight and {} requests being "
-              "handled",
-              who, timeout.count(), calls_in_flight, handling));
-        }
-      } else {
-        drained_cv.wait(lock, idle);
+    switch (calls.wait_idle(bounded ? std::optional(deadline) : std::nullopt)) {
+      case rpc::CallTable::Idle::kIdle:
+        break;
+      case rpc::CallTable::Idle::kTimedOut: {
+        const auto load = calls.load();
+        throw TimeoutError(fmt::format(
+            "{}: timed out after {} ms with {} calls in flight and {} requests being "
+            "handled",
+            who, timeout.count(), load.calls_in_flight, load.handling));
       }
-      if (stopping) {
+      case rpc::CallTable::Idle::kClosed:
         throw Error(ErrorCode::kCancelled,
                     fmt::format("{}: rpc agent \"{}\" shut down", who, name));
-      }
+    }
+    uint64_t generation = 0;
+    {
+      std::lock_guard lock(mu);
       generation = join_generation++;
     }
     const std::string prefix = fmt::format("{}{}/", wire::kJoinKey, generation);
@@ -777,24 +597,16 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
 
   void shutdown() {
     if (shut_down.exchange(true)) return;
-    std::vector<Pending> cancelled;
     {
       std::lock_guard lock(mu);
       stopping = true;
-      for (auto& [id, call] : pending) cancelled.push_back(std::move(call));
-      pending.clear();
-      deadlines.clear();
       for (auto& peer : peers) {
         if (!peer) continue;
         peer->outbox.clear();
         peer->outbox_cv.notify_all();
       }
-      timer_cv.notify_all();
-      drained_cv.notify_all();
     }
-    for (Pending& call : cancelled) {
-      settle(call, shut_down_error(call_prefix(call.dst, call.function)));
-    }
+    calls.close();
     {
       // Aborts every posted Gloo send and recv: the threads waiting on
       // them see Error(kCancelled) and return.
@@ -807,10 +619,7 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
       join_unless_self(peer->sender);
       join_unless_self(peer->listener);
     }
-    join_unless_self(timer);
     pool->shutdown();
-    std::lock_guard lock(mu);
-    handler.reset();
   }
 };
 

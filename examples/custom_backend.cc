@@ -5,8 +5,12 @@
 //   bazel run //examples:custom_backend
 #include <fmt/format.h>
 
+#include <chrono>
+#include <thread>
+
 #include "common/error.h"
 #include "rpc/backend_registry.h"
+#include "rpc/call_table.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 
@@ -17,25 +21,28 @@ namespace {
 class LoopbackAgent final : public rpc::RpcAgent {
  public:
   LoopbackAgent(std::string name, int num_threads)
-      : RpcAgent(rpc::WorkerInfo{std::move(name), 0}, num_threads) {}
+      : RpcAgent(rpc::WorkerInfo{std::move(name), 0}, num_threads),
+        calls_(self().name, pool()) {}
   ~LoopbackAgent() override { shutdown(); }
 
-  void start(RequestHandler handler) override { handler_ = std::move(handler); }
+  // Requests that arrive before this (none here) would wait for it.
+  void start(RequestHandler handler) override { calls_.start(std::move(handler)); }
 
-  // Serves the request on the pool; the response completes the future.
-  // (No timeouts here: a real agent fails the future after `timeout`.)
+  // The call table gives the call an id, a future and its timeout; the
+  // "wire" here hands the request straight to this worker's own table,
+  // which runs the handler on the pool and gives back its reply (errors
+  // included) to complete the call.
   rpc::Future<rpc::Message> send(const rpc::WorkerInfo& to, rpc::Message request,
-                                 Timeout /*timeout*/) override {
-    rpc::Promise<rpc::Message> reply(pool());
+                                 Timeout timeout) override {
     if (to != self()) throw std::invalid_argument("LOOPBACK has one worker");
-    pool()->post([this, reply, request = std::move(request)] {
-      handler_(request, self()).add_callback([reply, id = request.id](const auto& done) {
-        rpc::Message response = done.value();
-        response.id = id;
-        reply.set_value(std::move(response));
-      });
-    });
-    return reply.get_future();
+    rpc::CallTable::Added call = calls_.add({0, to.name, request.function, timeout});
+    request.id = call.id;
+    rpc::CallTable::Request incoming;
+    incoming.message = std::move(request);
+    incoming.from = self();
+    incoming.reply = [this](rpc::Message reply) { calls_.complete(reply.id, std::move(reply)); };
+    calls_.accept(std::move(incoming));
+    return call.future;
   }
 
   rpc::WorkerInfo worker(const std::string& name) const override {
@@ -44,11 +51,23 @@ class LoopbackAgent final : public rpc::RpcAgent {
   }
   rpc::WorkerInfo worker(int id) const override { return worker(id == 0 ? self().name : ""); }
   std::vector<rpc::WorkerInfo> workers() const override { return {self()}; }
-  void join(Timeout) override {}
-  void shutdown() override { pool()->shutdown(); }
+
+  // Waits until no call is in flight and no request is being handled.
+  void join(Timeout timeout) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    if (calls_.wait_idle(deadline) == rpc::CallTable::Idle::kTimedOut) {
+      throw switchboard::TimeoutError("LOOPBACK join: calls still in flight");
+    }
+  }
+
+  // Pending calls fail with Error(kCancelled); running handlers finish.
+  void shutdown() override {
+    calls_.close();
+    pool()->shutdown();
+  }
 
  private:
-  RequestHandler handler_;
+  rpc::CallTable calls_;
 };
 
 }  // namespace
@@ -83,6 +102,13 @@ int main() {
   auto store = std::make_shared<switchboard::HashStore>();
   rpc::init_rpc("solo", "LOOPBACK", 0, 1, options, store);
   fmt::print("{}\n", rpc::rpc_sync<std::string>("solo", "greet", std::string("LOOPBACK")));
+  // The call table's timeouts work for this backend too.
+  rpc::register_function("nap", [] { std::this_thread::sleep_for(std::chrono::seconds(1)); });
+  try {
+    rpc::rpc_sync<void>("solo", "nap", rpc::with_timeout(std::chrono::milliseconds(50)));
+  } catch (const switchboard::TimeoutError& e) {
+    fmt::print("{}\n", e.what());
+  }
   rpc::shutdown();
   return 0;
 }

@@ -10,11 +10,14 @@
 
 using sbtest::Subprocess;
 
-TEST_CASE("the custom backend example serves a call over LOOPBACK", "[examples]") {
+TEST_CASE("the custom backend example serves a call over LOOPBACK and times one out",
+          "[examples]") {
   Subprocess example({sbtest::runfile("examples/custom_backend")});
   const std::string out = example.read_all();
   CHECK(example.wait() == 0);
-  CHECK(out == "hello, LOOPBACK\n");
+  CHECK(out ==
+        "hello, LOOPBACK\n"
+        "rpc to \"solo\" function \"nap\": timed out after 50 ms\n");
 }
 
 TEST_CASE("the minimal RPC example runs as two workers under the launcher",

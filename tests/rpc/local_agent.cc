@@ -27,7 +27,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "rpc/message.h"
-#include "rpc/remote_error.h"
+#include "rpc/call_table.h"
 #include "store/store.h"
 
 namespace switchboard::testing {
@@ -66,10 +66,6 @@ std::optional<std::string> tensor_problem(const Message& m) {
 // bytes. Only for messages tensor_problem() accepted.
 void copy_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
-}
-
-void name_thread(const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
 // "0 and 2", "0, 1 and 2".
@@ -282,37 +278,13 @@ long pid_of(const std::string& id) {
 struct Impl : std::enable_shared_from_this<Impl> {
   using RequestHandler = rpc::RpcAgent::RequestHandler;
 
-  // A call sent and not yet answered.
-  struct Pending {
-    Promise<Message> promise;
-    int dst = -1;
-    std::string function;
-    Timeout timeout{0};
-    Clock::time_point deadline;  // meaningful when timeout > 0
-  };
-  // A request that arrived before start().
-  struct Early {
-    int from = -1;
-    Message request;
-  };
-
   Impl(std::string name_in, int rank_in, int world_in,
        std::shared_ptr<rpc::ThreadPool> pool_in)
       : name(std::move(name_in)),
         rank(rank_in),
         world_size(world_in),
-        pool(std::move(pool_in)) {}
-
-  // The timer holds a shared_ptr to the Impl, so the Impl may die on it
-  // (see PROCESS_GROUP's Impl): such a thread is past its last use.
-  ~Impl() {
-    if (!timer.joinable()) return;
-    if (timer.get_id() == std::this_thread::get_id()) {
-      timer.detach();
-    } else {
-      timer.join();
-    }
-  }
+        pool(std::move(pool_in)),
+        calls(name, pool) {}
 
   // Immutable after construction.
   const std::string name;
@@ -327,23 +299,12 @@ struct Impl : std::enable_shared_from_this<Impl> {
   std::vector<WorkerInfo> workers;  // by rank
   std::unordered_map<std::string, int> ranks_by_name;
 
+  // Calls made and requests served: ids, deadlines, handlers, draining.
+  rpc::CallTable calls;
   std::mutex mu;
-  std::condition_variable drained_cv;             // calls or handling changed
-  std::condition_variable timer_cv;               // deadlines changed or stopping
-  bool started = false;                           // GUARDED_BY(mu)
-  bool stopping = false;                          // GUARDED_BY(mu)
-  std::shared_ptr<const RequestHandler> handler;  // GUARDED_BY(mu)
-  std::deque<Early> early;                        // GUARDED_BY(mu)
-  uint64_t next_id = 1;                           // GUARDED_BY(mu)
-  std::unordered_map<uint64_t, Pending> pending;  // GUARDED_BY(mu)
-  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;  // GUARDED_BY(mu)
-  int handling = 0;  // GUARDED_BY(mu): requests accepted, not answered
-  // Calls registered and whose future has not completed yet (>= the size
-  // of `pending`: a call leaves `pending` just before its future completes).
-  int calls_in_flight = 0;       // GUARDED_BY(mu)
   uint64_t join_generation = 0;  // GUARDED_BY(mu)
-  std::thread timer;
   std::atomic<bool> shut_down{false};
+
 
   // ------------------------------------------------------------ setup
 
@@ -433,21 +394,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
   }
 
-  void start(RequestHandler h) {
-    SB_REQUIRE(static_cast<bool>(h), "rpc agent \"{}\": start() needs a handler", name);
-    std::deque<Early> arrived;
-    {
-      std::lock_guard lock(mu);
-      SB_REQUIRE(!stopping, "rpc agent \"{}\": start() after shutdown()", name);
-      SB_REQUIRE(!started, "rpc agent \"{}\": start() called twice", name);
-      handler = std::make_shared<const RequestHandler>(std::move(h));
-      started = true;
-      arrived.swap(early);
-      auto self = shared_from_this();
-      timer = std::thread([self] { self->run_timer(); });
-    }
-    for (Early& e : arrived) post_request(e.from, std::move(e.request));
-  }
+  void start(RequestHandler h) { calls.start(std::move(h)); }
 
   // ------------------------------------------------------------ lookup
 
@@ -478,13 +425,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // ------------------------------------------------------------ sending
 
   std::string call_prefix(int dst, const std::string& function) const {
-    return fmt::format("rpc to \"{}\" function \"{}\"", workers[dst].name, function);
-  }
-
-  std::exception_ptr shut_down_error(const std::string& prefix) const {
-    return std::make_exception_ptr(
-        Error(ErrorCode::kCancelled,
-              fmt::format("{}: rpc agent \"{}\" shut down", prefix, name)));
+    return rpc::call_prefix(workers[dst].name, function);
   }
 
   std::exception_ptr connection_error(int dst, const std::string& function) const {
@@ -510,299 +451,86 @@ struct Impl : std::enable_shared_from_this<Impl> {
       problem = fmt::format("negative timeout {} ms", timeout.count());
     } else if (auto bad_tensor = tensor_problem(request)) {
       problem = *bad_tensor;
+    } else if (!calls.started()) {
+      problem = "send() before start()";
     }
     if (problem.empty()) return nullptr;
     return std::make_exception_ptr(std::invalid_argument(
         fmt::format("{}: {}", call_prefix(dst, request.function), problem)));
   }
 
-  // Why this agent cannot send now, or nullptr.
-  std::exception_ptr refusal_locked(int dst, const std::string& function) const {
-    const std::string prefix = call_prefix(dst, function);
-    if (!started) {
-      return std::make_exception_ptr(
-          std::invalid_argument(fmt::format("{}: send() before start()", prefix)));
-    }
-    if (stopping) return shut_down_error(prefix);
-    return nullptr;
-  }
-
   Future<Message> send(const WorkerInfo& to, Message request, Timeout timeout) {
-    Promise<Message> promise(pool);
-    Future<Message> future = promise.get_future();
-    std::optional<uint64_t> id;
+    const int dst = find(to);
+    if (auto error = check_request(dst, to, request, timeout)) {
+      return Future<Message>::failed(error);
+    }
+    std::shared_ptr<Impl> target = fabric->peer(dst);
+    rpc::CallTable::Added call;
     try {
-      const int dst = find(to);
-      if (auto error = check_request(dst, to, request, timeout)) {
-        promise.set_error(error);
-        return future;
-      }
       copy_tensors(request);
-      std::exception_ptr refused;
-      {
-        std::lock_guard lock(mu);
-        refused = refusal_locked(dst, request.function);
-      }
-      if (refused) {
-        promise.set_error(refused);
-        return future;
-      }
-      std::shared_ptr<Impl> target = fabric->peer(dst);
-      if (!target) {
-        promise.set_error(connection_error(dst, request.function));
-        return future;
-      }
-      {
-        std::lock_guard lock(mu);
-        if (auto error = refusal_locked(dst, request.function)) {
-          refused = error;
-        } else {
-          id = next_id++;
-          request.id = *id;
-          add_pending_locked(*id, Pending{promise, dst, request.function, timeout, {}});
-        }
-      }
-      if (refused) {
-        promise.set_error(refused);
-        return future;
-      }
-      const std::string function = request.function;
-      if (!target->accept_request(rank, std::move(request))) {
-        fail_pending(*id, connection_error(dst, function));
-      }
+      call = calls.add({dst, workers[dst].name, request.function, timeout});
     } catch (...) {
-      // Only allocation failures get here; the call is failed either way.
-      if (id) {
-        fail_pending(*id, std::current_exception());
-      } else {
-        promise.set_error(std::current_exception());
-      }
+      return Future<Message>::failed(std::current_exception());
     }
-    return future;
-  }
-
-  void add_pending_locked(uint64_t id, Pending p) {
-    if (p.timeout.count() > 0) {
-      p.deadline = Clock::now() + p.timeout;
-      const bool earliest = deadlines.empty() || p.deadline < deadlines.begin()->first;
-      deadlines.emplace(p.deadline, id);
-      if (earliest) timer_cv.notify_one();
+    request.id = call.id;
+    const std::string function = request.function;
+    if (!target || !target->calls.accept(target->incoming(rank, std::move(request)))) {
+      calls.fail(call.id, connection_error(dst, function));
     }
-    pending.emplace(id, std::move(p));
-    ++calls_in_flight;
-  }
-
-  // Removes and returns the pending call `id` (nullopt when there is none).
-  std::optional<Pending> take_pending_locked(uint64_t id) {
-    auto it = pending.find(id);
-    if (it == pending.end()) return std::nullopt;
-    Pending p = std::move(it->second);
-    pending.erase(it);
-    if (p.timeout.count() > 0) deadlines.erase({p.deadline, id});
-    return p;
-  }
-
-  void fail_pending(uint64_t id, const std::exception_ptr& error) {
-    std::optional<Pending> p;
-    {
-      std::lock_guard lock(mu);
-      p = take_pending_locked(id);
-    }
-    if (p) settle(*p, error);
-  }
-
-  // Completes a call taken out of `pending` (outside the lock).
-  void settle(const Pending& call, const std::exception_ptr& error,
-              Message* response = nullptr) {
-    if (error) {
-      call.promise.set_error(error);
-    } else {
-      call.promise.set_value(std::move(*response));
-    }
-    std::lock_guard lock(mu);
-    --calls_in_flight;
-    drained_cv.notify_all();
+    return call.future;
   }
 
   // The answer to call `response.id` came from `from` (any thread).
   void complete_call(int from, Message response) {
-    std::optional<Pending> p;
-    {
-      std::lock_guard lock(mu);
-      auto it = pending.find(response.id);
-      if (it != pending.end() && it->second.dst == from) {
-        p = take_pending_locked(response.id);
-      }
-    }
-    if (!p) {
+    const uint64_t id = response.id;
+    if (!calls.complete(id, std::move(response), from)) {
       spdlog::debug(
           "rpc agent \"{}\": dropping a response from \"{}\" to call {}, which is no "
           "longer pending (timed out or cancelled)",
-          name, workers[from].name, response.id);
-      return;
+          name, workers[from].name, id);
     }
-    settle(*p, nullptr, &response);
   }
 
   // Worker `peer` left the fabric (shut down): fail every call to it.
   void peer_left(int peer) {
-    std::vector<Pending> lost;
-    {
-      std::lock_guard lock(mu);
-      if (stopping) return;
-      std::vector<uint64_t> ids;
-      for (const auto& [id, call] : pending) {
-        if (call.dst == peer) ids.push_back(id);
-      }
-      for (uint64_t id : ids) lost.push_back(*take_pending_locked(id));
-    }
-    if (!lost.empty()) {
+    const size_t lost = calls.fail_if(
+        [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
+        [&](const rpc::CallTable::Call& call) { return connection_error(peer, call.function); });
+    if (lost > 0) {
       spdlog::warn("rpc agent \"{}\": worker \"{}\" shut down with {} calls pending",
-                   name, workers[peer].name, lost.size());
+                   name, workers[peer].name, lost);
     }
-    for (Pending& call : lost) settle(call, connection_error(peer, call.function));
   }
 
   // ------------------------------------------------------------ serving
 
-  // A request from `from` (any thread). False when this agent no longer
-  // takes requests; requests before start() wait for it.
-  bool accept_request(int from, Message request) {
-    {
-      std::lock_guard lock(mu);
-      if (stopping) return false;
-      ++handling;
-      if (!started) {
-        early.push_back(Early{from, std::move(request)});
-        return true;
-      }
-    }
-    post_request(from, std::move(request));
-    return true;
-  }
-
-  // Runs serve() on the pool; `handling` already counts the request.
-  void post_request(int from, Message request) {
-    try {
-      pool->post(
-          [self = shared_from_this(), from, request = std::move(request)]() mutable {
-            self->serve(from, std::move(request));
-          });
-    } catch (...) {
-      // The pool is shut down, so this agent is stopping: the request is
-      // dropped and its caller was (or is being) failed by shutdown().
-      finish_handling();
-    }
-  }
-
-  void finish_handling() {
-    std::lock_guard lock(mu);
-    --handling;
-    drained_cv.notify_all();
-  }
-
-  // On a pool thread: runs the handler; the answer goes back when its
-  // future completes.
-  void serve(int from, Message request) {
-    std::shared_ptr<const RequestHandler> h;
-    {
-      std::lock_guard lock(mu);
-      if (!stopping) h = handler;
-    }
-    if (!h) {
-      finish_handling();
-      return;
-    }
-    const uint64_t id = request.id;
-    Future<Message> result;
-    try {
-      result = (*h)(std::move(request), workers[from]);
-    } catch (...) {
-      result = Future<Message>::failed(std::current_exception());
-    }
-    if (!result.valid()) {
-      result = Future<Message>::failed(std::make_exception_ptr(
-          Error(ErrorCode::kInternal, "the request handler returned an invalid future")));
-    }
+  // A request from the worker of rank `from`, for this agent's call table:
+  // its reply goes straight back to the caller's table.
+  rpc::CallTable::Request incoming(int from, Message request) {
+    rpc::CallTable::Request r;
+    r.message = std::move(request);
+    r.from = workers[from];
     std::weak_ptr<Impl> weak = weak_from_this();
-    result.add_callback([weak, from, id](const Future<Message>& done) {
-      if (auto self = weak.lock()) self->respond(from, id, done);
-    });
+    r.reply = [weak, from](Message reply) {
+      if (auto self = weak.lock()) self->respond(from, std::move(reply));
+    };
+    return r;
   }
 
-  Message error_response(const std::exception_ptr& error) const {
-    Message m;
-    rpc::encode_remote_error(m, name, error);
-    return m;
-  }
-
-  // The response to send for a handler's finished future, its tensors
-  // copied.
-  Message response_of(const Future<Message>& done) const {
-    if (done.has_error()) return error_response(done.error());
-    Message m = done.value();
-    if (m.type != MessageType::kResponse && m.type != MessageType::kError) {
-      return error_response(std::make_exception_ptr(
-          Error(ErrorCode::kInternal,
-                fmt::format("the request handler answered with message type {}",
-                            static_cast<int>(m.type)))));
+  // Sends the table's reply to `to`, its tensors copied; one whose tensors
+  // cannot travel becomes an error reply.
+  void respond(int to, Message reply) {
+    if (auto problem = tensor_problem(reply)) {
+      reply = calls.error_reply(reply.id, std::make_exception_ptr(std::invalid_argument(
+                                              fmt::format("the response's {}", *problem))));
     }
-    if (auto problem = tensor_problem(m)) {
-      return error_response(std::make_exception_ptr(
-          std::invalid_argument(fmt::format("the response's {}", *problem))));
-    }
-    copy_tensors(m);
-    return m;
-  }
-
-  void respond(int to, uint64_t id, const Future<Message>& done) {
-    Message response;
-    try {
-      response = response_of(done);
-    } catch (...) {
-      response = error_response(std::current_exception());
-    }
-    response.id = id;
-    bool drop = false;
-    {
-      std::lock_guard lock(mu);
-      drop = stopping;
-    }
-    std::shared_ptr<Impl> caller = drop ? nullptr : fabric->peer(to);
+    copy_tensors(reply);
+    std::shared_ptr<Impl> caller = calls.closed() ? nullptr : fabric->peer(to);
     if (caller) {
-      caller->complete_call(rank, std::move(response));
+      caller->complete_call(rank, std::move(reply));
     } else {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
-                    id, workers[to].name);
-    }
-    finish_handling();
-  }
-
-  // ------------------------------------------------------------ timeouts
-
-  void run_timer() {
-    name_thread("sb-local-timer");
-    std::unique_lock lock(mu);
-    while (!stopping) {
-      if (deadlines.empty()) {
-        timer_cv.wait(lock);
-        continue;
-      }
-      const auto [deadline, id] = *deadlines.begin();
-      if (Clock::now() < deadline) {
-        timer_cv.wait_until(lock, deadline);
-        continue;
-      }
-      std::optional<Pending> p = take_pending_locked(id);
-      if (!p) {
-        deadlines.erase(deadlines.begin());  // not expected: kept in step
-        continue;
-      }
-      lock.unlock();
-      settle(*p, std::make_exception_ptr(TimeoutError(
-                     fmt::format("{}: timed out after {} ms",
-                                 call_prefix(p->dst, p->function), p->timeout.count()))));
-      lock.lock();
+                    reply.id, workers[to].name);
     }
   }
 
@@ -814,24 +542,23 @@ struct Impl : std::enable_shared_from_this<Impl> {
     const bool bounded = timeout.count() > 0;
     const auto deadline = Clock::now() + timeout;
     const std::string who = fmt::format("join on rpc worker \"{}\"", name);
-    uint64_t generation = 0;
-    {
-      std::unique_lock lock(mu);
-      auto idle = [&] { return stopping || (calls_in_flight == 0 && handling == 0); };
-      if (bounded) {
-        if (!drained_cv.wait_until(lock, deadline, idle)) {
-          throw TimeoutError(fmt::format(
-              "{}: timed out after {} ms with {} calls in flight and {} requests being "
-              "handled",
-              who, timeout.count(), calls_in_flight, handling));
-        }
-      } else {
-        drained_cv.wait(lock, idle);
+    switch (calls.wait_idle(bounded ? std::optional(deadline) : std::nullopt)) {
+      case rpc::CallTable::Idle::kIdle:
+        break;
+      case rpc::CallTable::Idle::kTimedOut: {
+        const auto load = calls.load();
+        throw TimeoutError(fmt::format(
+            "{}: timed out after {} ms with {} calls in flight and {} requests being "
+            "handled",
+            who, timeout.count(), load.calls_in_flight, load.handling));
       }
-      if (stopping) {
+      case rpc::CallTable::Idle::kClosed:
         throw Error(ErrorCode::kCancelled,
                     fmt::format("{}: rpc agent \"{}\" shut down", who, name));
-      }
+    }
+    uint64_t generation = 0;
+    {
+      std::lock_guard lock(mu);
       generation = join_generation++;
     }
     std::vector<int> missing;
@@ -858,32 +585,16 @@ struct Impl : std::enable_shared_from_this<Impl> {
 
   void shutdown() {
     if (shut_down.exchange(true)) return;
-    std::vector<Pending> cancelled;
-    {
-      std::lock_guard lock(mu);
-      stopping = true;
-      for (auto& [id, call] : pending) cancelled.push_back(std::move(call));
-      pending.clear();
-      deadlines.clear();
-      handling -= static_cast<int>(early.size());  // dropped; callers fail below
-      early.clear();
-      timer_cv.notify_all();
-      drained_cv.notify_all();
-    }
-    for (Pending& call : cancelled) {
-      settle(call, shut_down_error(call_prefix(call.dst, call.function)));
-    }
+    calls.close();
     // From here on peers cannot reach this agent; calls they have pending
     // here fail with ConnectionError.
     if (fabric) {
       for (const auto& peer : fabric->leave(rank)) peer->peer_left(rank);
     }
-    if (timer.joinable() && timer.get_id() != std::this_thread::get_id()) timer.join();
     pool->shutdown();
-    std::lock_guard lock(mu);
-    handler.reset();
   }
 };
+
 
 // ------------------------------------------------------------ the shell
 
