@@ -144,9 +144,7 @@ void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
       if (auto self = weak.lock()) self->place_tensors(m, devices, from);
     };
   }
-  r.reply = [weak, from](Message reply) {
-    if (auto self = weak.lock()) self->deliver_reply(from, std::move(reply));
-  };
+  r.reply = rpc::CallTable::reply_via(weak, &Impl::deliver_reply, from);
   calls.accept(std::move(r));
 }
 

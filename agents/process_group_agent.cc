@@ -524,14 +524,8 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
 
   // A request from `from`, for the call table; the reply goes back to it.
   rpc::CallTable::Request incoming(int from, Message request) {
-    rpc::CallTable::Request r;
-    r.message = std::move(request);
-    r.from = workers[from];
-    std::weak_ptr<Impl> weak = weak_from_this();
-    r.reply = [weak, from](Message reply) {
-      if (auto self = weak.lock()) self->respond(from, std::move(reply));
-    };
-    return r;
+    return {std::move(request), workers[from], nullptr,
+            rpc::CallTable::reply_via(weak_from_this(), &Impl::respond, from)};
   }
 
   // Sends the table's reply to `to`; a reply whose tensors cannot travel

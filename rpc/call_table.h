@@ -135,6 +135,17 @@ class CallTable {
   bool accept(Request request);
   // A kError reply to `id` for `error`, naming this worker.
   Message error_reply(uint64_t id, std::exception_ptr error) const;
+  // A Request::reply that calls `(owner->*respond)(to, reply)` while
+  // `owner` lives (agents keep their state in a shared Impl, and a handler
+  // may answer after it is gone).
+  template <typename Owner>
+  static std::function<void(Message)> reply_via(std::weak_ptr<Owner> owner,
+                                                void (Owner::*respond)(int, Message),
+                                                int to) {
+    return [owner = std::move(owner), respond, to](Message reply) {
+      if (auto self = owner.lock()) ((*self).*respond)(to, std::move(reply));
+    };
+  }
 
   // ------------------------------------------------------------------ both
 

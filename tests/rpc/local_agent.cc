@@ -507,14 +507,8 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // A request from the worker of rank `from`, for this agent's call table:
   // its reply goes straight back to the caller's table.
   rpc::CallTable::Request incoming(int from, Message request) {
-    rpc::CallTable::Request r;
-    r.message = std::move(request);
-    r.from = workers[from];
-    std::weak_ptr<Impl> weak = weak_from_this();
-    r.reply = [weak, from](Message reply) {
-      if (auto self = weak.lock()) self->respond(from, std::move(reply));
-    };
-    return r;
+    return {std::move(request), workers[from], nullptr,
+            rpc::CallTable::reply_via(weak_from_this(), &Impl::respond, from)};
   }
 
   // Sends the table's reply to `to`, its tensors copied; one whose tensors
