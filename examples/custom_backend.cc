@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
@@ -54,6 +55,7 @@ class LoopbackAgent final : public rpc::RpcAgent {
 }  // namespace
 
 int main() {
+  switchboard::init_logging("custom_backend");
   // 1. Register: a name, an options constructor and an agent initializer.
   rpc::BackendType loopback = rpc::register_backend(
       "LOOPBACK",

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "tools/bench/collective_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/bench/store_bench.h"
@@ -18,6 +19,7 @@
 int main(int argc, char** argv) {
   using namespace switchboard::bench;
   namespace cli = switchboard::cli;
+  switchboard::init_logging("bench");
   const std::string argv0 = argc > 0 ? argv[0] : "bench";
   CLI::App app(
       "Switchboard's benchmarks, one subcommand per layer. Each prints\n"

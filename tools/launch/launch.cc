@@ -16,12 +16,14 @@
 #include <exception>
 #include <string>
 
+#include "common/logging.h"
 #include "tools/cli/cli.h"
 #include "tools/launch/launcher.h"
 #include "tools/launch/options.h"
 
 int main(int argc, char** argv) {
   using namespace switchboard::launch;
+  switchboard::init_logging("launch");
   LaunchOptions options;
   CLI::App app;
   add_launch_flags(app, &options);

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 
+#include "common/logging.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
 #include "tools/cli/cli.h"
@@ -64,6 +65,7 @@ std::string role_name(int rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  switchboard::init_logging("rpc_demo");
   DemoFlags flags;
   CLI::App app;
   add_demo_flags(app, &flags);
@@ -89,6 +91,9 @@ int main(int argc, char** argv) {
                world_size ? std::to_string(*world_size) : "(unset)");
     return 2;
   }
+  // From here on, log lines name the worker ("ps", "trainer-2") instead of
+  // the program.
+  switchboard::set_log_identity(role_name(*rank));
   const int trainers = *world_size - 1;
   const int64_t late = late_joiner(flags, trainers);
   const int64_t leaves = leaver(flags, trainers);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/logging.h"
 #include "store/tcp_store.h"
 #include "tools/cli/cli.h"
 
@@ -66,6 +67,7 @@ void barrier(Store& store, const std::string& name, int world_size) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  init_logging("store_demo");
   Flags flags;
   CLI::App app;
   add_flags(app, &flags);

@@ -19,6 +19,7 @@
 #include <optional>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "store/tcp_store_server.h"
 #include "tools/cli/cli.h"
 
@@ -71,7 +72,10 @@ void raise_fd_limit() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the "port=<N>" line. The logger is
+  // set first so that init_logging()'s warnings go there too.
   spdlog::set_default_logger(spdlog::stderr_color_mt("store_server"));
+  switchboard::init_logging("store_server");
   switchboard::TcpStoreServerOptions options;
   options.log_connections = true;
   CLI::App app;
