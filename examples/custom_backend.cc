@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "rpc/backend_registry.h"
 #include "rpc/call_table.h"
 #include "rpc/rpc.h"
@@ -73,6 +74,7 @@ class LoopbackAgent final : public rpc::RpcAgent {
 }  // namespace
 
 int main() {
+  switchboard::init_logging("custom_backend");
   // 1. Register: a name, an options constructor and an agent initializer.
   rpc::BackendType loopback = rpc::register_backend(
       "LOOPBACK",

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "collective/tensor.h"
+#include "common/logging.h"
 #include "rpc/rpc.h"
 
 namespace rpc = switchboard::rpc;
@@ -18,6 +19,7 @@ using switchboard::DType;
 using switchboard::Tensor;
 
 int main() {
+  switchboard::init_logging("rpc_minimal");
   const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const int world_size =
       std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");

@@ -47,6 +47,7 @@
 #include "common/error.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"
+#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 
@@ -161,16 +162,19 @@ void run_rank(Store& store, int world, int rank) {
   }
 }
 
-int run_worker(const std::vector<std::string>& args) {
-  if (args.size() != 4) {
-    fmt::print(stderr, "usage: bench collective --worker WORLD RANK PORT\n");
-    return 2;
-  }
-  int world = std::stoi(args[1]);
-  int rank = std::stoi(args[2]);
+// A rank of ours: `bench collective --worker WORLD RANK PORT`.
+struct WorkerArgs {
+  int world = 0;
+  int rank = 0;
+  uint16_t port = 0;
+};
+
+int run_worker(const WorkerArgs& args) {
+  const int world = args.world;
+  const int rank = args.rank;
   TcpStoreOptions store_options;
   store_options.timeout = kTimeout;
-  TcpStore store(kHost, static_cast<uint16_t>(std::stoi(args[3])), store_options);
+  TcpStore store(kHost, args.port, store_options);
   try {
     run_rank(store, world, rank);
     return 0;
@@ -288,21 +292,6 @@ struct Flags {
   int rounds = 3;  // launches of each side per world size
 };
 
-std::optional<Flags> parse_flags(const std::vector<std::string>& args) {
-  Flags flags;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--rounds" && i + 1 < args.size()) {
-      char* end = nullptr;
-      long rounds = std::strtol(args[++i].c_str(), &end, 10);
-      if (*end != '\0' || rounds < 1 || rounds > 100) return std::nullopt;
-      flags.rounds = static_cast<int>(rounds);
-    } else {
-      return std::nullopt;
-    }
-  }
-  return flags;
-}
-
 void print_header(const Flags& flags) {
   int cpus = usable_cpus();
   fmt::print(
@@ -380,10 +369,6 @@ double print_results(int world, const std::vector<Results>& ours,
   return worst;
 }
 
-void print_usage() {
-  fmt::print(stderr, "usage: bench collective [--rounds N]   (N: launches per side)\n");
-}
-
 int run_bench(const std::string& argv0, const Flags& flags) {
   TorchBaseline torch(
       find_runfile(argv0, "tools/bench/torch_collective.py", "SB_TORCH_COLLECTIVE"));
@@ -417,21 +402,55 @@ int run_bench(const std::string& argv0, const Flags& flags) {
   return 0;
 }
 
+// Checks and converts --worker WORLD RANK PORT; throws CLI::ValidationError
+// naming what is wrong.
+WorkerArgs worker_args(const std::vector<std::string>& values) {
+  if (values.size() != 3) {
+    throw CLI::ValidationError("--worker", fmt::format("wants WORLD RANK PORT, not '{}'",
+                                                       fmt::join(values, " ")));
+  }
+  auto number = [&](size_t i, const char* what, int64_t min, int64_t max) {
+    std::string value = values[i];
+    if (std::string error = cli::in_range(min, max)(value); !error.empty()) {
+      throw CLI::ValidationError("--worker", fmt::format("{}: {}", what, error));
+    }
+    return std::stoi(value);
+  };
+  WorkerArgs args;
+  args.world = number(0, "WORLD", 1, 1024);
+  args.rank = number(1, "RANK", 0, args.world - 1);
+  args.port = static_cast<uint16_t>(number(2, "PORT", 1, 65535));
+  return args;
+}
+
 }  // namespace
 
-int run_collective_bench(const std::string& argv0, const std::vector<std::string>& args) {
-  try {
-    if (!args.empty() && args[0] == "--worker") return run_worker(args);
-    std::optional<Flags> flags = parse_flags(args);
-    if (!flags) {
-      print_usage();
-      return 2;
-    }
-    return run_bench(argv0, *flags);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "bench collective: {}\n", e.what());
-    return 1;
-  }
+Subcommand add_collective_bench(CLI::App& bench, const std::string& argv0) {
+  auto flags = std::make_shared<Flags>();
+  auto worker = std::make_shared<std::optional<WorkerArgs>>();
+  auto worker_values = std::make_shared<std::vector<std::string>>();
+  CLI::App* sub = bench.add_subcommand(
+      "collective", "Gloo allreduce/alltoall, 1 and 64 MiB, 2 and 4 ranks, vs PyTorch's");
+  cli::set_synopsis(*sub, "bench collective [--rounds N]");
+  sub->add_option("--rounds", flags->rounds, "launches of each side per world size")
+      ->type_name("N")
+      ->check(cli::in_range(1, 100));
+  // The rank processes the bench starts (hidden from --help).
+  sub->add_option("--worker", *worker_values, "one rank of our side")
+      ->expected(3)
+      ->group("");
+  sub->callback([worker, worker_values] {
+    if (!worker_values->empty()) *worker = worker_args(*worker_values);
+  });
+  return {sub, [argv0, flags, worker] {
+            try {
+              return worker->has_value() ? run_worker(**worker)
+                                         : run_bench(argv0, *flags);
+            } catch (const std::exception& e) {
+              fmt::print(stderr, "bench collective: {}\n", e.what());
+              return 1;
+            }
+          }};
 }
 
 }  // namespace switchboard::bench

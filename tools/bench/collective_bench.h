@@ -10,12 +10,14 @@
 #pragma once
 
 #include <string>
-#include <vector>
+
+#include "tools/bench/subcommand.h"
 
 namespace switchboard::bench {
 
-// Same contract as run_store_bench; `--worker WORLD RANK PORT` is the
-// internal rank mode.
-int run_collective_bench(const std::string& argv0, const std::vector<std::string>& args);
+// Adds `bench collective` and its flags to `bench`. Its run returns 0 when
+// the figures were measured, 1 when something failed. The hidden flag
+// `--worker WORLD RANK PORT` is the rank mode the bench starts.
+Subcommand add_collective_bench(CLI::App& bench, const std::string& argv0);
 
 }  // namespace switchboard::bench

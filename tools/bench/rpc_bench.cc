@@ -41,8 +41,8 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -55,6 +55,7 @@
 #include "tools/bench/process.h"
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
+#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 
@@ -272,20 +273,6 @@ struct WorkerArgs {
   bool quick = false;
 };
 
-// args: --worker BACKEND server|client PORT [--quick]
-std::optional<WorkerArgs> parse_worker_args(const std::vector<std::string>& args) {
-  if (args.size() < 4 || args.size() > 5) return std::nullopt;
-  WorkerArgs parsed;
-  parsed.backend = find_backend(args[1]);
-  parsed.role = args[2];
-  parsed.port = static_cast<uint16_t>(std::stoi(args[3]));
-  parsed.quick = args.size() == 5 && args[4] == "--quick";
-  bool role_ok = parsed.role == kServer || parsed.role == kClient;
-  if (!parsed.backend || !role_ok || (args.size() == 5 && !parsed.quick))
-    return std::nullopt;
-  return parsed;
-}
-
 std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend) {
   return rpc::construct_rpc_backend_options(rpc::backend_type(backend.name), kRpcTimeout,
                                             "env://", {{backend.address_extra, kHost}});
@@ -308,24 +295,18 @@ void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
   store->set(fmt::format("bench/{}_done", args.role), "ok");
 }
 
-int run_worker(const std::vector<std::string>& args) {
-  std::optional<WorkerArgs> parsed = parse_worker_args(args);
-  if (!parsed) {
-    fmt::print(stderr,
-               "usage: bench rpc --worker BACKEND server|client PORT [--quick]\n");
-    return 2;
-  }
+int run_worker(const WorkerArgs& args) {
   TcpStoreOptions store_options;
   store_options.timeout = kSideTimeout;
-  auto store = std::make_shared<TcpStore>(kHost, parsed->port, store_options);
+  auto store = std::make_shared<TcpStore>(kHost, args.port, store_options);
   try {
-    run_role(*parsed, store);
+    run_role(args, store);
   } catch (const std::exception& e) {
     std::string error =
-        fmt::format("our {} ({}): {}", parsed->role, parsed->backend->name, e.what());
+        fmt::format("our {} ({}): {}", args.role, args.backend->name, e.what());
     fmt::print(stderr, "bench rpc: {}\n", error);
     rpc::shutdown(false);
-    store->set(fmt::format("bench/{}_done", parsed->role), error);
+    store->set(fmt::format("bench/{}_done", args.role), error);
     return 1;
   }
   wait_for_stdin_eof();
@@ -611,38 +592,78 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   return ok ? 0 : 1;
 }
 
+// The flags of `bench rpc`, its internal modes included.
+struct Flags {
+  bool quick = false;
+  std::string only;                 // empty: every side
+  bool tcp_server = false;          // --tcp-server
+  std::vector<std::string> worker;  // --worker BACKEND ROLE PORT
+};
+
+// Checks and converts --worker BACKEND server|client PORT; throws
+// CLI::ValidationError naming what is wrong.
+WorkerArgs worker_args(const Flags& flags) {
+  if (flags.worker.size() != 3) {
+    throw CLI::ValidationError("--worker",
+                               fmt::format("wants BACKEND server|client PORT, not '{}'",
+                                           fmt::join(flags.worker, " ")));
+  }
+  WorkerArgs args;
+  args.backend = find_backend(flags.worker[0]);
+  args.role = flags.worker[1];
+  args.quick = flags.quick;
+  if (args.backend == nullptr) {
+    throw CLI::ValidationError(
+        "--worker", fmt::format("'{}' is not a backend under test", flags.worker[0]));
+  }
+  if (args.role != kServer && args.role != kClient) {
+    throw CLI::ValidationError("--worker", fmt::format("role '{}' is not {} or {}",
+                                                       args.role, kServer, kClient));
+  }
+  std::string port = flags.worker[2];
+  if (std::string error = cli::in_range(1, 65535)(port); !error.empty()) {
+    throw CLI::ValidationError("--worker", fmt::format("port {}", error));
+  }
+  args.port = static_cast<uint16_t>(std::stoi(port));
+  return args;
+}
+
 }  // namespace
 
-int run_rpc_bench(const std::string& argv0, const std::vector<std::string>& args) {
-  try {
-    if (!args.empty() && args[0] == "--tcp-server") return run_tcp_server(kSocketTimeout);
-    if (!args.empty() && args[0] == "--worker") return run_worker(args);
-    bool quick = false;
-    std::string only;
-    bool usage = false;
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (args[i] == "--quick") {
-        quick = true;
-      } else if (args[i] == "--only" && i + 1 < args.size()) {
-        only = args[++i];
-        usage = usage || (only != "torch" && std::none_of(std::begin(kBackends),
-                                                          std::end(kBackends),
-                                                          [&](const Backend& b) {
-                                                            return only == b.prefix;
-                                                          }));
-      } else {
-        usage = true;
-      }
-    }
-    if (usage) {
-      fmt::print(stderr, "usage: bench rpc [--quick] [--only pipe|process_group|torch]\n");
-      return 2;
-    }
-    return run_bench(argv0, quick, only);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "bench rpc: {}\n", e.what());
-    return 1;
-  }
+Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
+  auto flags = std::make_shared<Flags>();
+  auto worker = std::make_shared<WorkerArgs>();
+  CLI::App* sub = bench.add_subcommand(
+      "rpc",
+      "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's");
+  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|process_group|torch]");
+  sub->add_flag("--quick", flags->quick, "smaller counts: a smoke run of a few seconds");
+  std::vector<std::string> sides;
+  for (const Backend& backend : kBackends) sides.push_back(backend.prefix);
+  sides.push_back("torch");
+  sub->add_option("--only", flags->only,
+                  "after the TCP baseline, run this side only (for profiling one)")
+      ->type_name("SIDE")
+      ->check(CLI::IsMember(sides));
+  // The child processes the bench starts (hidden from --help).
+  sub->add_flag("--tcp-server", flags->tcp_server, "the raw TCP baseline's server")
+      ->group("");
+  sub->add_option("--worker", flags->worker, "one role of our side")
+      ->expected(3)
+      ->group("");
+  sub->callback([flags, worker] {
+    if (!flags->worker.empty()) *worker = worker_args(*flags);
+  });
+  return {sub, [argv0, flags, worker] {
+            try {
+              if (flags->tcp_server) return run_tcp_server(kSocketTimeout);
+              if (!flags->worker.empty()) return run_worker(*worker);
+              return run_bench(argv0, flags->quick, flags->only);
+            } catch (const std::exception& e) {
+              fmt::print(stderr, "bench rpc: {}\n", e.what());
+              return 1;
+            }
+          }};
 }
 
 }  // namespace switchboard::bench

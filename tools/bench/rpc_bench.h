@@ -17,13 +17,15 @@
 #pragma once
 
 #include <string>
-#include <vector>
+
+#include "tools/bench/subcommand.h"
 
 namespace switchboard::bench {
 
-// Same contract as run_store_bench (0: done, 1: a side failed, 2: bad
-// arguments). The internal modes `--tcp-server` and `--worker BACKEND ROLE
-// PORT [--quick]` are the child processes the bench starts.
-int run_rpc_bench(const std::string& argv0, const std::vector<std::string>& args);
+// Adds `bench rpc` and its flags to `bench`. Its run returns 0 when every
+// side ran, 1 when one failed. The hidden flags `--tcp-server` and
+// `--worker BACKEND server|client PORT` (with `--quick`) are the child
+// processes the bench starts.
+Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0);
 
 }  // namespace switchboard::bench

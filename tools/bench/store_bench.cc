@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <exception>
 #include <map>
-#include <optional>
+#include <memory>
 
 #include "tools/bench/process.h"
 #include "tools/bench/store_load.h"
+#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 
@@ -34,20 +34,6 @@ rlim_t fds_needed() {
 struct Flags {
   double seconds = 2.0;  // measured time per throughput figure
 };
-
-std::optional<Flags> parse_flags(const std::vector<std::string>& args) {
-  Flags flags;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--seconds" && i + 1 < args.size()) {
-      char* end = nullptr;
-      flags.seconds = std::strtod(args[++i].c_str(), &end);
-      if (*end != '\0' || !(flags.seconds > 0)) return std::nullopt;
-    } else {
-      return std::nullopt;
-    }
-  }
-  return flags;
-}
 
 void print_value(const std::string& name, const std::string& value) {
   fmt::print("{}={}\n", name, value);
@@ -179,18 +165,7 @@ bool held_section(const Servers& servers) {
   return held.opened == total && held.completed == total;
 }
 
-void print_usage() {
-  fmt::print(stderr, "usage: bench store [--seconds S]   (S: measured seconds per figure)\n");
-}
-
-}  // namespace
-
-int run_store_bench(const std::string& argv0, const std::vector<std::string>& args) {
-  std::optional<Flags> flags = parse_flags(args);
-  if (!flags) {
-    print_usage();
-    return 2;
-  }
+int run_store_bench(const std::string& argv0, const Flags& flags) {
   int cpus = usable_cpus();
   rlim_t fd_limit = raise_fd_limit();
   fmt::print("# store: machine has {} usable cores; both servers and all clients share them\n",
@@ -204,12 +179,25 @@ int run_store_bench(const std::string& argv0, const std::vector<std::string>& ar
   }
   try {
     Servers servers(argv0);
-    throughput_section(servers, *flags);
+    throughput_section(servers, flags);
     return held_section(servers) ? 0 : 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "bench store: {}\n", e.what());
     return 1;
   }
+}
+
+}  // namespace
+
+Subcommand add_store_bench(CLI::App& bench, const std::string& argv0) {
+  auto flags = std::make_shared<Flags>();
+  CLI::App* sub = bench.add_subcommand(
+      "store", "TcpStore server throughput vs PyTorch's, and 1,000 held connections");
+  cli::set_synopsis(*sub, "bench store [--seconds S]");
+  sub->add_option("--seconds", flags->seconds, "measured seconds per throughput figure")
+      ->type_name("S")
+      ->check(cli::positive_number());
+  return {sub, [argv0, flags] { return run_store_bench(argv0, *flags); }};
 }
 
 }  // namespace switchboard::bench

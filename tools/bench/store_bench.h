@@ -11,12 +11,14 @@
 #pragma once
 
 #include <string>
-#include <vector>
+
+#include "tools/bench/subcommand.h"
 
 namespace switchboard::bench {
 
-// Returns the process exit status: 0 when every figure was measured, 1 when
-// something failed, 2 for bad arguments. `argv0` locates the runfiles.
-int run_store_bench(const std::string& argv0, const std::vector<std::string>& args);
+// Adds `bench store` and its flags to `bench`. Its run returns 0 when every
+// figure was measured, 1 when something failed. `argv0` locates the
+// runfiles.
+Subcommand add_store_bench(CLI::App& bench, const std::string& argv0);
 
 }  // namespace switchboard::bench

@@ -4,7 +4,7 @@
 //   launch --nproc N [--master-addr ADDR] [--master-port P] [--store-server PATH]
 //          [--timeout-stop S] [--no-prefix] [--] PROGRAM [ARGS...]
 //
-// The usage text (options.cc) and launcher.h say what it does. Under `bazel
+// `launch --help` (options.cc) and launcher.h say what it does. Under `bazel
 // run`, relative paths (the program, --store-server) are taken from where the
 // command was typed ($BUILD_WORKING_DIRECTORY), and the workers run there.
 //
@@ -12,34 +12,34 @@
 // failed; 2 usage error; 128+S stopped by signal S.
 #include <fmt/format.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <string>
 
+#include "common/logging.h"
+#include "tools/cli/cli.h"
 #include "tools/launch/launcher.h"
 #include "tools/launch/options.h"
 
 int main(int argc, char** argv) {
   using namespace switchboard::launch;
-  ParseResult parsed = parse_args(argc, argv);
-  if (parsed.help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  if (!parsed.error.empty()) {
-    fmt::print(stderr, "launch: {}\n{}", parsed.error, kUsage);
-    return 2;
+  switchboard::init_logging("launch");
+  LaunchOptions options;
+  CLI::App app;
+  add_launch_flags(app, &options);
+  if (auto status =
+          switchboard::cli::report(app, switchboard::cli::parse(app, argc, argv))) {
+    return *status;
   }
   try {
-    std::string& store_server = parsed.options.store_server;
+    std::string& store_server = options.store_server;
     const char* user_dir = std::getenv("BUILD_WORKING_DIRECTORY");  // bazel run
     if (store_server.empty()) {
       store_server = find_store_server(argc > 0 ? argv[0] : "launch");
     } else if (user_dir != nullptr && store_server[0] != '/') {
       store_server = fmt::format("{}/{}", user_dir, store_server);
     }
-    return run_launcher(parsed.options);
+    return run_launcher(options);
   } catch (const std::exception& e) {
     fmt::print(stderr, "launch: {}\n", e.what());
     return 1;

@@ -3,92 +3,36 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
 
-namespace switchboard::launch {
+#include "tools/cli/cli.h"
 
-const char* const kUsage =
-    "usage: launch --nproc N [options] [--] PROGRAM [ARGS...]\n"
-    "\n"
-    "Starts a store server and N local workers running PROGRAM ARGS, each with\n"
-    "torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
-    "MASTER_ADDR, MASTER_PORT, plus SWITCHBOARD_STORE=tcp://ADDR:PORT.\n"
-    "\n"
-    "  --nproc N            number of workers (required, 1 to 4096)\n"
-    "  --master-addr ADDR   address the store server listens on and the workers\n"
-    "                       connect to (default 127.0.0.1)\n"
-    "  --master-port PORT   store server port; 0 lets it pick one (default 0)\n"
-    "  --store-server PATH  store server binary (default: $SWITCHBOARD_STORE_SERVER,\n"
-    "                       else //tools/store_server from the runfiles or beside\n"
-    "                       this binary)\n"
-    "  --timeout-stop S     seconds stopped workers get before SIGKILL (default 5)\n"
-    "  --no-prefix          leave worker output as is (default: \"[rank N] \"\n"
-    "                       before every line of stdout and stderr)\n"
-    "  -h, --help           print this help\n"
-    "\n"
-    "When a worker exits non-zero or is killed by a signal, the others get\n"
-    "SIGTERM (SIGKILL after the timeout) and launch exits 1, naming the rank.\n"
-    "SIGINT, SIGTERM and SIGHUP are forwarded to every worker; launch then exits\n"
-    "128 + the signal number (a second signal kills the workers at once).\n"
-    "Exit status: 0 all workers exited 0; 1 a worker or the store server failed;\n"
-    "2 usage error; 128+S stopped by signal S.\n";
+namespace switchboard::launch {
 
 namespace {
 
 constexpr int kMaxProcesses = 4096;
 constexpr double kMaxStopSeconds = 24 * 3600;
 
-template <typename T>
-std::optional<T> parse_number(std::string_view text) {
-  T value{};
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
+constexpr const char* kDescription =
+    "Starts a store server and N local workers running PROGRAM ARGS, each with\n"
+    "torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
+    "MASTER_ADDR, MASTER_PORT, plus SWITCHBOARD_STORE=tcp://ADDR:PORT.\n"
+    "Everything after \"--\" (or from the first argument that is not a flag)\n"
+    "goes to the workers unchanged.";
 
-// Applies one "--flag VALUE"; returns an error message, or "" when it fits.
-std::string apply_flag(std::string_view flag, std::string_view value,
-                       LaunchOptions* options) {
-  if (flag == "--nproc") {
-    auto n = parse_number<int>(value);
-    if (!n || *n < 1 || *n > kMaxProcesses) {
-      return fmt::format("--nproc wants a number from 1 to {}, not '{}'", kMaxProcesses,
-                         value);
-    }
-    options->nproc = *n;
-  } else if (flag == "--master-addr") {
-    if (value.empty()) return "--master-addr wants an address";
-    options->master_addr = std::string(value);
-  } else if (flag == "--master-port") {
-    auto port = parse_number<uint32_t>(value);
-    if (!port || *port > 65535) return fmt::format("bad --master-port '{}'", value);
-    options->master_port = static_cast<uint16_t>(*port);
-  } else if (flag == "--store-server") {
-    if (value.empty()) return "--store-server wants a path";
-    options->store_server = std::string(value);
-  } else {  // --timeout-stop
-    auto seconds = parse_number<double>(value);
-    if (!seconds || !std::isfinite(*seconds) || *seconds < 0 ||
-        *seconds > kMaxStopSeconds) {
-      return fmt::format("--timeout-stop wants seconds (0 to {}), not '{}'",
-                         kMaxStopSeconds, value);
-    }
-    options->stop_timeout = std::chrono::milliseconds(std::llround(*seconds * 1000));
-  }
-  return "";
-}
-
-bool takes_value(std::string_view flag) {
-  return flag == "--nproc" || flag == "--master-addr" || flag == "--master-port" ||
-         flag == "--store-server" || flag == "--timeout-stop";
-}
+constexpr const char* kFooter =
+    "When a worker exits non-zero or is killed by a signal, the others get\n"
+    "SIGTERM (SIGKILL after the timeout) and launch exits 1, naming the rank.\n"
+    "SIGINT, SIGTERM and SIGHUP are forwarded to every worker; launch then exits\n"
+    "128 + the signal number (a second signal kills the workers at once).\n"
+    "Exit status: 0 all workers exited 0; 1 a worker or the store server failed;\n"
+    "2 usage error; 128+S stopped by signal S.";
 
 bool is_executable_file(const std::string& path) {
   std::error_code error;
@@ -98,49 +42,52 @@ bool is_executable_file(const std::string& path) {
 
 }  // namespace
 
-ParseResult parse_args(int argc, char** argv) {
-  ParseResult result;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--") {
-      ++i;
-      break;
+void add_launch_flags(CLI::App& app, LaunchOptions* options) {
+  app.name("launch");
+  app.description(kDescription);
+  app.footer(kFooter);
+  cli::set_synopsis(app, "launch --nproc N [flags] [--] PROGRAM [ARGS...]");
+  app.add_option("--nproc", options->nproc, "number of workers")
+      ->type_name("N")
+      ->required()
+      ->check(cli::in_range(1, kMaxProcesses));
+  app.add_option("--master-addr", options->master_addr,
+                 "address the store server listens on and the workers connect to")
+      ->type_name("ADDR")
+      ->check(cli::non_empty("an address"));
+  app.add_option("--master-port", options->master_port,
+                 "store server port; 0 lets it pick one")
+      ->type_name("PORT")
+      ->check(cli::in_range(0, 65535));
+  app.add_option("--store-server", options->store_server,
+                 "store server binary (default: $SWITCHBOARD_STORE_SERVER, else "
+                 "//tools/store_server from the runfiles or beside this binary)")
+      ->type_name("PATH")
+      ->check(cli::non_empty("a path"));
+  app.add_option_function<double>(
+         "--timeout-stop",
+         [options](double seconds) {
+           options->stop_timeout =
+               std::chrono::milliseconds(std::llround(seconds * 1000));
+         },
+         "seconds stopped workers get before SIGKILL")
+      ->type_name("S")
+      ->default_str(fmt::format("{}", options->stop_timeout.count() / 1000.0))
+      ->check(cli::number_in(0, kMaxStopSeconds));
+  app.add_flag_callback(
+      "--no-prefix", [options] { options->prefix_output = false; },
+      "leave worker output as is (default: \"[rank N] \" before every line of "
+      "stdout and stderr)");
+  app.add_option("PROGRAM", options->command, "the worker program and its arguments")
+      ->option_text("[ARGS...]");
+  // "--" or the first argument that is not a flag starts the worker command:
+  // everything from there on is the worker's, flags included.
+  app.positionals_at_end();
+  app.callback([options] {
+    if (options->command.empty() || options->command[0].empty()) {
+      throw CLI::ValidationError("no program given (put it after --)");
     }
-    if (arg.size() < 2 || arg[0] != '-') break;  // the program starts here
-    if (arg == "-h" || arg == "--help") {
-      result.help = true;
-      return result;
-    }
-    if (arg == "--no-prefix") {
-      result.options.prefix_output = false;
-      continue;
-    }
-    auto equals = arg.find('=');
-    std::string_view flag = arg.substr(0, equals);
-    if (!takes_value(flag)) {
-      result.error = fmt::format("unknown flag '{}'", arg);
-      return result;
-    }
-    std::string_view value;
-    if (equals != std::string_view::npos) {
-      value = arg.substr(equals + 1);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      result.error = fmt::format("{} needs a value", flag);
-      return result;
-    }
-    result.error = apply_flag(flag, value, &result.options);
-    if (!result.error.empty()) return result;
-  }
-  result.options.command.assign(argv + i, argv + argc);
-  if (result.options.nproc == 0) {
-    result.error = "--nproc is required";
-  } else if (result.options.command.empty() || result.options.command[0].empty()) {
-    result.error = "no program given (put it after --)";
-  }
-  return result;
+  });
 }
 
 std::string find_store_server(const std::string& argv0) {

@@ -1,5 +1,5 @@
-// Command line of the launcher: the options, their parser, the usage text and
-// where the store server binary is found.
+// Command line of the launcher: its options, their flags (CLI11, through
+// //tools/cli) and where the store server binary is found.
 //
 // Thread safety: plain functions over values; nothing is shared.
 #pragma once
@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
-namespace switchboard::launch {
+namespace CLI {
+class App;
+}  // namespace CLI
 
-extern const char* const kUsage;
+namespace switchboard::launch {
 
 struct LaunchOptions {
   int nproc = 0;                          // workers to start (>= 1)
@@ -25,16 +27,13 @@ struct LaunchOptions {
   std::vector<std::string> command;  // the worker program and its arguments
 };
 
-// What parse_args() found: options, a request for help, or an error.
-struct ParseResult {
-  LaunchOptions options;
-  bool help = false;
-  std::string error;  // non-empty: a usage error, saying what is wrong
-};
-
-// Parses argv[1..]. Flags take "--flag VALUE" or "--flag=VALUE"; "--" or the
-// first argument that is not a flag starts the worker command.
-ParseResult parse_args(int argc, char** argv);
+// Declares the launcher's flags on `app` (its name, help and checks) and
+// where they go: *options, which must outlive the app. Flags take
+// "--flag VALUE" or "--flag=VALUE"; "--" or the first argument that is not a
+// flag starts the worker command, which is kept as given. Parsing then fails
+// (cli::parse()'s error) on an unknown flag, a value out of range (naming the
+// flag and the value), a missing --nproc or a missing program.
+void add_launch_flags(CLI::App& app, LaunchOptions* options);
 
 // The store server binary to start when --store-server is not given:
 // $SWITCHBOARD_STORE_SERVER, else tools/store_server/store_server in the

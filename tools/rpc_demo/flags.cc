@@ -1,138 +1,86 @@
 #include "tools/rpc_demo/flags.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <optional>
-#include <string_view>
-#include <vector>
+
+#include "tools/cli/cli.h"
 
 namespace switchboard::rpc_demo {
 
-const char* const kUsage =
-    "usage: launch --nproc N -- rpc_demo [flags]\n"
-    "\n"
+namespace {
+
+constexpr const char* kDescription =
     "Rank 0 is the parameter server \"ps\"; ranks 1..N-1 are trainers\n"
     "\"trainer-1\"... that fit a linear regression y = X w* + noise with SGD over\n"
     "RPC in a dynamic group, then check with a Gloo allreduce that they hold the\n"
-    "same parameters. With 3 or more trainers, one joins mid-run and one leaves.\n"
-    "\n"
-    "  --steps S           SGD steps of trainer-1 (default 10000; --quick 200)\n"
-    "  --spread P          the last trainer runs P% fewer steps (default 20)\n"
-    "  --dim D             parameters (default 128; --quick 64)\n"
-    "  --batch B           minibatch rows per step (default 32)\n"
-    "  --samples R         rows in each trainer's shard (default 4096; --quick 1024)\n"
-    "  --held-out R        rows in the ps's held-out set (default 2048; --quick 1024)\n"
-    "  --lr X              SGD step size (default 0.05)\n"
-    "  --pushes-per-update K  gradients averaged into one update (default: the\n"
-    "                      number of trainers, i.e. one update per round)\n"
-    "  --log-every U       updates between progress lines (default: ~10 lines)\n"
-    "  --late-joiner R     trainer R joins the group once the ps is halfway\n"
-    "                      (default: the last trainer when there are 3 or more;\n"
-    "                      0: none)\n"
-    "  --leaver R          trainer R leaves the group after a third of its steps\n"
-    "                      (default: trainer-2 when there are 3 or more; 0: none)\n"
-    "  --seed N            seed of w*, the shards and the held-out set (default 1)\n"
-    "  --listen-address A  address PIPE and Gloo bind (default 127.0.0.1)\n"
-    "  --quick             a run of about a second, for tests\n"
-    "  -h, --help          print this help\n"
-    "\n"
+    "same parameters. With 3 or more trainers, one joins mid-run and one leaves.";
+
+constexpr const char* kFooter =
     "Exit status: 0 the held-out loss went down and the trainers agree;\n"
-    "1 it did not, they do not, or something failed; 2 usage error.\n";
+    "1 it did not, they do not, or something failed; 2 usage error.";
 
-namespace {
-
-template <typename T>
-std::optional<T> parse_number(std::string_view text) {
-  T value{};
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size()) return std::nullopt;
-  return value;
-}
-
-// An integer flag: its name, where it goes, and its smallest allowed value.
-struct IntFlag {
-  const char* name;
+// The smaller problem --quick picks (a run of about a second): the flags it
+// changes, unless they are given, and their values.
+struct QuickDefault {
+  const char* flag;
   int64_t DemoFlags::*field;
-  int64_t min;
+  int64_t value;
 };
-
-constexpr IntFlag kIntFlags[] = {
-    {"--steps", &DemoFlags::steps, 1},
-    {"--spread", &DemoFlags::spread, 0},
-    {"--dim", &DemoFlags::dim, 1},
-    {"--batch", &DemoFlags::batch, 1},
-    {"--samples", &DemoFlags::samples, 1},
-    {"--held-out", &DemoFlags::held_out, 1},
-    {"--pushes-per-update", &DemoFlags::pushes_per_update, 0},
-    {"--log-every", &DemoFlags::log_every, 0},
-    {"--seed", &DemoFlags::seed, 0},
-    {"--late-joiner", &DemoFlags::late_joiner, 0},
-    {"--leaver", &DemoFlags::leaver, 0},
+constexpr QuickDefault kQuickDefaults[] = {
+    {"--steps", &DemoFlags::steps, 200},
+    {"--dim", &DemoFlags::dim, 64},
+    {"--samples", &DemoFlags::samples, 1024},
+    {"--held-out", &DemoFlags::held_out, 1024},
 };
-
-// Applies one "--flag VALUE"; returns an error message, or "" when it fits.
-std::string apply_flag(std::string_view flag, std::string_view value, DemoFlags* flags) {
-  for (const IntFlag& f : kIntFlags) {
-    if (flag != f.name) continue;
-    auto n = parse_number<int64_t>(value);
-    if (!n || *n < f.min) {
-      return fmt::format("{} wants an integer >= {}, not '{}'", flag, f.min, value);
-    }
-    flags->*f.field = *n;
-    return "";
-  }
-  if (flag == "--lr") {
-    auto x = parse_number<double>(value);
-    if (!x || !std::isfinite(*x) || *x <= 0) {
-      return fmt::format("--lr wants a positive number, not '{}'", value);
-    }
-    flags->lr = *x;
-  } else if (flag == "--listen-address") {
-    if (value.empty()) return "--listen-address wants an address";
-    flags->listen_address = std::string(value);
-  } else {
-    return fmt::format("unknown flag '{}'", flag);
-  }
-  return "";
-}
 
 }  // namespace
 
-FlagsResult parse_flags(int argc, char** argv) {
-  FlagsResult result;
-  const std::vector<std::string_view> args(argv + std::min(argc, 1), argv + argc);
-  if (std::find(args.begin(), args.end(), "--quick") != args.end()) {
-    result.flags.quick = true;
-    result.flags.steps = 200;
-    result.flags.dim = 64;
-    result.flags.samples = 1024;
-    result.flags.held_out = 1024;
-  }
-  for (size_t i = 0; i < args.size() && result.error.empty(); ++i) {
-    std::string_view arg = args[i];
-    if (arg == "--quick") continue;
-    if (arg == "-h" || arg == "--help") {
-      result.help = true;
-      return result;
+void add_demo_flags(CLI::App& app, DemoFlags* flags) {
+  app.name("rpc_demo");
+  app.description(kDescription);
+  app.footer(kFooter);
+  cli::set_synopsis(app, "launch --nproc N -- rpc_demo [flags]");
+  auto add_int = [&](const char* name, int64_t* field, const char* value_name,
+                     const char* help, int64_t min) {
+    return app.add_option(name, *field, help)
+        ->type_name(value_name)
+        ->check(cli::at_least(min));
+  };
+  add_int("--steps", &flags->steps, "S", "SGD steps of trainer-1; 200 with --quick", 1);
+  app.add_option("--spread", flags->spread, "the last trainer runs P% fewer steps")
+      ->type_name("P")
+      ->check(cli::in_range(0, 90));
+  add_int("--dim", &flags->dim, "D", "parameters; 64 with --quick", 1);
+  add_int("--batch", &flags->batch, "B", "minibatch rows per step", 1);
+  add_int("--samples", &flags->samples, "R",
+          "rows in each trainer's shard; 1024 with --quick", 1);
+  add_int("--held-out", &flags->held_out, "R",
+          "rows in the ps's held-out set; 1024 with --quick", 1);
+  app.add_option("--lr", flags->lr, "SGD step size")
+      ->type_name("X")
+      ->check(cli::positive_number());
+  add_int("--pushes-per-update", &flags->pushes_per_update, "K",
+          "gradients averaged into one update; 0: the number of trainers, i.e. one "
+          "update per round",
+          0);
+  add_int("--log-every", &flags->log_every, "U",
+          "updates between progress lines; 0: about 10 lines", 0);
+  add_int("--late-joiner", &flags->late_joiner, "R",
+          "trainer R joins the group once the ps is halfway; 0: none", 0)
+      ->default_str("the last trainer when there are 3 or more");
+  add_int("--leaver", &flags->leaver, "R",
+          "trainer R leaves the group after a third of its steps; 0: none", 0)
+      ->default_str("trainer-2 when there are 3 or more");
+  add_int("--seed", &flags->seed, "N", "seed of w*, the shards and the held-out set", 0);
+  app.add_option("--listen-address", flags->listen_address, "address PIPE and Gloo bind")
+      ->type_name("A")
+      ->check(cli::non_empty("an address"));
+  app.add_flag("--quick", flags->quick, "a run of about a second, for tests");
+  app.callback([&app, flags] {
+    if (!flags->quick) return;
+    for (const QuickDefault& quick : kQuickDefaults) {
+      if (app.count(quick.flag) == 0) flags->*quick.field = quick.value;
     }
-    if (!arg.starts_with("--")) {
-      result.error = fmt::format("unexpected argument '{}'", arg);
-    } else if (size_t eq = arg.find('='); eq != std::string_view::npos) {
-      result.error = apply_flag(arg.substr(0, eq), arg.substr(eq + 1), &result.flags);
-    } else if (i + 1 < args.size()) {
-      result.error = apply_flag(arg, args[++i], &result.flags);
-    } else {
-      result.error = fmt::format("{} wants a value", arg);
-    }
-  }
-  if (result.error.empty() && result.flags.spread > 90) {
-    result.error = fmt::format("--spread wants a percentage from 0 to 90, not {}",
-                               result.flags.spread);
-  }
-  return result;
+  });
 }
 
 int64_t late_joiner(const DemoFlags& flags, int trainers) {

@@ -1,4 +1,5 @@
-// Command line of the RPC demo: its flags, their parser and the usage text.
+// Command line of the RPC demo: its flags (CLI11, through //tools/cli) and
+// what follows from them.
 //
 // Thread safety: plain functions over values; nothing is shared.
 #pragma once
@@ -6,9 +7,11 @@
 #include <cstdint>
 #include <string>
 
-namespace switchboard::rpc_demo {
+namespace CLI {
+class App;
+}  // namespace CLI
 
-extern const char* const kUsage;
+namespace switchboard::rpc_demo {
 
 struct DemoFlags {
   int64_t steps = 10000;          // SGD steps of the first trainer
@@ -27,17 +30,13 @@ struct DemoFlags {
   bool quick = false;                        // about a second, for tests
 };
 
-// What parse_flags() found: flags, a request for help, or an error.
-struct FlagsResult {
-  DemoFlags flags;
-  bool help = false;
-  std::string error;  // non-empty: what is wrong
-};
-
-// Parses argv[1..]: "--flag VALUE" or "--flag=VALUE". --quick changes the
-// defaults (steps, dim, samples, held-out rows), wherever it appears; flags
-// given explicitly still win.
-FlagsResult parse_flags(int argc, char** argv);
+// Declares the demo's flags on `app` (its name, help and checks) and where
+// they go: *flags, which must outlive the app. Flags take "--flag VALUE" or
+// "--flag=VALUE". --quick changes the defaults (steps, dim, samples,
+// held-out rows), wherever it appears; flags given explicitly still win.
+// Parsing fails (cli::parse()'s error, naming the flag and the value) on an
+// unknown flag, a positional argument or a value out of range.
+void add_demo_flags(CLI::App& app, DemoFlags* flags);
 
 // Steps trainer `trainer` (1..trainers) runs: `steps` for trainer 1, down to
 // steps * (1 - spread / 100) for the last one, so that the trainers finish

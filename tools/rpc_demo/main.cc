@@ -25,8 +25,10 @@
 #include <optional>
 #include <string>
 
+#include "common/logging.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
+#include "tools/cli/cli.h"
 #include "tools/rpc_demo/flags.h"
 #include "tools/rpc_demo/roles.h"
 
@@ -63,14 +65,13 @@ std::string role_name(int rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  FlagsResult parsed = parse_flags(argc, argv);
-  if (parsed.help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  if (!parsed.error.empty()) {
-    fmt::print(stderr, "rpc_demo: {}\n{}", parsed.error, kUsage);
-    return 2;
+  switchboard::init_logging("rpc_demo");
+  DemoFlags flags;
+  CLI::App app;
+  add_demo_flags(app, &flags);
+  if (auto status =
+          switchboard::cli::report(app, switchboard::cli::parse(app, argc, argv))) {
+    return *status;
   }
   std::optional<int> rank;
   std::optional<int> world_size;
@@ -90,9 +91,12 @@ int main(int argc, char** argv) {
                world_size ? std::to_string(*world_size) : "(unset)");
     return 2;
   }
+  // From here on, log lines name the worker ("ps", "trainer-2") instead of
+  // the program.
+  switchboard::set_log_identity(role_name(*rank));
   const int trainers = *world_size - 1;
-  const int64_t late = late_joiner(parsed.flags, trainers);
-  const int64_t leaves = leaver(parsed.flags, trainers);
+  const int64_t late = late_joiner(flags, trainers);
+  const int64_t leaves = leaver(flags, trainers);
   if (late > trainers || leaves > trainers || (late > 0 && late == leaves) ||
       (leaves > 0 && trainers - 1 < 1)) {
     fmt::print(stderr,
@@ -104,11 +108,11 @@ int main(int argc, char** argv) {
   // The trainers' Gloo group binds what SWITCHBOARD_GLOO_HOSTNAME names
   // (collective/registry.cc); keep it on the same address as PIPE unless
   // the caller chose one. Set while this process has one thread.
-  ::setenv("SWITCHBOARD_GLOO_HOSTNAME", parsed.flags.listen_address.c_str(),
+  ::setenv("SWITCHBOARD_GLOO_HOSTNAME", flags.listen_address.c_str(),
            /*overwrite=*/0);
   try {
-    return *rank == 0 ? run_ps(parsed.flags, *world_size)
-                      : run_trainer(parsed.flags, *rank, *world_size);
+    return *rank == 0 ? run_ps(flags, *world_size)
+                      : run_trainer(flags, *rank, *world_size);
   } catch (const std::exception& e) {
     say(role_name(*rank), "failed: {}", e.what());
     if (switchboard::rpc::RpcContext::global().initialized()) {

@@ -3,17 +3,20 @@
 //
 //   store_demo --host 127.0.0.1 --port P --rank R --world-size N
 //
+// Bad flags print what is wrong and the usage on stderr and exit with 2;
+// `store_demo --help` lists the flags.
+//
 // Steps: publish an "address", count in, wait for every peer's address,
 // elect a leader with compare_set, let the leader publish a job config,
 // append to a shared log, and leave through a store-based barrier.
 #include <fmt/format.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
-#include <unistd.h>
+#include <vector>
 
+#include "common/logging.h"
 #include "store/tcp_store.h"
+#include "tools/cli/cli.h"
 
 using namespace switchboard;
 
@@ -21,27 +24,39 @@ namespace {
 
 struct Flags {
   std::string host = "127.0.0.1";
-  int port = -1;
-  int rank = -1;
-  int world_size = -1;
+  int port = 0;
+  int rank = 0;
+  int world_size = 0;
 };
 
-Flags parse_flags(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string name = argv[i];
-    std::string value = argv[i + 1];
-    if (name == "--host") flags.host = value;
-    else if (name == "--port") flags.port = std::atoi(value.c_str());
-    else if (name == "--rank") flags.rank = std::atoi(value.c_str());
-    else if (name == "--world-size") flags.world_size = std::atoi(value.c_str());
-  }
-  if (flags.port <= 0 || flags.rank < 0 || flags.world_size <= 0) {
-    fmt::print(stderr,
-               "usage: store_demo --port P --rank R --world-size N [--host H]\n");
-    std::exit(2);
-  }
-  return flags;
+// Declares the flags on `app`; they fill *flags, which must outlive it.
+void add_flags(CLI::App& app, Flags* flags) {
+  app.name("store_demo");
+  app.description(
+      "One worker of the store demo: rendezvous through a TcpStore server the way\n"
+      "a distributed job's ranks do, and print each step.");
+  cli::set_synopsis(app, "store_demo --port P --rank R --world-size N [--host H]");
+  app.add_option("--host", flags->host, "the store server's address")
+      ->type_name("H")
+      ->check(cli::non_empty("an address"));
+  app.add_option("--port", flags->port, "the store server's port")
+      ->type_name("P")
+      ->required()
+      ->check(cli::in_range(1, 65535));
+  app.add_option("--rank", flags->rank, "this worker's rank, below --world-size")
+      ->type_name("R")
+      ->required()
+      ->check(cli::at_least(0));
+  app.add_option("--world-size", flags->world_size, "number of workers")
+      ->type_name("N")
+      ->required()
+      ->check(cli::at_least(1));
+  app.callback([flags] {
+    if (flags->rank >= flags->world_size) {
+      throw CLI::ValidationError(fmt::format("--rank {} is not below --world-size {}",
+                                             flags->rank, flags->world_size));
+    }
+  });
 }
 
 void barrier(Store& store, const std::string& name, int world_size) {
@@ -52,7 +67,11 @@ void barrier(Store& store, const std::string& name, int world_size) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags = parse_flags(argc, argv);
+  init_logging("store_demo");
+  Flags flags;
+  CLI::App app;
+  add_flags(app, &flags);
+  if (auto status = cli::report(app, cli::parse(app, argc, argv))) return *status;
   auto say = [&](const std::string& text) {
     fmt::print("[rank {}] {}\n", flags.rank, text);
     std::fflush(stdout);

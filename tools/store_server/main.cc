@@ -6,77 +6,56 @@
 // Prints exactly one line "port=<N>" on stdout once listening (port 0 picks
 // an ephemeral port), so scripts and tests can read it. Logs to stderr: one
 // line per connection open/close (unless --quiet) and per protocol error.
-// SIGINT or SIGTERM stops it cleanly with exit code 0. Bad flags print the
-// usage and exit with 2; a port that cannot be bound exits with 1.
+// SIGINT or SIGTERM stops it cleanly with exit code 0. Bad flags print what
+// is wrong and the usage on stderr and exit with 2; a port that cannot be
+// bound exits with 1. `store_server --help` lists the flags.
 #include <fmt/format.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <optional>
-#include <string>
-#include <string_view>
 
 #include "common/error.h"
+#include "common/logging.h"
 #include "store/tcp_store_server.h"
+#include "tools/cli/cli.h"
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: store_server [--host ADDRESS] [--port PORT] [--max-value-bytes N] "
-    "[--quiet]\n"
-    "  --host ADDRESS        address to listen on (default 127.0.0.1; \"::\" for\n"
-    "                        dual-stack IPv6+IPv4, as PyTorch binds)\n"
-    "  --port PORT           port to listen on; 0 picks one (default 0)\n"
-    "  --max-value-bytes N   close connections announcing larger values\n"
-    "                        (default 1073741824)\n"
-    "  --quiet               do not log connection open/close\n";
+constexpr const char* kDescription =
+    "A standalone TcpStoreServer, wire-compatible with PyTorch 1.13's TCPStore.\n"
+    "Prints \"port=<N>\" on stdout once listening; logs to stderr. SIGINT or\n"
+    "SIGTERM stops it (exit 0).";
 
-std::optional<uint64_t> parse_number(std::string_view text, uint64_t max) {
-  if (text.empty() || text.size() > 20) return std::nullopt;
-  uint64_t value = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') return std::nullopt;
-    uint64_t digit = static_cast<uint64_t>(c - '0');
-    if (value > (max - digit) / 10) return std::nullopt;
-    value = value * 10 + digit;
-  }
-  return value;
-}
+constexpr const char* kFooter =
+    "Exit status: 0 stopped by SIGINT or SIGTERM; 1 the port cannot be bound;\n"
+    "2 usage error.";
 
-// Fills *options from argv; returns false (after printing why) on bad flags.
-bool parse_flags(int argc, char** argv, switchboard::TcpStoreServerOptions* options) {
-  for (int i = 1; i < argc; ++i) {
-    std::string_view flag = argv[i];
-    if (flag == "--quiet") {
-      options->log_connections = false;
-      continue;
-    }
-    if (flag != "--host" && flag != "--port" && flag != "--max-value-bytes") {
-      fmt::print(stderr, "store_server: unknown flag '{}'\n", flag);
-      return false;
-    }
-    if (i + 1 >= argc) {
-      fmt::print(stderr, "store_server: {} needs a value\n", flag);
-      return false;
-    }
-    std::string_view value = argv[++i];
-    if (flag == "--host") {
-      options->host = std::string(value);
-    } else if (flag == "--port") {
-      auto port = parse_number(value, 65535);
-      if (!port) return fmt::print(stderr, "store_server: bad port '{}'\n", value), false;
-      options->port = static_cast<uint16_t>(*port);
-    } else {
-      auto bytes = parse_number(value, UINT64_MAX);
-      if (!bytes) return fmt::print(stderr, "store_server: bad size '{}'\n", value), false;
-      options->limits.max_value_bytes = *bytes;
-    }
-  }
-  return true;
+// Declares the flags on `app`; they fill *options, which must outlive it.
+void add_flags(CLI::App& app, switchboard::TcpStoreServerOptions* options) {
+  app.name("store_server");
+  app.description(kDescription);
+  app.footer(kFooter);
+  switchboard::cli::set_synopsis(
+      app, "store_server [--host ADDRESS] [--port PORT] [--max-value-bytes N] [--quiet]");
+  app.add_option(
+         "--host", options->host,
+         "address to listen on (\"::\" for dual-stack IPv6+IPv4, as PyTorch binds)")
+      ->type_name("ADDRESS")
+      ->check(switchboard::cli::non_empty("an address"));
+  app.add_option("--port", options->port, "port to listen on; 0 picks one")
+      ->type_name("PORT")
+      ->check(switchboard::cli::in_range(0, 65535));
+  app.add_option("--max-value-bytes", options->limits.max_value_bytes,
+                 "close connections announcing larger values")
+      ->type_name("N")
+      ->check(switchboard::cli::at_least(0));
+  app.add_flag_callback(
+      "--quiet", [options] { options->log_connections = false; },
+      "do not log connection open/close");
 }
 
 // A server of thousands of connections needs as many descriptors: raise
@@ -93,12 +72,17 @@ void raise_fd_limit() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries the "port=<N>" line. The logger is
+  // set first so that init_logging()'s warnings go there too.
   spdlog::set_default_logger(spdlog::stderr_color_mt("store_server"));
+  switchboard::init_logging("store_server");
   switchboard::TcpStoreServerOptions options;
   options.log_connections = true;
-  if (!parse_flags(argc, argv, &options)) {
-    std::fputs(kUsage, stderr);
-    return 2;
+  CLI::App app;
+  add_flags(app, &options);
+  if (auto status =
+          switchboard::cli::report(app, switchboard::cli::parse(app, argc, argv))) {
+    return *status;
   }
 
   raise_fd_limit();

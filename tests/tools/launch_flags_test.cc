@@ -1,0 +1,127 @@
+// The launcher's flags (tools/launch/options.h) without starting anything:
+// what they accept, what they refuse and with which message, and that the
+// worker's command is passed on unchanged.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tools/cli/cli.h"
+#include "tools/launch/options.h"
+
+namespace cli = switchboard::cli;
+using switchboard::launch::add_launch_flags;
+using switchboard::launch::LaunchOptions;
+using Args = std::vector<std::string>;
+
+namespace {
+
+struct Parsed {
+  LaunchOptions options;
+  cli::Outcome outcome;
+};
+
+Parsed parse(const Args& args) {
+  Parsed parsed;
+  CLI::App app;
+  add_launch_flags(app, &parsed.options);
+  parsed.outcome = cli::parse(app, args);
+  return parsed;
+}
+
+}  // namespace
+
+TEST_CASE("launch flags: defaults with only --nproc and a program", "[launch][cli]") {
+  Parsed p = parse({"--nproc", "4", "worker"});
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.options.nproc == 4);
+  CHECK(p.options.master_addr == "127.0.0.1");
+  CHECK(p.options.master_port == 0);
+  CHECK(p.options.store_server.empty());
+  CHECK(p.options.stop_timeout == std::chrono::milliseconds(5000));
+  CHECK(p.options.prefix_output);
+  CHECK(p.options.command == Args{"worker"});
+}
+
+TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
+  Parsed p = parse({"--nproc=2", "--master-addr", "localhost", "--master-port=29517",
+                    "--store-server", "/bin/store", "--timeout-stop", "0.2",
+                    "--no-prefix", "--", "worker"});
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.options.nproc == 2);
+  CHECK(p.options.master_addr == "localhost");
+  CHECK(p.options.master_port == 29517);
+  CHECK(p.options.store_server == "/bin/store");
+  CHECK(p.options.stop_timeout == std::chrono::milliseconds(200));
+  CHECK_FALSE(p.options.prefix_output);
+  CHECK(p.options.command == Args{"worker"});
+}
+
+TEST_CASE("launch flags: the worker's command is kept as given, flags and -- included",
+          "[launch][cli]") {
+  auto [args, command] = GENERATE(table<Args, Args>({
+      {{"--nproc", "1", "--", "prog", "--nproc", "3", "--", "-h"},
+       {"prog", "--nproc", "3", "--", "-h"}},
+      {{"--nproc", "1", "prog", "--quick", "--steps=5", "x"},
+       {"prog", "--quick", "--steps=5", "x"}},
+      {{"--nproc", "1", "--", "--weird", ""}, {"--weird", ""}},
+      {{"--nproc", "1", "--", "prog", "--help"}, {"prog", "--help"}},
+  }));
+  Parsed p = parse(args);
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.options.command == command);
+}
+
+// The cases of launch_test's "usage errors exit 2 with the usage text", at
+// the parser, with the message each gives.
+TEST_CASE("launch flags: usage errors name the flag and the value", "[launch][cli]") {
+  auto [args, error] = GENERATE(table<Args, std::string>({
+      {Args{}, "--nproc is required"},
+      {{"--nproc"}, "--nproc needs a value"},
+      {{"--nproc", "0"}, "--nproc: '0' is not an integer from 1 to 4096"},
+      {{"--nproc", "x"}, "--nproc: 'x' is not an integer from 1 to 4096"},
+      {{"--nproc", "4097", "--", "true"},
+       "--nproc: '4097' is not an integer from 1 to 4096"},
+      {{"--nproc", "2"}, "no program given (put it after --)"},
+      {{"--nproc", "2", "--"}, "no program given (put it after --)"},
+      {{"--bogus", "--nproc", "2", "--", "true"}, "unknown flag '--bogus'"},
+      {{"--nproc", "2", "--master-port", "70000", "--", "true"},
+       "--master-port: '70000' is not an integer from 0 to 65535"},
+      {{"--nproc", "2", "--timeout-stop", "-1", "--", "true"},
+       "--timeout-stop: '-1' is not a number from 0 to 86400"},
+      {{"--nproc", "2", "--timeout-stop", "nan", "--", "true"},
+       "--timeout-stop: 'nan' is not a number from 0 to 86400"},
+      {{"--nproc", "2", "--master-addr=", "--", "true"},
+       "--master-addr: wants an address, not '--'"},
+      {{"--nproc", "2", "--store-server=", "--", "true"},
+       "--store-server: wants a path, not '--'"},
+  }));
+  Parsed p = parse(args);
+  CHECK_FALSE(p.outcome.help);
+  CHECK(p.outcome.error == error);
+}
+
+TEST_CASE("launch flags: -h and --help before the program ask for help",
+          "[launch][cli]") {
+  Args args = GENERATE(Args{"-h"}, Args{"--help"}, Args{"--nproc", "2", "--help", "prog"},
+                       Args{"--nproc", "0", "-h"});
+  CHECK(parse(args).outcome.help);
+}
+
+TEST_CASE("launch flags: the help starts with the usage line and lists every flag",
+          "[launch][cli]") {
+  LaunchOptions options;
+  CLI::App app;
+  add_launch_flags(app, &options);
+  const std::string help = cli::help_text(app);
+  INFO(help);
+  CHECK(help.rfind("usage: launch --nproc N [flags] [--] PROGRAM [ARGS...]\n", 0) == 0);
+  for (const char* flag : {"--nproc N", "--master-addr ADDR", "--master-port PORT",
+                           "--store-server PATH", "--timeout-stop S", "--no-prefix"}) {
+    CHECK_THAT(help, Catch::Contains(flag));
+  }
+  CHECK_THAT(help, Catch::Contains("(0 to 86400;") && Catch::Contains("default 5)"));
+}
