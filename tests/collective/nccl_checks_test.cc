@@ -6,6 +6,7 @@
 // GPU's side instead. The cases that run ranks on GPUs are in
 // nccl_process_group_test.cc.
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,7 @@ TEST_CASE(
     "[nccl][nogpu]") {
   if (sb::cuda_device_count() > 0) {
     WARN("skipped: a CUDA device is visible; this case checks machines without one");
+    fmt::print("skipped: a CUDA device is visible; this case checks machines without one\n");
     return;
   }
   sb::HashStore store;
