@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/cfg/helpers.h>
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -11,6 +12,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace switchboard {
 
@@ -24,9 +28,9 @@ constexpr size_t kMaxLevelsLength = 512;
 
 // Who speaks. Never destroyed: threads may log during static destruction.
 struct Identity {
-  std::mutex mu;
-  std::string program;  // GUARDED_BY(mu): init_logging()'s argument
-  std::string worker;   // GUARDED_BY(mu): set_log_identity()'s; empty: unset
+  Mutex mu;
+  std::string program SB_GUARDED_BY(mu);  // init_logging()'s argument
+  std::string worker SB_GUARDED_BY(mu);   // set_log_identity()'s; empty: unset
 };
 
 Identity& identity() {
@@ -40,7 +44,7 @@ class IdentityFlag final : public spdlog::custom_flag_formatter {
   void format(const spdlog::details::log_msg& /*msg*/, const std::tm& /*time*/,
               spdlog::memory_buf_t& dest) override {
     Identity& id = identity();
-    std::lock_guard lock(id.mu);
+    MutexLock lock(id.mu);
     const std::string& name = id.worker.empty() ? id.program : id.worker;
     dest.append(name.data(), name.data() + name.size());
   }
@@ -94,8 +98,17 @@ void init_logging(std::string_view program) {
   std::call_once(once, [program] {
     {
       Identity& id = identity();
-      std::lock_guard lock(id.mu);
+      MutexLock lock(id.mu);
       id.program = std::string(program);
+    }
+    // Logs go to stderr, away from what programs print on stdout (results,
+    // `port=N`). Only spdlog's own default logger is replaced (it writes to
+    // stdout); a default logger the program installed stays.
+    if (spdlog::default_logger()->name().empty()) {
+      auto logger = std::make_shared<spdlog::logger>(
+          "", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+      logger->set_level(spdlog::default_logger()->level());
+      spdlog::set_default_logger(std::move(logger));
     }
     auto formatter = std::make_unique<spdlog::pattern_formatter>();
     formatter->add_flag<IdentityFlag>('*').set_pattern(kPattern);
@@ -107,8 +120,14 @@ void init_logging(std::string_view program) {
 
 void set_log_identity(std::string_view worker) {
   Identity& id = identity();
-  std::lock_guard lock(id.mu);
+  MutexLock lock(id.mu);
   id.worker = std::string(worker);
+}
+
+void set_default_log_identity(std::string_view worker) {
+  Identity& id = identity();
+  MutexLock lock(id.mu);
+  if (id.worker.empty()) id.worker = std::string(worker);
 }
 
 bool set_log_levels(std::string_view value) {

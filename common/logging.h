@@ -39,6 +39,11 @@ void init_logging(std::string_view program);
 // Called before init_logging(), it takes effect there.
 void set_log_identity(std::string_view worker);
 
+// As set_log_identity(), but only when no identity was set yet: init_rpc()
+// calls it with the worker's name, so a program that set its own keeps it,
+// and in a process that hosts several workers the lines name the first.
+void set_default_log_identity(std::string_view worker);
+
 // Applies levels written in SWITCHBOARD_LOG_LEVEL's syntax (spdlog's):
 //   LEVEL                   every logger, and those created later
 //   LEVEL,NAME=LEVEL,...    the same, but the logger called NAME (also one

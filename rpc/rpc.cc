@@ -7,6 +7,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/logging.h"
 #include "rpc/agent.h"
 #include "rpc/rendezvous.h"
 #include "store/prefix_store.h"
@@ -171,6 +172,7 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   state->agent->set_membership_listener(
       [callbacks](const MembershipChange& change) { callbacks->dispatch(change); });
   functions_->set_worker_name(name);
+  set_default_log_identity(name);
   std::shared_ptr<FunctionRegistry> functions = functions_;
   state->agent->start([functions](Message request, const WorkerInfo& from) {
     return functions->call(request, from);

@@ -9,7 +9,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -92,6 +97,7 @@ const std::regex kLine(
 // init_logging) and from "late" (created after), at every level, then again
 // as worker "w1". args[0], when given, is SWITCHBOARD_LOG_LEVEL's value.
 SB_CHILD_MAIN(logging_child) {
+  ::dup2(STDOUT_FILENO, STDERR_FILENO);  // the default logger writes to stderr
   if (!args.empty()) ::setenv(switchboard::kLogLevelVariable, args[0].c_str(), 1);
   auto pipe = spdlog::stdout_color_mt("pipe");
   init_logging("child");
@@ -107,6 +113,17 @@ SB_CHILD_MAIN(logging_child) {
   }
   set_log_identity("w1");
   spdlog::error("as the worker");
+  return 0;
+}
+
+// The child: logs once through the default logger with stderr sent to the
+// file args[0], and prints one line on stdout.
+SB_CHILD_MAIN(logging_stderr_child) {
+  if (std::freopen(args.at(0).c_str(), "w", stderr) == nullptr) return 2;
+  init_logging("child");
+  spdlog::info("a log line");
+  std::fflush(stderr);
+  std::printf("a result\n");
   return 0;
 }
 
@@ -171,6 +188,27 @@ TEST_CASE("an invalid SWITCHBOARD_LOG_LEVEL warns once, naming it, and keeps inf
   CHECK(warnings == 1);
   CHECK_FALSE(has_line(lines, "default debug"));
   CHECK(has_line(lines, "[info] [child] default info"));
+}
+
+TEST_CASE("the library's logs go to stderr, a program's results stay alone on stdout",
+          "[logging]") {
+  char path[] = "/tmp/sb_logging_stderr_XXXXXX";
+  int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  sbtest::Subprocess child = sbtest::spawn_child("logging_stderr_child", {path});
+  std::string out = child.read_all();
+  REQUIRE(child.wait() == 0);
+  std::ifstream file(path);
+  std::string err((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ::unlink(path);
+  CHECK(out == "a result\n");
+  std::vector<std::string> lines = lines_of(err);
+  REQUIRE(lines.size() == 1);
+  std::smatch match;
+  REQUIRE(std::regex_match(lines[0], match, kLine));
+  CHECK(match[1] == "info");
+  CHECK(match[3] == "a log line");
 }
 
 TEST_CASE("every line carries a timestamp, the level and who speaks", "[logging]") {
@@ -264,6 +302,28 @@ TEST_CASE("the worker's identity appears in every later line", "[logging]") {
   REQUIRE(std::regex_match(lines[1], match, kLine));
   CHECK(match[2] == "w1");
   CHECK(match[3] == "as w1");
+}
+
+TEST_CASE("set_default_log_identity() names the first worker and keeps a set identity",
+          "[logging]") {
+  init_logging("logging_test");
+  Captured captured("logging_test_default_identity");
+  set_log_identity("");
+  switchboard::set_default_log_identity("w2");
+  captured.logger().info("first");
+  switchboard::set_default_log_identity("w3");  // a second worker in this process
+  captured.logger().info("second");
+  set_log_identity("trainer");
+  switchboard::set_default_log_identity("w4");
+  captured.logger().info("third");
+  set_log_identity("");
+  std::vector<std::string> lines = lines_of(captured.text());
+  REQUIRE(lines.size() == 3);
+  std::smatch match;
+  for (auto [i, who] : {std::pair{0, "w2"}, {1, "w2"}, {2, "trainer"}}) {
+    REQUIRE(std::regex_match(lines[i], match, kLine));
+    CHECK(match[2] == who);
+  }
 }
 
 TEST_CASE("init_logging() and set_log_identity() may race with logging", "[logging]") {
