@@ -73,6 +73,28 @@ struct CallTable::State : std::enable_shared_from_this<State> {
 
   bool idle() const SB_REQUIRES(mu) { return in_flight == 0 && handling == 0; }
 
+  // Who this table waits on, for debug logs of a worker that does not
+  // drain: "2 calls in flight (to "w1": "slow" (id 7), ...) and 1 request
+  // being handled".
+  std::string describe_load() const SB_REQUIRES(mu) {
+    constexpr size_t kListed = 8;
+    std::string calls;
+    size_t listed = 0;
+    for (const auto& [id, p] : pending) {
+      if (listed == kListed) {
+        calls += ", ...";
+        break;
+      }
+      calls += fmt::format("{}to \"{}\": \"{}\" (id {})", listed == 0 ? "" : ", ",
+                           p.call.dst_name, p.call.function, id);
+      ++listed;
+    }
+    return fmt::format("{} call{} in flight{} and {} request{} being handled", in_flight,
+                       in_flight == 1 ? "" : "s",
+                       calls.empty() ? "" : fmt::format(" ({})", calls), handling,
+                       handling == 1 ? "" : "s");
+  }
+
   // Removes call `id` from `pending` (and its deadline); null when absent.
   std::optional<Pending> take(uint64_t id) SB_REQUIRES(mu) {
     auto it = pending.find(id);
@@ -350,13 +372,19 @@ CallTable::Idle CallTable::wait_idle(std::optional<Clock::time_point> deadline) 
   State& s = *state_;
   MutexLock lock(s.mu);
   auto done = [&]() SB_REQUIRES(s.mu) { return s.closed || s.idle(); };
+  if (!done() && spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("rpc agent \"{}\": waiting for {}", s.name, s.describe_load());
+  }
   if (deadline) {
     s.idle_cv.wait_until(s.mu, *deadline, done);
   } else {
     s.idle_cv.wait(s.mu, done);
   }
   if (s.closed) return Idle::kClosed;
-  return s.idle() ? Idle::kIdle : Idle::kTimedOut;
+  if (s.idle()) return Idle::kIdle;
+  spdlog::debug("rpc agent \"{}\": stopped waiting at the deadline for {}", s.name,
+                s.describe_load());
+  return Idle::kTimedOut;
 }
 
 CallTable::Load CallTable::load() const {

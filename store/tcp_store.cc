@@ -1,6 +1,7 @@
 #include "store/tcp_store.h"
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <mutex>
@@ -167,8 +168,19 @@ void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout
   Deadline deadline = tcpstore::deadline_after(timeout);
   Connection& c = *connection_;
   c.send(Request{QueryType::kWait, wire_keys(keys), {}, 0}, deadline);
+  // A worker that hangs in a rendezvous shows here, at debug level, which
+  // keys (whose ranks) it waits for.
+  const bool debug = spdlog::should_log(spdlog::level::debug);
+  if (debug) {
+    spdlog::debug("TcpStore {} at {}:{}: waiting up to {} ms for keys {}", op, host_,
+                  port_, timeout.count(), format_keys(keys));
+  }
   if (c.socket.wait_readable(deadline)) {
     c.socket.read_u8(deadline);  // STOP_WAITING
+    if (debug) {
+      spdlog::debug("TcpStore {} at {}:{}: keys {} are set", op, host_, port_,
+                    format_keys(keys));
+    }
   } else {
     c.abandon_wait(request_deadline());
     throw TimeoutError(fmt::format(

@@ -7,9 +7,12 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -350,6 +353,30 @@ TEST_CASE("wait_idle() waits for calls and for handlers, bounded by its deadline
   CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
         CallTable::Idle::kIdle);
   CHECK(replies.await_first().id == 5);
+}
+
+TEST_CASE("at debug level, wait_idle() logs whom it waits on", "[call_table]") {
+  std::ostringstream out;
+  auto previous = spdlog::default_logger();
+  auto logger = std::make_shared<spdlog::logger>(
+      "call_table_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(out));
+  logger->set_level(spdlog::level::debug);
+  spdlog::set_default_logger(logger);
+  {
+    Fixture fx;
+    auto a = fx.table.add(call_to(1, "slow"));
+    CHECK(fx.table.wait_idle(std::chrono::steady_clock::now() + 10ms) ==
+          CallTable::Idle::kTimedOut);
+    fx.table.complete(a.id, response("x"));
+  }
+  spdlog::set_default_logger(previous);
+  const std::string text = out.str();
+  INFO(text);
+  const std::string waits =
+      "1 call in flight (to \"w1\": \"slow\" (id 1)) and 0 requests being handled";
+  CHECK(text.find("rpc agent \"w0\": waiting for " + waits) != std::string::npos);
+  CHECK(text.find("rpc agent \"w0\": stopped waiting at the deadline for " + waits) !=
+        std::string::npos);
 }
 
 TEST_CASE("close() wakes a wait_idle() that waits for ever", "[call_table]") {
