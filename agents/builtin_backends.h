@@ -5,7 +5,7 @@
 // rpc::set_builtin_backends(), so the registry runs it once, before it
 // answers its first question, and the built-ins are usable by name without
 // the user doing anything:
-//   PIPE           agents/pipe_agent.h, the default (static groups for now)
+//   PIPE           agents/pipe_agent.h, the default (static and dynamic groups)
 //   PROCESS_GROUP  agents/process_group_agent.h (static groups only)
 //
 // Thread safety: as rpc/backend_registry.h.

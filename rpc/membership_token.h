@@ -23,7 +23,7 @@
 //
 // Errors: acquire() throws TimeoutError when the token stays taken past its
 // timeout, naming the holder and when its lease ends, e.g.
-//   `membership token "rpc/dyn/token": "w3" could not take it within 200 ms;
+//   `membership token "pipe/dyn/token": "w3" could not take it within 200 ms;
 //    held by "w1" (lease ends in 9800 ms)`
 // renew() and release() throw Error(kFailedPrecondition) naming the worker that took
 // the token over when this holder's lease had run out. Store errors

@@ -1,6 +1,6 @@
 // The TCPStore wire protocol (PyTorch 1.13, plus the query codes later
 // PyTorch versions added: APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT).
-// See ../shared/tcpstore_protocol.md for the byte-level notes.
+// docs/wire_formats.md ("The TCPStore protocol") describes it for users.
 //
 // Encoding: little-endian (the client's native order on x86-64/aarch64);
 // a request is a u8 query type followed by its fields; strings and byte

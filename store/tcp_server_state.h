@@ -5,7 +5,7 @@
 // its connections; the fuzzer (tests/store/fuzz) feeds it directly.
 //
 // Semantics are PyTorch 1.13's TCPStore server's (see
-// ../shared/tcpstore_protocol.md §3) plus APPEND, MULTI_GET, MULTI_SET and
+// docs/wire_formats.md, "Semantics") plus APPEND, MULTI_GET, MULTI_SET and
 // CANCEL_WAIT. Differences from torch, all invisible to its clients: a
 // creating COMPARE_SET wakes waiters; each WAIT is tracked on its own (torch
 // keeps one counter per connection); a connection that watches a key twice

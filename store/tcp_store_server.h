@@ -1,6 +1,6 @@
 // TcpStoreServer: the rendezvous server behind TcpStore, wire-compatible
 // with PyTorch 1.13's TCPStore (see store/tcp_protocol.h and
-// ../shared/tcpstore_protocol.md), plus APPEND, MULTI_GET, MULTI_SET and
+// docs/wire_formats.md), plus APPEND, MULTI_GET, MULTI_SET and
 // CANCEL_WAIT with the codes later PyTorch versions use.
 //
 // One Boost.Asio event loop on one thread serves every connection. Each

@@ -1,5 +1,5 @@
 // TcpStoreServer semantics over raw sockets: PyTorch 1.13's captured
-// exchanges byte for byte (../shared/tcpstore_protocol.md §2), WAIT parking
+// exchanges byte for byte (as captured from a PyTorch 1.13 client), WAIT parking
 // and release, watch events, pipelining and fragmentation, and the 2.x
 // extensions. Bad input and lifecycle: tcp_store_server_bad_input_test.cc.
 //

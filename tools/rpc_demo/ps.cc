@@ -197,9 +197,12 @@ int run_ps(const DemoFlags& flags, int world_size) {
                       : default_log_every(flags, ps->trainers, ps->pushes_per_update);
   ps->w_star = true_weights(flags.dim, static_cast<uint64_t>(flags.seed));
   ps->held_out = make_dataset(ps->w_star, flags.held_out, kNoise, data_seed(flags, 0));
-  ServerOptions options{
-      flags.dim, static_cast<float>(flags.lr), ps->trainers,
-      static_cast<int>(std::min<int64_t>(ps->pushes_per_update, 1 << 30))};
+  ServerOptions options;
+  options.dim = flags.dim;
+  options.learning_rate = static_cast<float>(flags.lr);
+  options.trainers = ps->trainers;
+  options.pushes_per_update =
+      static_cast<int>(std::min<int64_t>(ps->pushes_per_update, 1 << 30));
   if (const int64_t late = late_joiner(flags, ps->trainers); late > 0) {
     options.late = {late};
     ps->late_join_at = std::max<int64_t>(1, steps_for(flags, 1, ps->trainers) / 2);

@@ -1,5 +1,6 @@
-// One worker of the store demo (tools/demo): rendezvous through a TcpStore
-// server the way a distributed job's ranks do, and print each step.
+// One worker of the store walkthrough: rendezvous through a TcpStore server
+// the way a distributed job's ranks do, and print each step. Run N of them
+// against one store_server:
 //
 //   store_demo --host 127.0.0.1 --port P --rank R --world-size N
 //
