@@ -47,6 +47,7 @@
 #include "common/error.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"
+#include "tools/bench/report.h"
 #include "tools/cli/cli.h"
 
 namespace switchboard::bench {
@@ -94,24 +95,6 @@ struct Timing {
 };
 
 using Results = std::map<std::string, Timing>;  // by Case::label()
-
-void print_value(const std::string& name, const std::string& value) {
-  fmt::print("{}={}\n", name, value);
-  std::fflush(stdout);
-}
-
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
-  return CPU_COUNT(&set);
-}
-
-// The 1-minute load average, from /proc/loadavg ("?" when unreadable).
-std::string load_average() {
-  std::ifstream file("/proc/loadavg");
-  std::string one_minute;
-  return file >> one_minute ? one_minute : "?";
-}
 
 // The median as Python's statistics.median computes it, and the minimum.
 Timing summarize(std::vector<double> ms) {
@@ -377,6 +360,8 @@ int run_bench(const std::string& argv0, const Flags& flags) {
   for (int world : kWorldSizes) {
     std::vector<Results> ours, theirs;
     for (int round = 0; round < flags.rounds; ++round) {
+      progress("collective: {} ranks, round {} of {} (ours and PyTorch's, every case)",
+               world, round + 1, flags.rounds);
       // Alternate which side goes first, so neither always follows the other.
       if (round % 2 == 0) ours.push_back(run_ours(world));
       if (std::optional<Results> results = torch.run(world)) theirs.push_back(*results);

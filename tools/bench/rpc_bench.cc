@@ -53,6 +53,7 @@
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"
+#include "tools/bench/report.h"
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
 #include "tools/cli/cli.h"
@@ -156,11 +157,6 @@ constexpr Figure kFigures[] = {
 
 using Figures = std::map<std::string, double>;
 
-void print_value(const std::string& name, const std::string& value) {
-  fmt::print("{}={}\n", name, value);
-  std::fflush(stdout);
-}
-
 void print_number(const std::string& name, double value, int precision) {
   print_value(name, fmt::format("{:.{}f}", value, precision));
 }
@@ -256,12 +252,18 @@ std::string measure_client(const Counts& counts) {
   auto add = [&](const std::string& name, double value) {
     lines += fmt::format("{}={:.6f}\n", name, value);
   };
+  progress("rpc client: {} round trips of noop", counts.rtt_calls);
   std::vector<double> rtt = time_calls_us(counts.rtt_warmup, counts.rtt_calls,
                                           [] { rpc::rpc_sync<void>(kServer, "noop"); });
   add("rtt_us_p50", percentile(rtt, 0.50));
   add("rtt_us_p99", percentile(rtt, 0.99));
+  progress("rpc client: rpc_async of noop, {} in flight, for {} s", counts.async_window,
+           counts.async_seconds);
   add("async_calls_per_s", async_calls_per_s(counts));
-  for (const Echo& echo : counts.echoes) add(echo.label() + "_GBps", echo_gbps(echo));
+  for (const Echo& echo : counts.echoes) {
+    progress("rpc client: {} echoes of {} MiB", echo.warmup + echo.iters, echo.bytes >> 20);
+    add(echo.label() + "_GBps", echo_gbps(echo));
+  }
   add("client_peak_rss_MiB", peak_rss_mib());
   return lines;
 }
@@ -434,18 +436,6 @@ std::optional<Figures> run_torch(const std::string& script, const Counts& counts
   return figures;
 }
 
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
-  return CPU_COUNT(&set);
-}
-
-std::string load_average() {
-  std::ifstream file("/proc/loadavg");
-  std::string one_minute;
-  return file >> one_minute ? one_minute : "?";
-}
-
 void print_header(const Counts& counts, bool quick) {
   int cpus = usable_cpus();
   fmt::print(
@@ -557,6 +547,8 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   const Counts& counts = counts_for(quick);
   std::string script = find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
   print_header(counts, quick);
+  progress("rpc: raw TCP baseline ({} round trips, {} sends of {} MiB)",
+           counts.tcp_round_trips, counts.tcp_bulk_sends, kBulkBytes >> 20);
   Figures tcp = run_tcp_baseline(
       self_exe(), {counts.tcp_warmup, counts.tcp_round_trips, counts.tcp_bulk_sends});
   print_tcp(tcp);
@@ -565,6 +557,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   for (const Backend& backend : kBackends) {
     if (!only.empty() && only != backend.prefix) continue;
     ok &= run_side(backend.name, [&] {
+      progress("rpc: {} (a server and a client process)", backend.name);
       if (std::optional<Figures> figures = run_ours(backend, quick)) {
         print_side(backend.prefix, *figures);
         ours.emplace_back(&backend, std::move(*figures));
@@ -574,6 +567,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
   std::optional<Figures> torch;
   if (only.empty() || only == "torch") ok &= run_side("torch", [&] {
     std::string why_not, version;
+    progress("rpc: PyTorch's TensorPipe RPC (/usr/bin/python3)");
     torch = run_torch(script, counts, why_not, version);
     if (!torch) {
       fmt::print("torch: skipped ({})\n", why_not);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "tools/bench/process.h"
+#include "tools/bench/report.h"
 #include "tools/bench/store_load.h"
 #include "tools/cli/cli.h"
 
@@ -34,18 +35,6 @@ rlim_t fds_needed() {
 struct Flags {
   double seconds = 2.0;  // measured time per throughput figure
 };
-
-void print_value(const std::string& name, const std::string& value) {
-  fmt::print("{}={}\n", name, value);
-  std::fflush(stdout);
-}
-
-// The CPUs this process may run on, as `nproc` counts them.
-int usable_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return 0;
-  return CPU_COUNT(&set);
-}
 
 // Raises RLIMIT_NOFILE's soft limit to the hard limit, here and so in the
 // servers we spawn (children inherit it). Returns the resulting soft limit.
@@ -125,6 +114,7 @@ void throughput_section(const Servers& servers, const Flags& flags) {
              flags.seconds, LoadOptions{}.warmup.count());
   std::map<std::string, Figure> figures;  // by "ours_c16" etc.
   for (int clients : kClientCounts) {
+    progress("store: {} clients, ours then PyTorch's, {} s each", clients, flags.seconds);
     figures[fmt::format("ours_c{}", clients)] =
         measure(servers.ours, servers.ours_port, clients, flags);
     figures[fmt::format("torch_c{}", clients)] =
@@ -157,6 +147,7 @@ bool held_section(const Servers& servers) {
   fmt::print("# store: held connections, {} TcpStores to our server open at once "
              "({} threads x {}), each does set+get+add, then all close\n",
              total, options.threads, options.per_thread);
+  progress("store: opening {} connections to our server", total);
   HeldResult held = run_held_connections(kHost, servers.ours_port, options);
   print_value("held_connections", std::to_string(held.opened));
   print_value("held_completed", std::to_string(held.completed));
