@@ -1,9 +1,8 @@
 // NcclProcessGroup: the CUDA ProcessGroup, over NCCL.
 //
-// STATUS: compiled and linked against CUDA 13 / NCCL 2.28, but on machines
-// without a GPU only; its GPU paths have not run yet. The GPU cases of
-// tests/collective/nccl_process_group_test.cc are what to run first on a
-// GPU machine.
+// STATUS: built against CUDA 13 / NCCL 2.28. Its single-GPU cases
+// (tests/collective/nccl_process_group_test.cc) passed on one H100; the
+// cases that need two or more GPUs have never run (README, "GPU status").
 //
 // Devices. Each rank binds one CUDA device, NcclOptions::device, or
 // rank % cuda_device_count() when unset (c10d's guess for one process per
