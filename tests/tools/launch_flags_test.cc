@@ -16,18 +16,9 @@ using Args = std::vector<std::string>;
 
 namespace {
 
-struct Parsed {
-  LaunchOptions options;
-  cli::Outcome outcome;
-};
+using Parsed = cli::Parsed<LaunchOptions>;
 
-Parsed parse(const Args& args) {
-  Parsed parsed;
-  CLI::App app;
-  add_launch_flags(app, &parsed.options);
-  parsed.outcome = cli::parse(app, args);
-  return parsed;
-}
+Parsed parse(const Args& args) { return cli::parse_flags(add_launch_flags, args); }
 
 }  // namespace
 
@@ -35,13 +26,13 @@ TEST_CASE("launch flags: defaults with only --nproc and a program", "[launch][cl
   Parsed p = parse({"--nproc", "4", "worker"});
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
-  CHECK(p.options.nproc == 4);
-  CHECK(p.options.master_addr == "127.0.0.1");
-  CHECK(p.options.master_port == 0);
-  CHECK(p.options.store_server.empty());
-  CHECK(p.options.stop_timeout == std::chrono::milliseconds(5000));
-  CHECK(p.options.prefix_output);
-  CHECK(p.options.command == Args{"worker"});
+  CHECK(p.flags.nproc == 4);
+  CHECK(p.flags.master_addr == "127.0.0.1");
+  CHECK(p.flags.master_port == 0);
+  CHECK(p.flags.store_server.empty());
+  CHECK(p.flags.stop_timeout == std::chrono::milliseconds(5000));
+  CHECK(p.flags.prefix_output);
+  CHECK(p.flags.command == Args{"worker"});
 }
 
 TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
@@ -50,13 +41,13 @@ TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
                     "--no-prefix", "--", "worker"});
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
-  CHECK(p.options.nproc == 2);
-  CHECK(p.options.master_addr == "localhost");
-  CHECK(p.options.master_port == 29517);
-  CHECK(p.options.store_server == "/bin/store");
-  CHECK(p.options.stop_timeout == std::chrono::milliseconds(200));
-  CHECK_FALSE(p.options.prefix_output);
-  CHECK(p.options.command == Args{"worker"});
+  CHECK(p.flags.nproc == 2);
+  CHECK(p.flags.master_addr == "localhost");
+  CHECK(p.flags.master_port == 29517);
+  CHECK(p.flags.store_server == "/bin/store");
+  CHECK(p.flags.stop_timeout == std::chrono::milliseconds(200));
+  CHECK_FALSE(p.flags.prefix_output);
+  CHECK(p.flags.command == Args{"worker"});
 }
 
 TEST_CASE("launch flags: the worker's command is kept as given, flags and -- included",
@@ -72,7 +63,7 @@ TEST_CASE("launch flags: the worker's command is kept as given, flags and -- inc
   Parsed p = parse(args);
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
-  CHECK(p.options.command == command);
+  CHECK(p.flags.command == command);
 }
 
 // The cases of launch_test's "usage errors exit 2 with the usage text", at

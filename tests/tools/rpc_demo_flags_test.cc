@@ -13,18 +13,9 @@ using Args = std::vector<std::string>;
 
 namespace {
 
-struct Parsed {
-  DemoFlags flags;
-  cli::Outcome outcome;
-};
+using Parsed = cli::Parsed<DemoFlags>;
 
-Parsed parse(const Args& args) {
-  Parsed parsed;
-  CLI::App app;
-  add_demo_flags(app, &parsed.flags);
-  parsed.outcome = cli::parse(app, args);
-  return parsed;
-}
+Parsed parse(const Args& args) { return cli::parse_flags(add_demo_flags, args); }
 
 }  // namespace
 

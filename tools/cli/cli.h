@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace switchboard::cli {
@@ -52,6 +53,25 @@ std::string help_text(const CLI::App& app);
 
 // The usage line ("usage: ...") of `app`, or of the subcommand chosen.
 std::string usage_line(const CLI::App& app);
+
+// A flag set parsed on its own (tests of a tool's flags): what
+// parse_flags() filled in, and the outcome.
+template <typename Flags>
+struct Parsed {
+  Flags flags;
+  Outcome outcome;
+};
+
+// Declares the flags of `add` (e.g. add_launch_flags) on a fresh app and
+// parses `args` into a default-constructed Flags.
+template <typename Flags>
+Parsed<Flags> parse_flags(void (*add)(CLI::App&, Flags*), std::vector<std::string> args) {
+  Parsed<Flags> parsed;
+  CLI::App app;
+  add(app, &parsed.flags);
+  parsed.outcome = parse(app, std::move(args));
+  return parsed;
+}
 
 // Prints what `outcome` asks for and returns the exit status: the help on
 // stdout, 0; "<program>: <error>", the usage line and a pointer to --help on
