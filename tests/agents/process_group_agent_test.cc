@@ -144,7 +144,7 @@ TEST_CASE("echo between three workers carries function, payload and every dtype 
     CHECK(got.type == MessageType::kResponse);
     CHECK(got.id != 0);
     if (call.src == 0) CHECK(ids_at_src0.insert(got.id).second);
-    CHECK(got.function == call.sent.function);
+    CHECK(got.function.empty());  // responses name no function
     CHECK(text(got.payload) == text(call.sent.payload));
     REQUIRE(got.tensors.size() == call.sent.tensors.size());
     for (size_t i = 0; i < got.tensors.size(); ++i) {

@@ -53,12 +53,11 @@ inline rpc::Message request(std::string function, std::string_view payload,
   return m;
 }
 
-// The kResponse that echoes `request`: its function, payload and tensors
-// (the tensors share storage with the request's).
+// The kResponse that echoes `request`: its payload and tensors (the tensors
+// share storage with the request's). No function: responses name none.
 inline rpc::Message echo_of(const rpc::Message& request) {
   rpc::Message response;
   response.type = rpc::MessageType::kResponse;
-  response.function = request.function;
   response.payload = request.payload;
   response.tensors = request.tensors;
   return response;
