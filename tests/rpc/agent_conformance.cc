@@ -14,11 +14,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -539,27 +536,19 @@ TEST_CASE("a handler's future completed later by another thread answers the call
           "[agent][handler]") {
   if (skipped_unless_workers(2)) return;
   Agents agents = make_group({"w0", "w1"});
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::pair<Promise<Message>, Message>> parked;  // guarded by mu
+  // The handler parks its promise and answer here for the test to complete.
+  Promise<std::pair<Promise<Message>, Message>> parked;
   agents[0]->start(echo_handler());
-  agents[1]->start([&](Message request, const WorkerInfo& from) {
+  agents[1]->start([parked](Message request, const WorkerInfo& from) {
     Promise<Message> promise;
     Message response = echo_of(request);
     response.payload = bytes(text(request.payload) + " from " + from.name);
-    std::lock_guard lock(mu);
-    parked.emplace_back(promise, response);
-    cv.notify_all();
+    parked.set_value({promise, response});
     return promise.get_future();
   });
   Future<Message> f = send(*agents[0], "w1", request("later", "x"));
-  std::pair<Promise<Message>, Message> entry;
-  {
-    std::unique_lock lock(mu);
-    REQUIRE(cv.wait_for(lock, kGuard, [&] { return !parked.empty(); }));
-    entry = parked.front();
-    parked.pop_front();
-  }
+  REQUIRE(parked.get_future().wait_for(kGuard));
+  const std::pair<Promise<Message>, Message> entry = parked.get_future().value();
   CHECK_FALSE(f.done());  // the handler returned, its future has not completed
   std::thread completer([&] { entry.first.set_value(entry.second); });
   Message got = get(f);
