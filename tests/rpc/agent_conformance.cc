@@ -79,6 +79,7 @@ using switchboard::testing::on_threads;
 using switchboard::testing::request;
 using switchboard::testing::rethrow_first;
 using switchboard::testing::text;
+using switchboard::testing::what_thrown;
 
 // Bounds every wait for something that must happen.
 constexpr std::chrono::milliseconds kGuard = 60s;
@@ -126,6 +127,15 @@ Agents make_group(const std::vector<std::string>& names,
   return agents;
 }
 
+// w0 and w1, started: w0 echoes; w1 echoes too, but holds each request for
+// the function "block" at `latch` first (blocking_handler()).
+Agents make_pair_held_at(const std::shared_ptr<Gate>& latch) {
+  Agents agents = make_group({"w0", "w1"});
+  agents[0]->start(echo_handler());
+  agents[1]->start(blocking_handler(latch));
+  return agents;
+}
+
 // ------------------------------------------------------------------ calls
 
 // send(), which must not throw: its errors travel in the future.
@@ -153,20 +163,6 @@ Failure failure_of(const Future<Message>& f) {
 
 void join_all(Agents& agents, std::chrono::milliseconds timeout = kGuard) {
   switchboard::testing::join_all(agents, timeout);
-}
-
-// The message of what `body` throws as E (fails the test otherwise).
-template <typename E>
-std::string what_thrown(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("threw the wrong exception: " << e.what());
-  }
-  FAIL("did not throw");
-  return "";
 }
 
 // Echoes like echo_handler(), with the request's function before its
@@ -620,10 +616,8 @@ TEST_CASE(
     "a call times out naming worker, function and timeout; the late answer is dropped",
     "[agent][timeout]") {
   if (skipped_unless_workers(2)) return;
-  Agents agents = make_group({"w0", "w1"});
   auto latch = std::make_shared<Gate>(kGuard);
-  agents[0]->start(echo_handler());
-  agents[1]->start(blocking_handler(latch));
+  Agents agents = make_pair_held_at(latch);
   const auto start = std::chrono::steady_clock::now();
   Future<Message> f = send(*agents[0], "w1", request("block", ""), 200ms);
   Failure failure = failure_of(f);
@@ -644,10 +638,8 @@ TEST_CASE(
 
 TEST_CASE("a timeout of 0 never expires", "[agent][timeout]") {
   if (skipped_unless_workers(2)) return;
-  Agents agents = make_group({"w0", "w1"});
   auto latch = std::make_shared<Gate>(kGuard);
-  agents[0]->start(echo_handler());
-  agents[1]->start(blocking_handler(latch));
+  Agents agents = make_pair_held_at(latch);
   Future<Message> f = send(*agents[0], "w1", request("block", "z"), 0ms);
   REQUIRE(latch->wait_arrived());
   CHECK_FALSE(f.wait_for(300ms));
@@ -659,10 +651,8 @@ TEST_CASE("a timeout of 0 never expires", "[agent][timeout]") {
 TEST_CASE("dropping a call's future cancels nothing: the handler runs, the call drains",
           "[agent][cancel]") {
   if (skipped_unless_workers(2)) return;
-  Agents agents = make_group({"w0", "w1"});
   auto latch = std::make_shared<Gate>(kGuard);
-  agents[0]->start(echo_handler());
-  agents[1]->start(blocking_handler(latch));
+  Agents agents = make_pair_held_at(latch);
   (void)send(*agents[0], "w1", request("block", "dropped"), 0ms);
   REQUIRE(latch->wait_arrived());
   latch->open();
@@ -683,10 +673,8 @@ TEST_CASE("join returns at once with no traffic, repeatedly", "[agent][join]") {
 
 TEST_CASE("join waits for calls in flight and requests being handled", "[agent][join]") {
   if (skipped_unless_workers(2)) return;
-  Agents agents = make_group({"w0", "w1"});
   auto latch = std::make_shared<Gate>(kGuard);
-  agents[0]->start(echo_handler());
-  agents[1]->start(blocking_handler(latch));
+  Agents agents = make_pair_held_at(latch);
   Future<Message> f = send(*agents[0], "w1", request("block", "j"), 0ms);
   REQUIRE(latch->wait_arrived());
   // Neither side can pass its first phase while the call is blocked.
@@ -712,12 +700,17 @@ TEST_CASE("join waits for calls in flight and requests being handled", "[agent][
   join_all(agents);  // and again, with no traffic
 }
 
-TEST_CASE("join times out when a worker never joins", "[agent][join][timeout]") {
-  if (skipped_unless_workers(3)) return;
+// w0, w1 and w2 started; w0 and w1 join with a timeout of 300 ms, w2 never
+// does: what each join threw.
+std::vector<std::exception_ptr> join_without_w2() {
   Agents agents = make_group({"w0", "w1", "w2"});
   for (auto& agent : agents) agent->start(echo_handler());
-  std::vector<std::exception_ptr> errors =
-      on_threads(2, [&](int rank) { agents[rank]->join(300ms); });
+  return on_threads(2, [&](int rank) { agents[rank]->join(300ms); });
+}
+
+TEST_CASE("join times out when a worker never joins", "[agent][join][timeout]") {
+  if (skipped_unless_workers(3)) return;
+  std::vector<std::exception_ptr> errors = join_without_w2();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank);
     REQUIRE(errors[rank] != nullptr);
@@ -730,10 +723,7 @@ TEST_CASE("join's timeout names the workers that did not arrive",
   if (skipped_unless_workers(3) || skipped_for(Limitation::kJoinNamesMissingWorkers)) {
     return;
   }
-  Agents agents = make_group({"w0", "w1", "w2"});
-  for (auto& agent : agents) agent->start(echo_handler());
-  std::vector<std::exception_ptr> errors =
-      on_threads(2, [&](int rank) { agents[rank]->join(300ms); });
+  std::vector<std::exception_ptr> errors = join_without_w2();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank);
     CHECK_THAT(what_thrown<TimeoutError>([&] { rethrow_first({errors[rank]}); }),
@@ -747,10 +737,8 @@ TEST_CASE("join's timeout names the workers that did not arrive",
 TEST_CASE("shutdown fails a pending call with kCancelled; it is idempotent",
           "[agent][shutdown]") {
   if (skipped_unless_workers(2)) return;
-  Agents agents = make_group({"w0", "w1"});
   auto latch = std::make_shared<Gate>(kGuard);
-  agents[0]->start(echo_handler());
-  agents[1]->start(blocking_handler(latch));
+  Agents agents = make_pair_held_at(latch);
   Future<Message> f = send(*agents[0], "w1", request("block", ""), 0ms);
   REQUIRE(latch->wait_arrived());
   agents[0]->shutdown();
@@ -804,7 +792,7 @@ TEST_CASE("calls to a worker that shut down fail with ConnectionError; the other
 }
 
 // w2 shuts down; w0 and w1 join with no timeout: what each join threw.
-std::vector<std::exception_ptr> join_without_w2() {
+std::vector<std::exception_ptr> join_after_w2_shut_down() {
   Agents agents = make_group({"w0", "w1", "w2"});
   for (auto& agent : agents) agent->start(echo_handler());
   agents[2]->shutdown();
@@ -819,7 +807,7 @@ TEST_CASE("join fails at once with ConnectionError when a worker shut down witho
   if (skipped_unless_workers(3) || skipped_for(Limitation::kJoinSeesWorkersThatShutDown)) {
     return;
   }
-  std::vector<std::exception_ptr> errors = join_without_w2();
+  std::vector<std::exception_ptr> errors = join_after_w2_shut_down();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank);
     REQUIRE(errors[rank] != nullptr);
@@ -833,7 +821,7 @@ TEST_CASE("join's failure names the workers that shut down without joining",
       skipped_for(Limitation::kJoinNamesMissingWorkers)) {
     return;
   }
-  std::vector<std::exception_ptr> errors = join_without_w2();
+  std::vector<std::exception_ptr> errors = join_after_w2_shut_down();
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank);
     CHECK_THAT(what_thrown<ConnectionError>([&] { rethrow_first({errors[rank]}); }),

@@ -7,7 +7,6 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -27,6 +26,7 @@ using rpc::RpcAgent;
 using switchboard::testing::echo_handler;
 using switchboard::testing::request;
 using switchboard::testing::text;
+using switchboard::testing::what_thrown;
 
 namespace {
 
@@ -47,20 +47,6 @@ std::unique_ptr<RpcAgent> make_agent(std::shared_ptr<Store> store, std::string n
 }
 
 Message get(const rpc::Future<Message>& f) { return switchboard::testing::get(f, kGuard); }
-
-// The message of what `body` throws as E (fails the test otherwise).
-template <typename E>
-std::string what_thrown(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    FAIL("threw the wrong exception: " << e.what());
-  }
-  FAIL("did not throw");
-  return "";
-}
 
 }  // namespace
 
