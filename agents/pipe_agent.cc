@@ -48,13 +48,17 @@ Message copy_tensors(Message m, const std::vector<Device>& devices) {
 }
 
 // Replaces every CUDA tensor of `m` with a CPU copy, which is what travels
-// (the frame's descriptors name the device the receiver puts it on). A
+// (the frame's descriptors name the device the receiver puts it on), and
+// every non-contiguous CPU tensor with a contiguous copy. A
 // tensor that cannot be copied (no CUDA runtime linked, not contiguous)
 // throws std::invalid_argument naming the target worker `to`.
 void stage_on_cpu(Message& m, const std::string& to) {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     Tensor& t = m.tensors[i];
-    if (t.device().is_cpu()) continue;
+    if (t.device().is_cpu()) {
+      if (!t.is_contiguous()) t = t.clone();  // contiguous is what travels
+      continue;
+    }
     try {
       t = t.to(Device::cpu());
     } catch (const std::invalid_argument& e) {
@@ -387,6 +391,10 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
     SB_REQUIRE(request.type == MessageType::kRequest,
                "PIPE agent \"{}\": send() takes a request", s.name);
     SB_REQUIRE(timeout.count() >= 0, "rpc to \"{}\": negative timeout", to.name);
+    for (size_t i = 0; i < request.tensors.size(); ++i) {
+      SB_REQUIRE(request.tensors[i].defined(), "rpc to \"{}\": tensor {} is undefined",
+                 to.name, i);
+    }
     const int dst = worker(to.name).id;
     const std::vector<Device> wire = s.wire_devices(request, dst, false);
     if (dst != s.rank) stage_on_cpu(request, to.name);

@@ -69,14 +69,14 @@ struct Descriptor {
 void check_kind_rules(const FrameHeader& h) {
   auto must_be_zero = [&](const char* field, uint32_t value) {
     if (value != 0) {
-      throw FrameError(fmt::format("pipe frame: {} frame {} has {} {} (must be 0)",
+      throw ProtocolError(fmt::format("pipe frame: {} frame {} has {} {} (must be 0)",
                                    kind_name(h.kind), h.id, field, value));
     }
   };
   switch (h.kind) {
     case FrameKind::kRequest:
       if (h.function_length == 0) {
-        throw FrameError(fmt::format(
+        throw ProtocolError(fmt::format(
             "pipe frame: request frame {} has function_length 0 (a request names its "
             "function)",
             h.id));
@@ -101,7 +101,7 @@ void check_kind_rules(const FrameHeader& h) {
 
 [[noreturn]] void descriptor_error(const FrameHeader& h, size_t index,
                                    const std::string& what) {
-  throw FrameError(fmt::format("pipe frame: frame {} tensor {}: {}", h.id, index, what));
+  throw ProtocolError(fmt::format("pipe frame: frame {} tensor {}: {}", h.id, index, what));
 }
 
 // Throws unless a whole descriptor (with its extents) fits in the
@@ -110,14 +110,14 @@ void check_descriptor_fits(const FrameHeader& h, size_t index, const uint8_t* al
                            size_t pos) {
   const size_t left = h.descriptors_length - pos;
   if (left < descriptor_size(0)) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: frame {}: descriptors_length {} is too short for tensor_count {} "
         "(tensor {}'s descriptor starts at byte {})",
         h.id, h.descriptors_length, h.tensor_count, index, pos));
   }
   const uint32_t ndim = Descriptor::read(all + pos).ndim;
   if (ndim <= kMaxDims && (left - descriptor_size(0)) / 8 < ndim) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: frame {}: descriptors_length {} is too short for tensor {}'s {} "
         "extents (its descriptor starts at byte {})",
         h.id, h.descriptors_length, index, ndim, pos));
@@ -205,7 +205,7 @@ void check_descriptors(const FrameHeader& h, const uint8_t* all,
     const uint64_t nbytes = check_descriptor(h, i, all, pos);
     if (__builtin_add_overflow(total, nbytes, &total) ||
         total > limits.max_tensor_bytes) {
-      throw FrameError(fmt::format(
+      throw ProtocolError(fmt::format(
           "pipe frame: frame {}: tensor bytes {} (the sum through tensor {}) exceed the "
           "limit {} (max_tensor_bytes)",
           h.id, std::max(total, nbytes), i, limits.max_tensor_bytes));
@@ -213,7 +213,7 @@ void check_descriptors(const FrameHeader& h, const uint8_t* all,
     pos += descriptor_size(Descriptor::read(all + pos).ndim);
   }
   if (pos != h.descriptors_length) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: frame {}: descriptors_length {} does not match the {} bytes of the "
         "descriptors of its {} tensors",
         h.id, h.descriptors_length, pos, h.tensor_count));
@@ -263,43 +263,43 @@ uint8_t* write_bytes(uint8_t* p, const void* data, size_t n) {
 void check_fixed_fields(const uint8_t* in) {
   const auto magic = load_le<uint32_t>(in);
   if (magic != kMagic) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: bad magic {:#010x} (expected {:#010x}, \"SBPI\")", magic, kMagic));
   }
   if (in[4] != kVersion) {
-    throw FrameError(fmt::format("pipe frame: version {} is not supported (expected {})",
+    throw ProtocolError(fmt::format("pipe frame: version {} is not supported (expected {})",
                                  in[4], kVersion));
   }
   if (in[5] < 1 || in[5] > 6) {
-    throw FrameError(
+    throw ProtocolError(
         fmt::format("pipe frame: kind {} is not a frame kind (1 to 6)", in[5]));
   }
   const auto flags = load_le<uint16_t>(in + 6);
   if (flags != 0) {
-    throw FrameError(fmt::format("pipe frame: flags {:#06x} must be 0", flags));
+    throw ProtocolError(fmt::format("pipe frame: flags {:#06x} must be 0", flags));
   }
 }
 
 void check_lengths(const FrameHeader& h, const FrameLimits& limits) {
   if (h.function_length > limits.max_function_length) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: function_length {} exceeds the limit {} (max_function_length)",
         h.function_length, limits.max_function_length));
   }
   if (h.payload_length > limits.max_payload_bytes) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: payload_length {} exceeds the limit {} (max_payload_bytes)",
         h.payload_length, limits.max_payload_bytes));
   }
   if (h.tensor_count > limits.max_tensors) {
-    throw FrameError(
+    throw ProtocolError(
         fmt::format("pipe frame: tensor_count {} exceeds the limit {} (max_tensors)",
                     h.tensor_count, limits.max_tensors));
   }
   const uint64_t least = uint64_t{h.tensor_count} * descriptor_size(0);
   const uint64_t most = uint64_t{h.tensor_count} * descriptor_size(kMaxDims);
   if (h.descriptors_length < least || h.descriptors_length > most) {
-    throw FrameError(fmt::format(
+    throw ProtocolError(fmt::format(
         "pipe frame: descriptors_length {} is out of range for tensor_count {} (must be "
         "between {} and {})",
         h.descriptors_length, h.tensor_count, least, most));
@@ -424,12 +424,12 @@ FrameReader::FrameReader(FrameLimits limits, Allocate allocate)
     : limits_(limits), allocate_(std::move(allocate)) {}
 
 void FrameReader::check_usable() const {
-  if (!failure_.empty()) throw FrameError(failure_);
+  if (!failure_.empty()) throw ProtocolError(failure_);
 }
 
 void FrameReader::fail(const std::string& message) {
   failure_ = message;
-  throw FrameError(message);
+  throw ProtocolError(message);
 }
 
 std::pair<uint8_t*, size_t> FrameReader::next_buffer() {
@@ -480,7 +480,7 @@ void FrameReader::commit(size_t n) {
       end_ += n;
     }
     parse();
-  } catch (const FrameError& e) {
+  } catch (const ProtocolError& e) {
     failure_ = e.what();
     throw;
   } catch (const std::bad_alloc&) {
@@ -648,7 +648,7 @@ std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
     while (reader.pop(frame)) frames.push_back(std::move(frame));
   }
   if (reader.mid_frame()) {
-    throw FrameError(
+    throw ProtocolError(
         fmt::format("pipe frame: truncated: the {} bytes end inside a frame (after {} "
                     "complete frames)",
                     size, frames.size()));

@@ -26,7 +26,7 @@
 // agent wants to say on connecting) and no function; kHeartbeat and
 // kGoodbye have no body at all. Only request/response/error carry tensors.
 //
-// Errors: bad bytes from a peer throw FrameError (below), whose message
+// Errors: bad bytes from a peer throw ProtocolError (common/error.h), whose message
 // names the field, its value and the limit it broke; the reader that threw
 // is unusable and the connection should be closed. Local mistakes (a
 // non-contiguous tensor to encode, a commit larger than the buffer offered,
@@ -75,16 +75,7 @@ std::string kind_name(FrameKind kind);
 // Bytes on the wire for one tensor descriptor.
 constexpr size_t descriptor_size(size_t ndim) { return 8 + 8 * ndim; }
 
-// A peer sent bytes that are not a valid frame. Code kUnavailable: the
-// connection that carried them must be closed (a reconnect may help); no
-// frame after the bad one can be trusted. Never thrown for local mistakes.
-class FrameError : public Error {
- public:
-  explicit FrameError(const std::string& message)
-      : Error(ErrorCode::kUnavailable, message) {}
-};
-
-// What a receiver accepts; anything larger is a FrameError. Defaults suit
+// What a receiver accepts; anything larger is a ProtocolError. Defaults suit
 // the agent; the fuzzer and tests use smaller ones.
 struct FrameLimits {
   uint32_t max_function_length = 64 * 1024;
@@ -110,7 +101,7 @@ struct FrameHeader {
 void encode_header(const FrameHeader& h, uint8_t* out);
 // Reads and validates kHeaderSize bytes at `in`: magic, version, kind,
 // flags, every length against `limits` and the kind's rules (see the top of
-// this file). Throws FrameError.
+// this file). Throws ProtocolError.
 FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits);
 
 // Appends the header and body of `m` (kind from m.type) to `out`; the
@@ -170,7 +161,7 @@ class FrameReader {
   // the shape and the device the descriptor names. It must return a defined,
   // contiguous tensor of exactly that dtype and shape whose bytes the CPU
   // can write (device() cpu); anything else makes commit() throw
-  // std::invalid_argument. std::bad_alloc from it becomes FrameError; other
+  // std::invalid_argument. std::bad_alloc from it becomes ProtocolError; other
   // exceptions propagate (and leave the reader unusable).
   // Default: Tensor::empty(shape, dtype) on the CPU whatever the device;
   // the descriptor's device is in InboundFrame::devices for the agent.
@@ -185,12 +176,12 @@ class FrameReader {
   // body needs it) or the unfilled remainder of the current tensor's
   // storage. Never empty. The span stays valid until the next commit();
   // calling next_buffer() again before that returns the same span.
-  // Throws FrameError after a failure, or if the buffer cannot grow.
+  // Throws ProtocolError after a failure, or if the buffer cannot grow.
   std::pair<uint8_t*, size_t> next_buffer();
 
   // Records that `n` bytes were written at the start of the last
   // next_buffer() (n <= its size; 0 is allowed) and parses every frame now
-  // complete. Throws FrameError on invalid input; the reader is then
+  // complete. Throws ProtocolError on invalid input; the reader is then
   // unusable (next_buffer and commit throw it again) but frames completed
   // before the bad one can still be popped. std::invalid_argument when `n`
   // exceeds the span offered (or none was) or the allocator misbehaves.
@@ -244,7 +235,7 @@ class FrameReader {
 };
 
 // Feeds `data` through a FrameReader (default allocator) and returns every
-// frame. Throws FrameError for invalid bytes, and for a trailing incomplete
+// frame. Throws ProtocolError for invalid bytes, and for a trailing incomplete
 // frame ("truncated").
 std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
                                      const FrameLimits& limits = {});

@@ -10,6 +10,7 @@
 
 #include "collective/process_group.h"
 #include "collective/work.h"
+#include "common/error.h"
 
 namespace switchboard::agents {
 namespace {
@@ -27,7 +28,7 @@ T unpack_as(const uint8_t* data, size_t size, const char* what) {
         msgpack::unpack(reinterpret_cast<const char*>(data), size);
     return handle.get().as<T>();
   } catch (const std::exception& e) {
-    throw std::invalid_argument(fmt::format("PIPE agent: malformed {}: {}", what, e.what()));
+    throw ProtocolError(fmt::format("PIPE agent: malformed {}: {}", what, e.what()));
   }
 }
 
@@ -122,7 +123,7 @@ Hello decode_hello(const std::vector<uint8_t>& payload) {
   auto [kind, rank, name, announcement, accepted, reason] =
       unpack_as<Wire>(payload.data(), payload.size(), "hello");
   if (kind < 0 || kind > static_cast<int>(Hello::Kind::kWelcome)) {
-    throw std::invalid_argument(fmt::format("PIPE agent: a hello of unknown kind {}", kind));
+    throw ProtocolError(fmt::format("PIPE agent: a hello of unknown kind {}", kind));
   }
   Hello hello;
   hello.kind = static_cast<Hello::Kind>(kind);

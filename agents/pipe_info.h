@@ -26,7 +26,7 @@ struct WorkerAnnouncement {
   std::vector<Device> devices;
 };
 
-// msgpack; decode throws std::invalid_argument on malformed bytes.
+// msgpack; decode throws ProtocolError (common/error.h) on malformed bytes.
 std::vector<uint8_t> encode_announcement(const WorkerAnnouncement& a);
 WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size);
 
@@ -57,7 +57,7 @@ struct Hello {
 };
 
 std::vector<uint8_t> encode_hello(const Hello& hello);
-// Throws std::invalid_argument on malformed bytes or an unknown kind.
+// Throws ProtocolError on malformed bytes or an unknown kind.
 Hello decode_hello(const std::vector<uint8_t>& payload);
 
 // A dynamic group's members as the Store holds them (written by the holder
@@ -67,7 +67,7 @@ struct Member {
   WorkerAnnouncement announcement;
 };
 std::vector<uint8_t> encode_members(const std::vector<Member>& members);
-// Throws std::invalid_argument on malformed bytes.
+// Throws ProtocolError on malformed bytes.
 std::vector<Member> decode_members(const std::vector<uint8_t>& bytes);
 
 }  // namespace switchboard::agents

@@ -3,8 +3,9 @@
 // descriptors), and back. Private to //agents:process_group_agent. The
 // layout is documented in process_group_agent.h (process_group_wire).
 //
-// Decoding validates everything it reads and throws ProtocolError for bad
-// bytes from a peer (never for local mistakes). Pure functions; thread-safe.
+// Decoding validates everything it reads and throws ProtocolError
+// (common/error.h) for bad bytes from a peer (never for local mistakes).
+// Pure functions; thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <utility>
 
 #include "collective/tensor.h"
+#include "common/error.h"
 #include "rpc/message.h"
 
 namespace switchboard::agents::pg_frame {
@@ -21,12 +23,6 @@ using rpc::Message;
 using rpc::MessageType;
 
 constexpr uint64_t kMaxPayloadLength = uint64_t{1} << 40;
-
-// Bad bytes from a peer. Never thrown for local mistakes.
-class ProtocolError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct Header {
   MessageType type = MessageType::kRequest;

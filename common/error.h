@@ -62,6 +62,20 @@ class ConnectionError : public Error {
       : Error(ErrorCode::kUnavailable, message) {}
 };
 
+// A peer sent bytes that are not the protocol: a frame, a descriptor or a
+// message that no correct peer sends (PIPE and PROCESS_GROUP frames, tensor
+// descriptors, PIPE hellos and announcements). The message says what was
+// wrong, with the values and the limit they broke, e.g. "pipe frame: frame 7
+// tensor 2: ndim 65 exceeds the limit 64". Code kUnavailable: close the
+// connection that carried them (a reconnect may help); nothing after the
+// bad bytes can be trusted. Never thrown for local mistakes (those are
+// std::invalid_argument).
+class ProtocolError : public Error {
+ public:
+  explicit ProtocolError(const std::string& message)
+      : Error(ErrorCode::kUnavailable, message) {}
+};
+
 // A registry rejected a registration or lookup (duplicate or unknown name).
 class RegistryError : public Error {
  public:

@@ -193,6 +193,10 @@ struct CallTable::State : std::enable_shared_from_this<State> {
       SB_ASSERT(m.type == MessageType::kResponse || m.type == MessageType::kError,
                 "the request handler answered with message type {}",
                 static_cast<int>(m.type));
+      SB_ASSERT(m.function.empty(),
+                "the request handler answered naming function \"{}\"; responses name "
+                "none",
+                m.function);
       m.id = id;
     } catch (...) {
       m = error_reply(id, std::current_exception());
@@ -207,13 +211,27 @@ struct CallTable::State : std::enable_shared_from_this<State> {
         spdlog::debug("rpc agent \"{}\": the reply to call {} is dropped: shut down", name,
                       id);
       } else {
-        reply(std::move(m));
+        send_reply(id, std::move(m), reply);
       }
     } catch (const std::exception& e) {
       spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
                    e.what());
     }
     handling_done();
+  }
+
+  // Gives `m` to `reply`; when the agent cannot send it (its encoder
+  // refuses it), an error reply saying why goes instead, so that the caller
+  // is answered rather than left to its timeout.
+  void send_reply(uint64_t id, Message m, const std::function<void(Message)>& reply) const {
+    try {
+      reply(std::move(m));
+    } catch (const std::exception& e) {
+      spdlog::warn("rpc agent \"{}\": the reply to call {} cannot be sent ({}); sending "
+                   "an error reply instead",
+                   name, id, e.what());
+      reply(error_reply(id, std::current_exception()));
+    }
   }
 
   Message error_reply(uint64_t id, std::exception_ptr error) const {

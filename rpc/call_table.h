@@ -11,8 +11,11 @@
 // runs the RequestHandler on the executor (the agent's pool), turns
 // whatever goes wrong (the handler throws, returns an invalid future, its
 // future fails, it answers with a request) into an error reply naming this
-// worker, and gives the reply to the agent to send. Requests accepted
-// before start() wait for it.
+// worker, and gives the reply to the agent to send. A reply the agent
+// cannot send (Request::reply throws) is followed by an error reply that
+// says why. A handler's response names no function (Message::function is
+// for requests): one that does is answered with an error reply. Requests
+// accepted before start() wait for it.
 //
 // Draining: wait_idle() returns once no call is in flight and no request is
 // being handled (join(), leaving a dynamic group, graceful shutdown).
@@ -76,7 +79,9 @@ class CallTable {
     // Runs on the executor before the handler (e.g. moving tensors to
     // their devices); what it throws becomes the error reply. May be empty.
     std::function<void(Message&)> prepare;
-    // Sends the reply (id set; kResponse or kError). Runs once, where the
+    // Sends the reply (id set; kResponse or kError). Throws when it cannot
+    // (its tensors or fields cannot be encoded): it then runs once more
+    // with an error reply saying why. Runs where the
     // handler's future runs its callbacks (the executor for the futures
     // Switchboard makes; inline for a handler that failed at once), and
     // not at all once the table is closed or gone. The request counts as

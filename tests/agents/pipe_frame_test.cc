@@ -128,8 +128,8 @@ void require_frame_error(const Bytes& bytes, const std::string& text,
                          const FrameLimits& limits = {}) {
   try {
     decode_all(bytes.data(), bytes.size(), limits);
-    FAIL("no FrameError; expected one containing: " << text);
-  } catch (const FrameError& e) {
+    FAIL("no ProtocolError; expected one containing: " << text);
+  } catch (const ProtocolError& e) {
     CHECK(e.code() == ErrorCode::kUnavailable);
     CHECK_THAT(e.what(), Contains(text));
   }
@@ -538,7 +538,7 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
   }
   SECTION("decode_header() applies the same rules") {
     patch<uint32_t>(b, kFunctionAt, 70000);
-    REQUIRE_THROWS_AS(decode_header(b.data(), FrameLimits{}), FrameError);
+    REQUIRE_THROWS_AS(decode_header(b.data(), FrameLimits{}), ProtocolError);
   }
 }
 
@@ -659,7 +659,7 @@ TEST_CASE("a failed reader stays failed; frames before the bad one can be popped
   InboundFrame f;
   REQUIRE(reader.pop(f));
   REQUIRE(f.kind == FrameKind::kHeartbeat);
-  REQUIRE_THROWS_AS(reader.next_buffer(), FrameError);
+  REQUIRE_THROWS_AS(reader.next_buffer(), ProtocolError);
   REQUIRE_THROWS_WITH(reader.commit(0), Contains("version 9"));
 }
 
@@ -724,7 +724,7 @@ TEST_CASE("the encoder refuses what cannot travel", "[pipe_frame]") {
   REQUIRE(out == Bytes{1, 2});  // nothing appended by a refused call
 }
 
-TEST_CASE("random garbage throws FrameError or waits for more bytes", "[pipe_frame]") {
+TEST_CASE("random garbage throws ProtocolError or waits for more bytes", "[pipe_frame]") {
   std::mt19937 rng(42);
   FrameLimits limits;
   limits.max_tensor_bytes = 1 << 20;
@@ -748,7 +748,7 @@ TEST_CASE("random garbage throws FrameError or waits for more bytes", "[pipe_fra
       std::uniform_int_distribution<size_t> chunk(1, 80);
       feed(reader, b, [&] { return chunk(rng); });
       ++(reader.mid_frame() ? waiting : complete);
-    } catch (const FrameError&) {
+    } catch (const ProtocolError&) {
       ++errors;
     }
   }

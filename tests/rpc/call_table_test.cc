@@ -305,6 +305,14 @@ TEST_CASE("every way a handler fails becomes an error reply naming this worker",
     }));
     CHECK_THAT(e.remote_message(), Catch::Contains("answered with message type 1"));
   }
+  SECTION("it answers naming a function") {
+    auto e = remote_of(serve_one([](Message m, const WorkerInfo&) {
+      Message answer = response("x");
+      answer.function = m.function;
+      return Future<Message>::ready(std::move(answer));
+    }));
+    CHECK_THAT(e.remote_message(), Catch::Contains("answered naming function \"f\""));
+  }
   SECTION("preparing the request throws") {
     bool ran = false;
     auto e = remote_of(serve_one(
@@ -316,6 +324,28 @@ TEST_CASE("every way a handler fails becomes an error reply naming this worker",
     CHECK_FALSE(ran);
     CHECK(e.remote_message() == "tensor 0 is for cuda:3");
   }
+}
+
+TEST_CASE("a reply the agent cannot send is followed by an error reply saying why",
+          "[call_table]") {
+  Fixture f;
+  f.table.start(&echo_function);
+  Replies replies;
+  auto sink = replies.sink();
+  int tries = 0;
+  REQUIRE(f.table.accept(request(4, [&](Message m) {
+    if (++tries == 1) throw std::invalid_argument("tensor 0 cannot be encoded");
+    sink(std::move(m));
+  })));
+  Message m = replies.await_first();
+  CHECK(tries == 2);
+  REQUIRE(m.type == MessageType::kError);
+  CHECK(m.id == 4);
+  auto e = switchboard::rpc::decode_remote_error(m);
+  CHECK(e.worker() == "w0");
+  CHECK(e.remote_message() == "tensor 0 cannot be encoded");
+  CHECK(f.table.wait_idle(std::chrono::steady_clock::now() + kLong) ==
+        CallTable::Idle::kIdle);
 }
 
 TEST_CASE("the handler gets the request and its sender; the reply keeps the id",

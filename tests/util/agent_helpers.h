@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -53,12 +54,11 @@ inline rpc::Message request(std::string function, std::string_view payload,
   return m;
 }
 
-// The kResponse that echoes `request`: its function, payload and tensors
-// (the tensors share storage with the request's).
+// The kResponse that echoes `request`: its payload and tensors (the tensors
+// share storage with the request's). No function: responses name none.
 inline rpc::Message echo_of(const rpc::Message& request) {
   rpc::Message response;
   response.type = rpc::MessageType::kResponse;
-  response.function = request.function;
   response.payload = request.payload;
   response.tensors = request.tensors;
   return response;
@@ -123,6 +123,21 @@ inline Failure failure_of(const rpc::Future<rpc::Message>& f, std::chrono::milli
   } catch (const std::exception& e) {
     return {"other", e.what()};
   }
+}
+
+// The message of what `body` throws as E. Fails the test (FAIL) when it
+// throws something else or nothing.
+template <typename E>
+std::string what_thrown(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    FAIL("threw the wrong exception: " << e.what());
+  }
+  FAIL("did not throw");
+  return "";
 }
 
 // Calls join(timeout) on every agent at once, one thread each (join() is a

@@ -7,7 +7,7 @@
 // Input: byte 0 is a control byte (bits 0-1: read sizes, all at once / one
 // byte / 1-16 / 1-5000; bit 7: a custom allocator), the rest a byte stream.
 // Checks beyond "no crash, no sanitizer report":
-//   - nothing but FrameError escapes the reader, and its message starts
+//   - nothing but ProtocolError escapes the reader, and its message starts
 //     with "pipe frame: ";
 //   - next_buffer() never offers an empty span;
 //   - reading in fragments yields the same frames, the same error and the
@@ -61,7 +61,7 @@ FrameLimits small_limits() {
 
 struct Outcome {
   std::vector<InboundFrame> frames;
-  std::string error;  // the FrameError's message; empty when none
+  std::string error;  // the ProtocolError's message; empty when none
   bool mid_frame = false;
 };
 
@@ -91,7 +91,7 @@ Outcome read_stream(const uint8_t* data, size_t size, bool custom_allocator,
       while (reader.pop(frame)) out.frames.push_back(std::move(frame));
     }
     out.mid_frame = reader.mid_frame();
-  } catch (const FrameError& e) {
+  } catch (const ProtocolError& e) {
     out.error = e.what();
     FUZZ_CHECK(out.error.rfind("pipe frame: ", 0) == 0);
     while (reader.pop(frame)) out.frames.push_back(std::move(frame));
@@ -99,7 +99,7 @@ Outcome read_stream(const uint8_t* data, size_t size, bool custom_allocator,
     bool refused = false;
     try {
       reader.next_buffer();
-    } catch (const FrameError&) {
+    } catch (const ProtocolError&) {
       refused = true;
     }
     FUZZ_CHECK(refused);

@@ -8,7 +8,7 @@
 #include <vector>
 
 // Runs one input (byte 0: control; the rest: a byte stream). Returns 0.
-// Throws (libFuzzer: aborts) when a check fails or anything but FrameError
+// Throws (libFuzzer: aborts) when a check fails or anything but ProtocolError
 // escapes the codec.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
