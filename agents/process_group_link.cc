@@ -89,17 +89,25 @@ std::string what_of(const std::exception_ptr& error) {
   }
 }
 
-void name_thread(const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+PeerThread::~PeerThread() {
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
 }
 
-void join_or_release(std::thread& thread) {
-  if (!thread.joinable()) return;
-  if (thread.get_id() == std::this_thread::get_id()) {
-    thread.detach();
-  } else {
-    thread.join();
-  }
+void PeerThread::start(const std::string& name, std::shared_ptr<const void> owner,
+                       std::function<void()> body) {
+  thread_ = std::thread([name, owner = std::move(owner), body = std::move(body)] {
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+    body();
+  });
+}
+
+void PeerThread::join() {
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 }  // namespace switchboard::agents

@@ -3,7 +3,8 @@
 // (agents/process_group_listener.h): one message to or from one peer as
 // Gloo sends and recvs of its parts (the wire format in
 // agents/process_group_agent.h). Also PeerEvents, what a sender or a
-// listener reports to its agent. Internal to //agents.
+// listener reports to its agent, and PeerThread, the thread each runs on.
+// Internal to //agents.
 //
 // Thread safety: send() and receive() may run on many threads at once
 // (each peer's sender and listener); close() from any thread: it destroys
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -73,11 +75,26 @@ class ProcessGroupLink {
 // What `error` says (its what(), or "unknown exception").
 std::string what_of(const std::exception_ptr& error);
 
-// Names the calling thread (at most 15 characters are kept), for senders
-// and listeners.
-void name_thread(const std::string& name);
-// Joins `thread` unless it is the calling thread, which is detached
-// instead (it is past its last use of its owner).
-void join_or_release(std::thread& thread);
+// The thread of a sender or a listener. It holds its owner (the agent)
+// alive while it runs; join() or the destructor waits for it, except on
+// the thread itself, which the destructor lets go (it is then past its
+// last use of its owner: the owner died with its last reference, there).
+class PeerThread {
+ public:
+  PeerThread() = default;
+  ~PeerThread();
+  PeerThread(const PeerThread&) = delete;
+  PeerThread& operator=(const PeerThread&) = delete;
+
+  // Runs `body` on a new thread named `name` (15 characters kept), which
+  // holds `owner` until `body` returned.
+  void start(const std::string& name, std::shared_ptr<const void> owner,
+             std::function<void()> body);
+  // Waits for the thread, unless called on it.
+  void join();
+
+ private:
+  std::thread thread_;
+};
 
 }  // namespace switchboard::agents

@@ -11,18 +11,13 @@ namespace switchboard::agents {
 PeerListener::PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events)
     : peer_(peer), link_(link), events_(events) {}
 
-PeerListener::~PeerListener() { join_or_release(thread_); }
-
 void PeerListener::start(std::shared_ptr<const void> owner) {
-  thread_ = std::thread([this, owner = std::move(owner)] { run(); });
+  thread_.start(fmt::format("sb-pg-recv-{}", peer_), std::move(owner), [this] { run(); });
 }
 
-void PeerListener::join() {
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-}
+void PeerListener::join() { thread_.join(); }
 
 void PeerListener::run() {
-  name_thread(fmt::format("sb-pg-recv-{}", peer_));
   for (;;) {
     rpc::Message m;
     try {

@@ -12,7 +12,6 @@
 #pragma once
 
 #include <memory>
-#include <thread>
 
 #include "agents/process_group_link.h"
 
@@ -22,8 +21,6 @@ class PeerListener {
  public:
   // Receives from `peer` over `link`; reports to `events`.
   PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events);
-  // Joins the thread (detaches it when this runs on that thread).
-  ~PeerListener();
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
@@ -39,7 +36,7 @@ class PeerListener {
   const int peer_;
   ProcessGroupLink& link_;
   PeerEvents& events_;
-  std::thread thread_;
+  PeerThread thread_;  // last: joined before the rest goes
 };
 
 }  // namespace switchboard::agents

@@ -10,10 +10,8 @@ namespace switchboard::agents {
 PeerSender::PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events)
     : peer_(peer), link_(link), events_(events) {}
 
-PeerSender::~PeerSender() { join_or_release(thread_); }
-
 void PeerSender::start(std::shared_ptr<const void> owner) {
-  thread_ = std::thread([this, owner = std::move(owner)] { run(); });
+  thread_.start(fmt::format("sb-pg-send-{}", peer_), std::move(owner), [this] { run(); });
 }
 
 PeerSender::Queued PeerSender::enqueue(rpc::Message&& m, std::string* failure) {
@@ -45,12 +43,9 @@ void PeerSender::stop() {
   wake_.notify_all();
 }
 
-void PeerSender::join() {
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-}
+void PeerSender::join() { thread_.join(); }
 
 void PeerSender::run() {
-  name_thread(fmt::format("sb-pg-send-{}", peer_));
   for (;;) {
     rpc::Message m;
     {

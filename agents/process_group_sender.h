@@ -14,7 +14,6 @@
 #include <deque>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "agents/process_group_link.h"
 #include "common/mutex.h"
@@ -26,9 +25,6 @@ class PeerSender {
  public:
   // Sends to `peer` over `link`; reports a failed send to `events`.
   PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events);
-  // Joins the thread (detaches it when this runs on that thread: the
-  // thread is then past its last use of the sender).
-  ~PeerSender();
   PeerSender(const PeerSender&) = delete;
   PeerSender& operator=(const PeerSender&) = delete;
 
@@ -61,7 +57,7 @@ class PeerSender {
   bool failed_ SB_GUARDED_BY(mu_) = false;  // gone or sent bad bytes
   std::string failure_ SB_GUARDED_BY(mu_);
   bool stopped_ SB_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  PeerThread thread_;  // last: joined before the rest goes
 };
 
 }  // namespace switchboard::agents
