@@ -32,7 +32,7 @@ Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype) {
   if (nbytes < min_bytes_) return Tensor::empty(shape, dtype);
   Buffer buffer{nullptr, 0};
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     // The most recently freed buffer that fits: its pages are the likeliest
     // to be warm.
     for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
@@ -64,7 +64,7 @@ Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype) {
 void HostBufferCache::give_back(Buffer buffer) {
   std::vector<void*> evicted;  // freed outside the lock
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (buffer.capacity > max_cached_bytes_) {
       evicted.push_back(buffer.data);
     } else {
@@ -81,12 +81,12 @@ void HostBufferCache::give_back(Buffer buffer) {
 }
 
 size_t HostBufferCache::cached_bytes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return cached_;
 }
 
 size_t HostBufferCache::reuses() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return reuses_;
 }
 

@@ -22,9 +22,9 @@
 #include <cstddef>
 #include <deque>
 #include <memory>
-#include <mutex>
 
 #include "collective/tensor.h"
+#include "common/mutex.h"
 
 namespace switchboard::agents {
 
@@ -44,11 +44,11 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   // buffer when one fits, else a new one that returns here when freed.
   // Throws what Tensor::empty throws (std::invalid_argument for a bad
   // shape, std::bad_alloc).
-  Tensor empty(const Tensor::Shape& shape, DType dtype);
+  Tensor empty(const Tensor::Shape& shape, DType dtype) SB_EXCLUDES(mu_);
 
   // Bytes held for reuse now, and how many tensors took a cached buffer.
-  size_t cached_bytes() const;
-  size_t reuses() const;
+  size_t cached_bytes() const SB_EXCLUDES(mu_);
+  size_t reuses() const SB_EXCLUDES(mu_);
 
  private:
   struct Buffer {
@@ -57,14 +57,14 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   };
 
   HostBufferCache(size_t max_cached_bytes, size_t min_bytes);
-  void give_back(Buffer buffer);
+  void give_back(Buffer buffer) SB_EXCLUDES(mu_);
 
   const size_t max_cached_bytes_;
   const size_t min_bytes_;
-  mutable std::mutex mu_;
-  std::deque<Buffer> free_;  // GUARDED_BY(mu_): oldest first
-  size_t cached_ = 0;        // GUARDED_BY(mu_)
-  size_t reuses_ = 0;        // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::deque<Buffer> free_ SB_GUARDED_BY(mu_);  // oldest first
+  size_t cached_ SB_GUARDED_BY(mu_) = 0;
+  size_t reuses_ SB_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace switchboard::agents

@@ -2,31 +2,13 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <algorithm>
-#include <atomic>
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/asio/write.hpp>
-#include <condition_variable>
-#include <cstring>
-#include <map>
-#include <mutex>
-#include <thread>
-#include <unordered_map>
+#include <chrono>
 
-#include "agents/host_buffer_cache.h"
+#include "agents/pipe_address.h"
 #include "agents/pipe_agent_impl.h"
-#include "agents/pipe_connection.h"
-#include "agents/pipe_info.h"
-#include "collective/gloo_process_group.h"
+#include "agents/pipe_tcp_transport.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "rpc/remote_error.h"
@@ -36,6 +18,14 @@
 namespace switchboard::agents {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+using rpc::Future;
+using rpc::Message;
+using rpc::MessageType;
+using rpc::Promise;
+using rpc::WorkerInfo;
+using Timeout = std::chrono::milliseconds;
 
 // A self-send's message with its own copies of the tensors, each on
 // devices[i] (the device map's target) or, when `devices` is empty, on the
@@ -70,7 +60,7 @@ void stage_on_cpu(Message& m, const std::string& to) {
 
 }  // namespace
 
-// --------------------------------------------------------------- Impl impl
+// --------------------------------------------------------------- Impl
 
 PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name,
                       int rank, std::optional<int> world_size,
@@ -82,18 +72,51 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       dynamic(!world_size.has_value()),
       capacity(world_size.value_or(options.max_dynamic_ranks)),
       options(options),
-      work(asio::make_work_guard(io)),
-      timer_strand(asio::make_strand(io)),
-      acceptor(timer_strand),
-      heartbeat_timer(timer_strand),
-      calls(this->name, owner.pool()) {}
-
-PipeAgent::Impl::~Impl() {
-  work.reset();
-  io.stop();
-  for (auto& thread : io_threads) {
-    if (thread.joinable()) thread.join();
+      device_count(options.device_count >= 0 ? options.device_count
+                                             : registered_cuda_device_count()),
+      peers(this->name, capacity, dynamic),
+      calls(this->name, owner.pool()) {
+  TcpTransportOptions tcp;
+  tcp.agent_name = this->name;
+  tcp.num_io_threads = options.num_io_threads;
+  tcp.limits = options.limits;
+  tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
+    return buffers->empty(shape, dtype);
+  };
+  transport = make_tcp_transport(*this, std::move(tcp));
+  if (dynamic) {
+    membership = std::make_unique<Membership>(this->store, this->name, rank, capacity,
+                                              this->options, peers, *transport, calls,
+                                              owner.pool());
+  } else {
+    rendezvous = std::make_unique<StaticRendezvous>(this->name, rank, capacity,
+                                                    this->options, peers, *transport);
   }
+}
+
+// The I/O threads report to this object and its parts: they stop first.
+PipeAgent::Impl::~Impl() { transport.reset(); }
+
+void PipeAgent::Impl::start_up() {
+  transport->listen(resolve_listen_address(options.listen_address),
+                    [this](std::shared_ptr<Connection> c) { on_accept(std::move(c)); });
+  WorkerAnnouncement mine;
+  mine.name = name;
+  mine.address = transport->address();
+  mine.port = transport->port();
+  mine.device_count = device_count;
+  mine.device_maps = options.device_maps;
+  mine.devices = options.devices;
+  if (dynamic) {
+    membership->join(mine);
+  } else {
+    rendezvous->run(*store, mine);
+  }
+  transport->every(options.heartbeat_interval, [this] { return heartbeat(); });
+}
+
+void PipeAgent::Impl::on_accept(std::shared_ptr<Connection> connection) {
+  if (peers.add_unidentified(connection)) connection->start_reading();
 }
 
 bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
@@ -107,19 +130,11 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   switch (frame.kind) {
     case pipe::FrameKind::kHeartbeat:
       return true;
-    case pipe::FrameKind::kGoodbye: {
-      bool was_up = false;
-      {
-        std::lock_guard lock(mu);
-        was_up = peers[from].state == PeerState::kUp;
-        if (was_up) {
-          peers[from].state = PeerState::kLeft;
-          peers[from].reason = "left the group";
-        }
+    case pipe::FrameKind::kGoodbye:
+      if (peers.mark_left(from)) {
+        publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(from).info);
       }
-      if (was_up) publish_change(rpc::MembershipChange::Kind::kLeft, peers[from].info);
       return true;
-    }
     case pipe::FrameKind::kRequest:
       accept_request(from, std::move(frame));
       return true;
@@ -133,13 +148,64 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   }
 }
 
+bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
+                               const Message& frame) {
+  if (peers.defer_hello(connection, frame)) return false;  // replayed once filled
+  Hello hello;
+  WorkerAnnouncement joiner;
+  try {
+    hello = decode_hello(frame.payload);
+    if (hello.kind == Hello::Kind::kJoin && dynamic) {
+      joiner = decode_announcement(hello.announcement.data(), hello.announcement.size());
+    }
+  } catch (const std::exception& e) {
+    connection_failed(connection, fmt::format("protocol error: {}", e.what()));
+    return false;
+  }
+  std::string problem;
+  switch (hello.kind) {
+    case Hello::Kind::kWelcome:
+      if (!dynamic || connection->peer < 0 || hello.rank != connection->peer) {
+        problem = fmt::format("an unexpected welcome from rank {}", hello.rank);
+        break;
+      }
+      membership->on_welcome(hello);
+      return true;
+    case Hello::Kind::kJoin:
+      if (!dynamic) {
+        problem = fmt::format(
+            "worker \"{}\" (rank {}) tried to join as a member of a dynamic group, but "
+            "this is a static group (world_size {})",
+            hello.name, hello.rank, capacity);
+      } else if (connection->peer >= 0) {
+        problem = "a second hello";
+      } else {
+        return membership->on_join_hello(connection, hello, joiner);
+      }
+      break;
+    case Hello::Kind::kStatic:
+      if (dynamic) {
+        problem = fmt::format(
+            "worker \"{}\" (rank {}) said hello as a member of a static group, but this "
+            "is a dynamic group",
+            hello.name, hello.rank);
+      } else {
+        problem = rendezvous->accept_hello(hello, connection);
+      }
+      break;
+  }
+  if (problem.empty()) return true;
+  connection_failed(connection, "protocol error: " + problem);
+  return false;
+}
+
 // Hands `request` to the call table, which runs the handler on the pool
 // (after start(): peers may call as soon as their own constructor
 // returned); the reply goes back to `from`.
 void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
   rpc::CallTable::Request r;
   r.message = std::move(request.message);
-  r.from = peers[from].info;
+  r.from = peers.info(from).info;
   std::weak_ptr<Impl> weak = weak_from_this();
   const bool placed = std::any_of(request.devices.begin(), request.devices.end(),
                                   [](const Device& d) { return !d.is_cpu(); });
@@ -167,7 +233,7 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     if (to == rank) {
       reply = copy_tensors(std::move(reply), wire);
     } else {
-      stage_on_cpu(reply, name_of(to));
+      stage_on_cpu(reply, peers.name_of(to));
     }
   } catch (...) {
     replace_with_error();
@@ -177,15 +243,11 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     complete_now(std::move(reply));
     return;
   }
-  std::shared_ptr<Connection> connection;
-  {
-    std::lock_guard lock(mu);
-    connection = peers[to].connection;
-  }
+  const std::shared_ptr<Connection> connection = peers.connection(to);
   const bool alone = calls.load().handling <= 1;  // the only handler: send from here
   if (!connection || !connection->enqueue(reply, wire, alone)) {
     spdlog::debug("rpc agent \"{}\": reply {} to \"{}\" dropped: no connection", name,
-                  reply.id, name_of(to));
+                  reply.id, peers.name_of(to));
   }
 }
 
@@ -230,7 +292,7 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
     SB_REQUIRE(wire[i].index < count,
                "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
                "CUDA device(s){}",
-               name, i, name_of(from), wire[i].str(), count,
+               name, i, peers.name_of(from), wire[i].str(), count,
                count == 0 ? " (a build without //collective:cuda_allocator, or no GPU)" : "");
     m.tensors[i] = m.tensors[i].to(wire[i]);
   }
@@ -245,43 +307,27 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
                                         const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
-  const int peer = connection->peer;
-  bool was_current = false;
-  bool quiet = false;
-  bool was_up = false;
-  std::string why;
-  {
-    std::lock_guard lock(mu);
-    std::erase(unidentified, connection);
-    quiet = stopping;
-    if (peer >= 0 && peers[peer].connection == connection) {
-      was_current = true;
-      was_up = peers[peer].state == PeerState::kUp;
-      if (peers[peer].state == PeerState::kLeft) {
-        quiet = true;
-      } else if (peers[peer].state != PeerState::kLost) {
-        peers[peer].state = PeerState::kLost;
-        peers[peer].reason = fmt::format("lost its connection ({})", reason);
-      }
-      why = peers[peer].reason;
-    }
-  }
-  if (!was_current) {
-    if (!quiet) spdlog::warn("rpc agent \"{}\": closed a connection: {}", name, reason);
+  const PeerTable::Loss loss = peers.lose(connection, reason);
+  if (!loss.current) {
+    if (!loss.quiet) spdlog::warn("rpc agent \"{}\": closed a connection: {}", name, reason);
     return;
   }
-  if (was_up && !quiet) publish_change(rpc::MembershipChange::Kind::kLeft, peers[peer].info);
-  if (quiet) {
-    spdlog::debug("rpc agent \"{}\": worker \"{}\" {}", name, name_of(peer), why);
-  } else {
-    spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, name_of(peer), why);
+  const int peer = connection->peer;
+  const std::string& peer_name = peers.name_of(peer);
+  if (membership) membership->on_peer_lost(peer);
+  if (loss.was_up && !loss.quiet) {
+    publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(peer).info);
   }
-  const std::string peer_name = name_of(peer);
+  if (loss.quiet) {
+    spdlog::debug("rpc agent \"{}\": worker \"{}\" {}", name, peer_name, loss.why);
+  } else {
+    spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, peer_name, loss.why);
+  }
   calls.fail_if([peer](const rpc::CallTable::Call& c) { return c.dst == peer; },
                 [&](const rpc::CallTable::Call& c) {
                   return std::make_exception_ptr(ConnectionError(
                       fmt::format("{}: worker \"{}\" {}", rpc::call_prefix(peer_name, c.function),
-                                  peer_name, why)));
+                                  peer_name, loss.why)));
                 });
 }
 
@@ -291,41 +337,30 @@ std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
   bool any_cuda = false;
   for (const Tensor& t : m.tensors) any_cuda = any_cuda || t.device().is_cuda();
   if (!any_cuda) return wire;
-  rpc::DeviceMaps reverse;
-  if (reply) {
-    std::lock_guard lock(mu);  // a dynamic group changes it as workers join
-    reverse = reverse_maps;
-  }
+  // A dynamic group's reverse maps change as workers join: a copy.
+  const rpc::DeviceMaps reverse = reply ? peers.reverse_maps() : rpc::DeviceMaps();
   const rpc::DeviceMaps& maps = reply ? reverse : options.device_maps;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
-    wire.push_back(rpc::target_device(maps, name_of(to), m.tensors[i].device(), i));
+    wire.push_back(rpc::target_device(maps, peers.name_of(to), m.tensors[i].device(), i));
   }
   return wire;
 }
 
-void PipeAgent::Impl::heartbeat() {
+bool PipeAgent::Impl::heartbeat() {
   const int64_t now = now_ns();
   const int64_t limit =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options.heartbeat_timeout)
           .count();
-  std::vector<std::shared_ptr<Connection>> up;
-  std::vector<std::shared_ptr<Connection>> anonymous;
-  {
-    std::lock_guard lock(mu);
-    if (stopping) return;
-    for (const Peer& p : peers) {
-      if (p.connection && p.state == PeerState::kUp) up.push_back(p.connection);
-    }
-    anonymous = unidentified;
-  }
+  const std::optional<PeerTable::Watched> watched = peers.watched();
+  if (!watched) return false;  // stopping
   // A connection that never said hello gets no heartbeats, only the limit.
-  for (const auto& connection : anonymous) {
+  for (const auto& connection : watched->unidentified) {
     if (limit > 0 && now - connection->last_recv_ns.load() > limit) {
       connection_failed(connection,
                         fmt::format("no hello within {} ms", options.heartbeat_timeout.count()));
     }
   }
-  for (const auto& connection : up) {
+  for (const auto& connection : watched->up) {
     if (limit > 0 && now - connection->last_recv_ns.load() > limit) {
       connection_failed(connection,
                         fmt::format("silent for over {} ms (heartbeat timeout)",
@@ -334,10 +369,12 @@ void PipeAgent::Impl::heartbeat() {
       connection->enqueue_control(pipe::FrameKind::kHeartbeat);
     }
   }
-  heartbeat_timer.expires_after(options.heartbeat_interval);
-  heartbeat_timer.async_wait([self = shared_from_this()](const boost::system::error_code& e) {
-    if (!e) self->heartbeat();
-  });
+  return true;
+}
+
+void PipeAgent::Impl::publish_change(rpc::MembershipChange::Kind kind,
+                                     const WorkerInfo& worker) {
+  if (membership) membership->publish(kind, worker);
 }
 
 // --------------------------------------------------------------- PipeAgent
@@ -359,11 +396,7 @@ PipeAgent::PipeAgent(std::shared_ptr<Store> store, std::string name, int rank,
   impl_ = std::make_shared<Impl>(*this, prefixed, std::move(name), rank, world_size,
                                  options);
   try {
-    if (impl_->dynamic) {
-      impl_->join_group();
-    } else {
-      impl_->rendezvous();
-    }
+    impl_->start_up();
   } catch (...) {
     shutdown();
     throw;
@@ -405,23 +438,18 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
     // The call is in the table before the peer's state is read:
     // connection_failed() marks the peer down first and then fails its
     // calls, so this call is failed by one or the other.
-    std::shared_ptr<Connection> connection;
-    {
-      std::lock_guard lock(s.mu);
-      const auto& peer = s.peers[dst];
-      if (peer.state != Impl::PeerState::kUp) {
-        throw ConnectionError(fmt::format("{}: worker \"{}\" {}",
-                                          rpc::call_prefix(to.name, request.function),
-                                          to.name, peer.reason));
-      }
-      connection = peer.connection;
+    const PeerTable::Route route = s.peers.route(dst);
+    if (!route.up) {
+      throw ConnectionError(fmt::format("{}: worker \"{}\" {}",
+                                        rpc::call_prefix(to.name, request.function), to.name,
+                                        route.reason));
     }
     const bool alone = call.in_flight <= 1;  // the only call in flight: send from here
     if (dst == s.rank) {
       pipe::InboundFrame self_request;
       self_request.message = copy_tensors(std::move(request), wire);
       s.accept_request(s.rank, std::move(self_request));
-    } else if (!connection->enqueue(request, wire, alone)) {
+    } else if (!route.connection->enqueue(request, wire, alone)) {
       s.calls.fail(id, std::make_exception_ptr(ConnectionError(fmt::format(
                            "{}: the connection to worker \"{}\" is closed",
                            rpc::call_prefix(to.name, request.function), to.name))));
@@ -442,50 +470,22 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
 
 // A dynamic group may have had several workers of one name over time (one
 // left, another joined): the one up now wins, else the latest.
-WorkerInfo PipeAgent::worker(const std::string& name) const {
-  const Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  const Impl::Peer* found = nullptr;
-  for (const auto& peer : s.peers) {
-    if (peer.state == Impl::PeerState::kAbsent || peer.info.name != name) continue;
-    if (found == nullptr || peer.state == Impl::PeerState::kUp) found = &peer;
-  }
-  if (found == nullptr) {
-    throw NotFoundError(fmt::format("rpc agent \"{}\": no worker named \"{}\"{}", s.name,
-                                    name, s.dynamic ? " in this dynamic group" : ""));
-  }
-  return found->info;
-}
+WorkerInfo PipeAgent::worker(const std::string& name) const { return impl_->peers.find(name); }
 
-WorkerInfo PipeAgent::worker(int id) const {
-  const Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  if (id < 0 || id >= s.capacity || s.peers[id].state == Impl::PeerState::kAbsent) {
-    throw NotFoundError(fmt::format("rpc agent \"{}\": no worker with id {}", s.name, id));
-  }
-  return s.peers[id].info;
-}
+WorkerInfo PipeAgent::worker(int id) const { return impl_->peers.find(id); }
 
 // Static: every worker of the group. Dynamic: the members now.
-std::vector<WorkerInfo> PipeAgent::workers() const {
-  const Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  std::vector<WorkerInfo> out;
-  for (const auto& peer : s.peers) {
-    if (!s.dynamic || peer.state == Impl::PeerState::kUp) out.push_back(peer.info);
-  }
-  return out;
-}
+std::vector<WorkerInfo> PipeAgent::workers() const { return impl_->peers.workers(); }
 
+// A static group never reports changes: the listener is not kept.
 void PipeAgent::set_membership_listener(rpc::MembershipListener listener) {
-  std::lock_guard lock(impl_->mu);
-  impl_->listener = std::move(listener);
+  if (impl_->membership) impl_->membership->set_listener(std::move(listener));
 }
 
 void PipeAgent::join(Timeout timeout) {
   Impl& s = *impl_;
   if (s.dynamic) {
-    s.leave_group(timeout);
+    s.membership->leave(timeout);
     return;
   }
   const auto deadline = Clock::now() + timeout;
@@ -503,29 +503,13 @@ void PipeAgent::join(Timeout timeout) {
           s.name, load.calls_in_flight, load.handling, timeout.count()));
     }
   }
-  collective::Work barrier = s.gloo->barrier();
-  if (timeout.count() > 0) {
-    const auto left = std::max(Timeout(1), std::chrono::duration_cast<Timeout>(
-                                               deadline - Clock::now()));
-    barrier.wait(left);
-  } else {
-    barrier.wait();
-  }
+  s.rendezvous->barrier(timeout.count() > 0 ? std::optional(deadline) : std::nullopt);
 }
 
 void PipeAgent::shutdown() {
   if (!impl_ || impl_->shut_down.exchange(true)) return;
   Impl& s = *impl_;
-  std::vector<std::shared_ptr<Connection>> connections;
-  {
-    std::lock_guard lock(s.mu);
-    s.stopping = true;
-    for (auto& peer : s.peers) {
-      if (peer.connection) connections.push_back(peer.connection);
-    }
-    for (auto& c : s.unidentified) connections.push_back(c);
-    s.cv.notify_all();
-  }
+  const std::vector<std::shared_ptr<Connection>> connections = s.peers.stop();
   s.calls.close();
   for (auto& connection : connections) {
     connection->enqueue_control(pipe::FrameKind::kGoodbye);
@@ -535,30 +519,16 @@ void PipeAgent::shutdown() {
   // cannot hold shutdown up for longer).
   const auto flush_deadline = Clock::now() + std::chrono::seconds(1);
   for (auto& connection : connections) connection->wait_closed(flush_deadline);
-  asio::post(s.timer_strand, [impl = impl_] {
-    boost::system::error_code ignored;
-    impl->acceptor.close(ignored);
-    impl->heartbeat_timer.cancel();
-  });
+  s.transport->close();
   pool()->shutdown();
-  s.work.reset();
   for (auto& connection : connections) connection->close_now();
-  for (auto& thread : s.io_threads) {
-    if (thread.joinable()) thread.join();
-  }
-  if (s.gloo) s.gloo.reset();
+  s.transport->join();
+  if (s.rendezvous) s.rendezvous->close();
 }
 
-std::string PipeAgent::listen_address() const { return impl_->address; }
-int PipeAgent::listen_port() const { return impl_->port; }
-rpc::DeviceMaps PipeAgent::reverse_device_maps() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->reverse_maps;
-}
-
-std::vector<Device> PipeAgent::devices() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->devices;
-}
+std::string PipeAgent::listen_address() const { return impl_->transport->address(); }
+int PipeAgent::listen_port() const { return impl_->transport->port(); }
+rpc::DeviceMaps PipeAgent::reverse_device_maps() const { return impl_->peers.reverse_maps(); }
+std::vector<Device> PipeAgent::devices() const { return impl_->peers.devices(); }
 
 }  // namespace switchboard::agents

@@ -104,7 +104,7 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe_frame.h"
+#include "agents/pipe_options.h"
 #include "rpc/agent.h"
 #include "rpc/device_map.h"
 
@@ -113,32 +113,6 @@ class Store;
 }
 
 namespace switchboard::agents {
-
-struct PipeAgentOptions {
-  size_t num_worker_threads = 16;
-  size_t num_io_threads = 1;
-  // Bounds the construction rendezvous and is join()'s default.
-  std::chrono::milliseconds rpc_timeout{60'000};
-  // An address or an interface name; empty: see agents/pipe_address.h.
-  std::string listen_address;
-  // A heartbeat goes out on every connection this often; a connection
-  // silent for heartbeat_timeout is declared dead.
-  std::chrono::milliseconds heartbeat_interval{250};
-  std::chrono::milliseconds heartbeat_timeout{5'000};
-  pipe::FrameLimits limits;
-  // Device maps (local device → the target's device) per target worker,
-  // and the devices this worker uses (empty: derived, as PyTorch does).
-  rpc::DeviceMaps device_maps;
-  std::vector<Device> devices;
-  // Dynamic groups: ranks are in [0, max_dynamic_ranks), and the
-  // membership token is held for at most `membership_lease` at a time.
-  int max_dynamic_ranks = 1024;
-  std::chrono::milliseconds membership_lease{10'000};
-  // CUDA devices of this machine as the maps are validated against; -1
-  // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
-  // a binary that does not link //collective:cuda_allocator).
-  int device_count = -1;
-};
 
 class PipeAgent final : public rpc::RpcAgent {
  public:

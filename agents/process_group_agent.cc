@@ -2,31 +2,24 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <exception>
-#include <iterator>
 #include <map>
-#include <mutex>
-#include <new>
 #include <optional>
-#include <set>
-#include <shared_mutex>
 #include <stdexcept>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
-#include "agents/process_group_frame.h"
+#include "agents/process_group_link.h"
+#include "agents/process_group_listener.h"
+#include "agents/process_group_sender.h"
 #include "collective/gloo_process_group.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/call_table.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -35,30 +28,15 @@ namespace switchboard::agents {
 namespace {
 
 namespace wire = process_group_wire;
-using collective::Work;
 using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;
 using rpc::Promise;
 using rpc::WorkerInfo;
 using Clock = std::chrono::steady_clock;
-using namespace pg_frame;
 using Timeout = std::chrono::milliseconds;
 
-// Gloo sends or recvs one peer's sender or listener posts at a time.
-constexpr size_t kMaxPosted = 8;
-
 // ---------------------------------------------------------------- helpers
-
-std::string what_of(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
 
 // Makes every tensor of `m` able to travel: contiguous copies of strided
 // ones. Returns what is wrong with the first tensor that cannot, if any.
@@ -78,10 +56,6 @@ std::optional<std::string> prepare_tensors(Message& m) {
 
 void clone_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
-}
-
-void name_thread(const std::string& name) {
-  pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
 }
 
 // "0 and 2", "0, 1 and 2".
@@ -120,16 +94,15 @@ void check_arguments(const std::shared_ptr<Store>& store, const std::string& nam
 
 // ------------------------------------------------------------------ Impl
 
-struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
-  // One remote worker: the sender thread drains `outbox`, the listener
-  // receives everything that worker sends here.
+// The agent: wires one PeerSender and one PeerListener per remote worker
+// to the link (the Gloo group) and the call table, and runs the
+// rendezvous and join(). Its own lock guards only whether it started or is
+// stopping and join()'s generation; every part guards its own state.
+struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<Impl> {
+  // One remote worker: its sender and its listener (null for this rank).
   struct Peer {
-    std::deque<Message> outbox;  // GUARDED_BY(mu)
-    std::condition_variable outbox_cv;
-    bool failed = false;  // GUARDED_BY(mu): gone or sent bad bytes
-    std::string failure;  // GUARDED_BY(mu)
-    std::thread sender;
-    std::thread listener;
+    std::unique_ptr<PeerSender> sender;
+    std::unique_ptr<PeerListener> listener;
   };
 
   Impl(std::shared_ptr<Store> store_in, std::string name_in, int rank_in, int world_in,
@@ -149,49 +122,26 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
   const std::shared_ptr<rpc::ThreadPool> pool;
   std::vector<WorkerInfo> workers;  // by rank
   std::unordered_map<std::string, int> ranks_by_name;
-
-  // Posting Gloo ops takes pg_mu shared; destroying the group takes it
-  // exclusive. Waiting on a posted op's Work needs no lock.
-  std::shared_mutex pg_mu;
-  std::unique_ptr<collective::GlooProcessGroup> pg;  // GUARDED_BY(pg_mu)
-  bool pg_closed = false;                            // GUARDED_BY(pg_mu)
+  // The Gloo group, shared by the senders and listeners (set by the
+  // rendezvous); `peers` by rank, filled by the rendezvous.
+  std::unique_ptr<ProcessGroupLink> link;
+  std::vector<Peer> peers;
 
   // Calls made and requests served: ids, deadlines, handlers, draining.
   rpc::CallTable calls;
 
-  std::mutex mu;
-  bool started = false;                           // GUARDED_BY(mu)
-  bool stopping = false;                          // GUARDED_BY(mu)
-  uint64_t join_generation = 0;              // GUARDED_BY(mu)
-  std::vector<std::unique_ptr<Peer>> peers;  // by rank; null for this rank
+  Mutex mu;
+  bool started SB_GUARDED_BY(mu) = false;
+  bool stopping SB_GUARDED_BY(mu) = false;
+  uint64_t join_generation SB_GUARDED_BY(mu) = 0;
   std::atomic<bool> shut_down{false};
 
   // Every agent thread holds a shared_ptr to the Impl, so the Impl dies
-  // after all of them returned, or on the last of them: when shutdown() ran
-  // on that thread (a callback run inline there because the pool had been
-  // shut down first) it could not join it. Such a thread is past its last
-  // use of the Impl, so it is let go here.
-  ~Impl() {
-    for (auto& peer : peers) {
-      if (peer) release(peer->sender);
-      if (peer) release(peer->listener);
-    }
-  }
-
-  static void release(std::thread& thread) {
-    if (!thread.joinable()) return;
-    if (thread.get_id() == std::this_thread::get_id()) {
-      thread.detach();
-    } else {
-      thread.join();
-    }
-  }
-
-  static void join_unless_self(std::thread& thread) {
-    if (thread.joinable() && thread.get_id() != std::this_thread::get_id()) {
-      thread.join();
-    }
-  }
+  // after all of them returned, or on the last of them (when shutdown()
+  // ran on that thread, a callback run inline there because the pool had
+  // been shut down first, it could not join it): the senders and
+  // listeners let such a thread go. They go first: they use the link.
+  ~Impl() override { peers.clear(); }
 
   // ------------------------------------------------------------ setup
 
@@ -199,18 +149,24 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     const bool bounded = options.rpc_timeout.count() > 0;
     const auto deadline = Clock::now() + options.rpc_timeout;
     exchange_names(options.rpc_timeout, store_timeout(deadline, bounded));
+    std::unique_ptr<collective::GlooProcessGroup> group;
+    if (world_size > 1) {
+      collective::GlooOptions gloo;
+      gloo.group_name = wire::kGroupName;
+      gloo.timeout = Timeout(0);  // listeners wait for the next message forever
+      gloo.hostname = options.hostname;
+      gloo.iface = options.iface;
+      PrefixStore prefixed(wire::kStorePrefix, store);
+      group =
+          std::make_unique<collective::GlooProcessGroup>(prefixed, rank, world_size, gloo);
+    }
+    link = std::make_unique<ProcessGroupLink>(name, std::move(group));
     peers.resize(world_size);
     for (int r = 0; r < world_size; ++r) {
-      if (r != rank) peers[r] = std::make_unique<Peer>();
+      if (r == rank) continue;
+      peers[r].sender = std::make_unique<PeerSender>(r, *link, *this);
+      peers[r].listener = std::make_unique<PeerListener>(r, *link, *this);
     }
-    if (world_size == 1) return;
-    collective::GlooOptions gloo;
-    gloo.group_name = wire::kGroupName;
-    gloo.timeout = Timeout(0);  // listeners wait for the next message forever
-    gloo.hostname = options.hostname;
-    gloo.iface = options.iface;
-    PrefixStore prefixed(wire::kStorePrefix, store);
-    pg = std::make_unique<collective::GlooProcessGroup>(prefixed, rank, world_size, gloo);
   }
 
   // "<prefix><rank>" for every rank.
@@ -256,16 +212,16 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
 
   void start(RequestHandler h) {
     SB_REQUIRE(static_cast<bool>(h), "rpc agent \"{}\": start() needs a handler", name);
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     SB_REQUIRE(!stopping, "rpc agent \"{}\": start() after shutdown()", name);
     SB_REQUIRE(!started, "rpc agent \"{}\": start() called twice", name);
     calls.start(std::move(h));
     started = true;
-    auto self = shared_from_this();
-    for (int r = 0; r < world_size; ++r) {
-      if (r == rank) continue;
-      peers[r]->sender = std::thread([self, r] { self->run_sender(r); });
-      peers[r]->listener = std::thread([self, r] { self->run_listener(r); });
+    const std::shared_ptr<const void> self = shared_from_this();
+    for (Peer& peer : peers) {
+      if (!peer.sender) continue;
+      peer.sender->start(self);
+      peer.listener->start(self);
     }
   }
 
@@ -308,7 +264,7 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     }
     if (dst == rank) clone_tensors(request);
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (!started) {
         return Future<Message>::failed(std::make_exception_ptr(std::invalid_argument(
             fmt::format("{}: send() before start()", call_prefix(dst, request.function)))));
@@ -328,18 +284,11 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     // Added before the peer's state is read: peer_failed() marks the peer
     // failed first and then fails its calls, so this call is failed by one
     // or the other.
-    std::exception_ptr refused;
-    {
-      std::lock_guard lock(mu);
-      Peer& p = *peers[dst];
-      if (p.failed) {
-        refused = connection_error(call_prefix(dst, request.function), dst, p.failure);
-      } else if (!stopping) {
-        p.outbox.push_back(std::move(request));
-        p.outbox_cv.notify_one();
-      }
+    std::string failure;
+    if (peers[dst].sender->enqueue(std::move(request), &failure) ==
+        PeerSender::Queued::kFailed) {
+      calls.fail(call.id, connection_error(call_prefix(dst, request.function), dst, failure));
     }
-    if (refused) calls.fail(call.id, refused);
     return call.future;
   }
 
@@ -374,113 +323,19 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
                                     workers[peer].name, failure)));
   }
 
-  // Queues a response for `peer`; false when it cannot go out any more.
-  bool enqueue(int peer, Message m) {
-    std::lock_guard lock(mu);
-    Peer& p = *peers[peer];
-    if (stopping || p.failed) return false;
-    p.outbox.push_back(std::move(m));
-    p.outbox_cv.notify_one();
-    return true;
-  }
-
-  void run_sender(int peer) {
-    name_thread(fmt::format("sb-pg-send-{}", peer));
-    Peer& p = *peers[peer];
-    for (;;) {
-      Message m;
-      {
-        std::unique_lock lock(mu);
-        p.outbox_cv.wait(lock, [&] { return stopping || p.failed || !p.outbox.empty(); });
-        if (stopping || p.failed) return;
-        m = std::move(p.outbox.front());
-        p.outbox.pop_front();
-      }
-      try {
-        transmit(peer, m);
-      } catch (...) {
-        if (!is_stopping()) peer_failed(peer, what_of(std::current_exception()));
-        return;
-      }
-    }
-  }
-
-  // Sends every part of `m`; returns when all went out.
-  void transmit(int peer, const Message& m) {
-    auto [header, body] = encode_frame(m);
-    std::vector<Tensor> data;
-    if (body.defined()) data.push_back(body);
-    data.insert(data.end(), m.tensors.begin(), m.tensors.end());
-    exchange(peer, /*sending=*/true, {header}, wire::kHeaderTag);
-    exchange(peer, /*sending=*/true, data, wire::kDataTag);
-  }
-
-  // Sends (or receives into) every non-empty tensor of `parts`, in order,
-  // on `tag`, and waits for all. GlooProcessGroup gives every posted op a
-  // thread of its own, so at most kMaxPosted are posted at a time.
-  void exchange(int peer, bool sending, const std::vector<Tensor>& parts, int tag) {
-    std::deque<Work> posted;
-    for (const Tensor& part : parts) {
-      if (part.nbytes() == 0) continue;
-      if (posted.size() == kMaxPosted) {
-        posted.front().wait(Work::kNoTimeout);
-        posted.pop_front();
-      }
-      std::shared_lock lock(pg_mu);
-      if (pg_closed) {
-        throw Error(ErrorCode::kCancelled,
-                    fmt::format("rpc agent \"{}\" shut down", name));
-      }
-      Tensor t = part;
-      posted.push_back(sending ? pg->send(t, peer, tag) : pg->recv(t, peer, tag));
-    }
-    for (const Work& work : posted) work.wait(Work::kNoTimeout);
-  }
-
   // ------------------------------------------------------------ receiving
 
-  void run_listener(int peer) {
-    name_thread(fmt::format("sb-pg-recv-{}", peer));
-    for (;;) {
-      Message m;
-      try {
-        m = receive(peer);
-      } catch (const ProtocolError& e) {
-        peer_failed(peer, fmt::format("protocol error: {}", e.what()));
-        return;
-      } catch (...) {
-        if (!is_stopping()) peer_failed(peer, what_of(std::current_exception()));
-        return;
-      }
-      if (m.type == MessageType::kRequest) {
-        calls.accept(incoming(peer, std::move(m)));
-      } else {
-        complete_call(peer, std::move(m));
-      }
+  // PeerEvents: a message from `peer`, on its listener's thread.
+  void on_message(int peer, Message m) override {
+    if (m.type == MessageType::kRequest) {
+      calls.accept(incoming(peer, std::move(m)));
+    } else {
+      complete_call(peer, std::move(m));
     }
-  }
-
-  // Receives one whole message from `peer`.
-  Message receive(int peer) {
-    Tensor header =
-        Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
-    exchange(peer, /*sending=*/false, {header}, wire::kHeaderTag);
-    const Header h = decode_header(header);
-    Tensor body;
-    if (h.body_length() > 0) {
-      body = allocate({static_cast<int64_t>(h.body_length())}, DType::kUInt8);
-      exchange(peer, /*sending=*/false, {body}, wire::kDataTag);
-    }
-    Message m;
-    m.type = h.type;
-    m.id = h.id;
-    decode_body(h, body, m);
-    exchange(peer, /*sending=*/false, m.tensors, wire::kDataTag);
-    return m;
   }
 
   bool is_stopping() {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     return stopping;
   }
 
@@ -495,17 +350,10 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     }
   }
 
-  // The connection to `peer` is unusable: fail every call to it.
-  void peer_failed(int peer, const std::string& reason) {
-    {
-      std::lock_guard lock(mu);
-      Peer& p = *peers[peer];
-      if (p.failed || stopping) return;
-      p.failed = true;
-      p.failure = reason;
-      p.outbox.clear();
-      p.outbox_cv.notify_all();
-    }
+  // PeerEvents: the link to `peer` is unusable: fail every call to it
+  // (nothing when the agent is stopping: its shutdown closed the link).
+  void on_peer_failed(int peer, const std::string& reason) override {
+    if (is_stopping() || !peers[peer].sender->fail(reason)) return;
     const size_t lost = calls.fail_if(
         [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
         [&](const rpc::CallTable::Call& call) {
@@ -536,10 +384,12 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
                                               fmt::format("the response's {}", *problem))));
     }
     const uint64_t id = reply.id;
+    std::string failure;
     if (to == rank) {
       clone_tensors(reply);
       complete_call(rank, std::move(reply));
-    } else if (!enqueue(to, std::move(reply))) {
+    } else if (peers[to].sender->enqueue(std::move(reply), &failure) !=
+               PeerSender::Queued::kQueued) {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
                     id, workers[to].name);
     }
@@ -567,7 +417,7 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
     }
     uint64_t generation = 0;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       generation = join_generation++;
     }
     const std::string prefix = fmt::format("{}{}/", wire::kJoinKey, generation);
@@ -592,26 +442,19 @@ struct ProcessGroupAgent::Impl : std::enable_shared_from_this<Impl> {
   void shutdown() {
     if (shut_down.exchange(true)) return;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       stopping = true;
-      for (auto& peer : peers) {
-        if (!peer) continue;
-        peer->outbox.clear();
-        peer->outbox_cv.notify_all();
-      }
+    }
+    for (Peer& peer : peers) {
+      if (peer.sender) peer.sender->stop();
     }
     calls.close();
-    {
-      // Aborts every posted Gloo send and recv: the threads waiting on
-      // them see Error(kCancelled) and return.
-      std::unique_lock lock(pg_mu);
-      pg_closed = true;
-      pg.reset();
-    }
-    for (auto& peer : peers) {
-      if (!peer) continue;
-      join_unless_self(peer->sender);
-      join_unless_self(peer->listener);
+    // Aborts every posted Gloo send and recv: the threads waiting on them
+    // see Error(kCancelled) and return.
+    if (link) link->close();
+    for (Peer& peer : peers) {
+      if (peer.sender) peer.sender->join();
+      if (peer.listener) peer.listener->join();
     }
     pool->shutdown();
   }

@@ -81,6 +81,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/process_group_wire.h"
 #include "rpc/agent.h"
 
 namespace switchboard {
@@ -99,25 +100,6 @@ struct ProcessGroupAgentOptions {
   std::string hostname;
   std::string iface;
 };
-
-// Constants of the wire format and the store layout (for tests and for
-// anyone writing a compatible peer).
-namespace process_group_wire {
-inline constexpr uint32_t kMagic = 0x47504253;  // "SBPG" little endian
-inline constexpr uint8_t kVersion = 1;
-inline constexpr size_t kHeaderSize = 40;
-inline constexpr int kHeaderTag = 0;
-inline constexpr int kDataTag = 1;
-inline constexpr const char* kStorePrefix = "rpc/pg_agent";
-inline constexpr const char* kGroupName = "rpc";
-// Store keys: "rpc/names/<rank>" and "rpc/join/<generation>/<rank>".
-inline constexpr const char* kNamesKey = "rpc/names/";
-inline constexpr const char* kJoinKey = "rpc/join/";
-// Limits a receiver enforces on a header (larger is a protocol error).
-inline constexpr uint32_t kMaxFunctionLength = 64 * 1024;
-inline constexpr uint32_t kMaxTensors = 1 << 20;
-inline constexpr uint32_t kMaxDims = 64;
-}  // namespace process_group_wire
 
 class ProcessGroupAgent final : public rpc::RpcAgent {
  public:

@@ -6,7 +6,7 @@
 #include <new>
 #include <string>
 
-#include "agents/process_group_agent.h"
+#include "agents/process_group_wire.h"
 
 namespace switchboard::agents::pg_frame {
 namespace {

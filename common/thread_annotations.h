@@ -27,6 +27,10 @@
 #define SB_ACQUIRE(...) SB_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 // The function releases `...`, which the caller held.
 #define SB_RELEASE(...) SB_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+// The same for a shared (reader) hold of `...` (SharedMutex).
+#define SB_REQUIRES_SHARED(...) SB_THREAD_ANNOTATION(requires_shared_capability(__VA_ARGS__))
+#define SB_ACQUIRE_SHARED(...) SB_THREAD_ANNOTATION(acquire_shared_capability(__VA_ARGS__))
+#define SB_RELEASE_SHARED(...) SB_THREAD_ANNOTATION(release_shared_capability(__VA_ARGS__))
 // The function returns the capability `x` (an accessor of a mutex).
 #define SB_RETURN_CAPABILITY(x) SB_THREAD_ANNOTATION(lock_returned(x))
 // Declares, unchecked, that the caller holds `...` (for code the analysis

@@ -1,4 +1,4 @@
-#include "agents/pipe_connection.h"
+#include "agents/pipe_tcp_connection.h"
 
 #include <fmt/format.h>
 #include <sys/socket.h>
@@ -11,18 +11,25 @@
 
 namespace switchboard::agents {
 
+namespace asio = boost::asio;
+using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using rpc::Message;
 
-int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             Clock::now().time_since_epoch())
-      .count();
+TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
+                             const pipe::FrameLimits& limits,
+                             pipe::FrameReader::Allocate allocate)
+    : events_(events),
+      strand_(asio::make_strand(socket.get_executor())),
+      socket_(std::move(socket)),
+      reader_(limits, std::move(allocate)) {
+  boost::system::error_code ignored;
+  socket_.set_option(tcp::no_delay(true), ignored);
 }
 
-bool Connection::enqueue(const Message& m, const std::vector<Device>& devices,
+bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices,
                          bool send_now) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_ || closing_) return false;
   pipe::append_frame(queued_, m, devices);
   for (const Tensor& t : m.tensors) {
@@ -34,7 +41,7 @@ bool Connection::enqueue(const Message& m, const std::vector<Device>& devices,
 }
 
 template <typename Emit>
-void Connection::for_each_piece(const std::vector<uint8_t>& bytes,
+void TcpConnection::for_each_piece(const std::vector<uint8_t>& bytes,
                                 const std::vector<QueuedTensor>& tensors, Emit&& emit) {
   size_t at = 0;
   for (const QueuedTensor& t : tensors) {
@@ -47,7 +54,7 @@ void Connection::for_each_piece(const std::vector<uint8_t>& bytes,
   if (at < bytes.size()) emit(bytes.data() + at, bytes.size() - at);
 }
 
-void Connection::send_inline_locked() {
+void TcpConnection::send_inline_locked() {
   if (closed_ || (queued_.empty() && queued_tensors_.empty())) return;
   // A few pieces cover the common case (a frame or a handful of small
   // ones); more go to the asynchronous path whole.
@@ -66,13 +73,13 @@ void Connection::send_inline_locked() {
   msghdr header{};
   header.msg_iov = pieces;
   header.msg_iovlen = count;
-  const ssize_t n = ::sendmsg(socket.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
+  const ssize_t n = ::sendmsg(socket_.native_handle(), &header, MSG_DONTWAIT | MSG_NOSIGNAL);
   // Errors (EAGAIN, a reset) are left to the asynchronous path, which
   // retries or reports them.
   if (n > 0) consume_locked(static_cast<size_t>(n));
 }
 
-void Connection::consume_locked(size_t n) {
+void TcpConnection::consume_locked(size_t n) {
   size_t at = 0;        // frame bytes fully sent
   size_t finished = 0;  // tensors fully sent
   while (n > 0) {
@@ -95,24 +102,24 @@ void Connection::consume_locked(size_t n) {
   for (QueuedTensor& t : queued_tensors_) t.offset -= at;
 }
 
-bool Connection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
+bool TcpConnection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
                                  size_t size) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (closed_ || closing_) return false;
   pipe::append_control_frame(queued_, kind, 0, payload, size);
   kick_locked();
   return true;
 }
 
-void Connection::kick_locked() {
+void TcpConnection::kick_locked() {
   if (writing_) return;
   writing_ = true;
-  asio::post(strand, [self = shared_from_this()] { self->write_some(); });
+  asio::post(strand_, [self = shared_from_this()] { self->write_some(); });
 }
 
-void Connection::write_some() {
+void TcpConnection::write_some() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
     if (queued_.empty() && queued_tensors_.empty()) {
       writing_ = false;
@@ -120,8 +127,8 @@ void Connection::write_some() {
         closed_ = true;
         closed_cv_.notify_all();
         boost::system::error_code ignored;
-        socket.shutdown(tcp::socket::shutdown_send, ignored);
-        socket.close(ignored);
+        socket_.shutdown(tcp::socket::shutdown_send, ignored);
+        socket_.close(ignored);
       }
       return;
     }
@@ -132,90 +139,91 @@ void Connection::write_some() {
   for_each_piece(sending_, sending_tensors_,
                  [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
   asio::async_write(
-      socket, buffers_,
-      asio::bind_executor(strand, [self = shared_from_this()](
+      socket_, buffers_,
+      asio::bind_executor(strand_, [self = shared_from_this()](
                                       const boost::system::error_code& error, size_t) {
         self->sending_.clear();
         self->sending_tensors_.clear();
         if (error) {
-          self->agent.connection_failed(self, "write failed: " + error.message());
+          self->events_.connection_failed(self, "write failed: " + error.message());
           return;
         }
         self->write_some();
       }));
 }
 
-void Connection::start_reading() {
-  asio::post(strand, [self = shared_from_this()] { self->read_some(); });
+void TcpConnection::start_reading() {
+  asio::post(strand_, [self = shared_from_this()] { self->read_some(); });
 }
 
-void Connection::read_some() {
+void TcpConnection::read_some() {
   std::pair<uint8_t*, size_t> next;
   try {
-    next = reader.next_buffer();  // may fail to allocate a large body
+    next = reader_.next_buffer();  // may fail to allocate a large body
   } catch (const std::exception& e) {
-    agent.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
+    events_.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
     return;
   }
   auto [data, size] = next;
-  socket.async_read_some(
+  socket_.async_read_some(
       asio::buffer(data, size),
-      asio::bind_executor(strand, [self = shared_from_this()](
+      asio::bind_executor(strand_, [self = shared_from_this()](
                                       const boost::system::error_code& error, size_t n) {
         if (error) {
-          self->agent.connection_failed(
+          self->events_.connection_failed(
               self, error == asio::error::eof ? "the peer closed the connection"
                                               : "read failed: " + error.message());
           return;
         }
         self->last_recv_ns = now_ns();
         try {
-          self->reader.commit(n);
+          self->reader_.commit(n);
         } catch (const std::exception& e) {
-          self->agent.connection_failed(self, fmt::format("protocol error: {}", e.what()));
+          self->events_.connection_failed(self, fmt::format("protocol error: {}", e.what()));
           return;
         }
         if (self->drain()) self->read_some();
       }));
 }
 
-bool Connection::drain() {
+bool TcpConnection::drain() {
   pipe::InboundFrame frame;
-  while (reader.pop(frame)) {
-    if (!agent.on_frame(shared_from_this(), std::move(frame))) return false;
+  while (reader_.pop(frame)) {
+    if (!events_.on_frame(shared_from_this(), std::move(frame))) return false;
   }
   return true;
 }
 
-void Connection::resume_reading() {
-  asio::post(strand, [self = shared_from_this()] {
+void TcpConnection::replay(pipe::InboundFrame frame) {
+  asio::post(strand_, [self = shared_from_this(), frame = std::move(frame)]() mutable {
+    if (!self->events_.on_frame(self, std::move(frame))) return;
     if (self->drain()) self->read_some();
   });
 }
 
-void Connection::close_after_flush() {
-  std::lock_guard lock(mu_);
+void TcpConnection::close_after_flush() {
+  MutexLock lock(mu_);
   if (closed_ || closing_) return;
   closing_ = true;
   kick_locked();
 }
 
-bool Connection::wait_closed(Clock::time_point deadline) {
-  std::unique_lock lock(mu_);
-  return closed_cv_.wait_until(lock, deadline, [&] { return closed_; });
+bool TcpConnection::wait_closed(Clock::time_point deadline) {
+  MutexLock lock(mu_);
+  return closed_cv_.wait_until(mu_, deadline, [&]() SB_REQUIRES(mu_) { return closed_; });
 }
 
-void Connection::close_now() {
+void TcpConnection::close_now() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
     closed_ = true;
     closed_cv_.notify_all();
   }
-  asio::post(strand, [self = shared_from_this()] {
+  asio::post(strand_, [self = shared_from_this()] {
     boost::system::error_code ignored;
-    self->socket.shutdown(tcp::socket::shutdown_both, ignored);
-    self->socket.close(ignored);
+    self->socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    self->socket_.close(ignored);
   });
 }
 

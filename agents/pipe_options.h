@@ -1,0 +1,43 @@
+// PipeAgentOptions: the PIPE agent's settings (agents/pipe_agent.h says
+// what each one does to the agent). A plain value; its own header so that
+// the agent's parts (agents/pipe_*.h) can read it without the agent.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "agents/pipe_frame.h"
+#include "collective/tensor.h"
+#include "rpc/device_map.h"
+
+namespace switchboard::agents {
+
+struct PipeAgentOptions {
+  size_t num_worker_threads = 16;
+  size_t num_io_threads = 1;
+  // Bounds the construction rendezvous and is join()'s default.
+  std::chrono::milliseconds rpc_timeout{60'000};
+  // An address or an interface name; empty: see agents/pipe_address.h.
+  std::string listen_address;
+  // A heartbeat goes out on every connection this often; a connection
+  // silent for heartbeat_timeout is declared dead.
+  std::chrono::milliseconds heartbeat_interval{250};
+  std::chrono::milliseconds heartbeat_timeout{5'000};
+  pipe::FrameLimits limits;
+  // Device maps (local device → the target's device) per target worker,
+  // and the devices this worker uses (empty: derived, as PyTorch does).
+  rpc::DeviceMaps device_maps;
+  std::vector<Device> devices;
+  // Dynamic groups: ranks are in [0, max_dynamic_ranks), and the
+  // membership token is held for at most `membership_lease` at a time.
+  int max_dynamic_ranks = 1024;
+  std::chrono::milliseconds membership_lease{10'000};
+  // CUDA devices of this machine as the maps are validated against; -1
+  // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
+  // a binary that does not link //collective:cuda_allocator).
+  int device_count = -1;
+};
+
+}  // namespace switchboard::agents

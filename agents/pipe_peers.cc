@@ -1,0 +1,319 @@
+#include "agents/pipe_peers.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace switchboard::agents {
+
+namespace {
+
+rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
+  return {a.name, a.device_count, a.device_maps, a.devices};
+}
+
+}  // namespace
+
+PeerTable::PeerTable(std::string self_name, int capacity, bool dynamic)
+    : self_name_(std::move(self_name)), dynamic_(dynamic), infos_(capacity) {
+  MutexLock lock(mu_);
+  status_.resize(capacity);
+  for (Status& s : status_) s.state = dynamic ? State::kAbsent : State::kConnecting;
+}
+
+// ------------------------------------------------------------------ filling
+
+void PeerTable::fill_static(const std::vector<WorkerAnnouncement>& all, int self,
+                            DeviceRoutes routes) {
+  std::vector<EarlyHello> early;
+  {
+    MutexLock lock(mu_);
+    for (size_t r = 0; r < infos_.size(); ++r) {
+      infos_[r] = PeerInfo{rpc::WorkerInfo{all[r].name, static_cast<int>(r)}, all[r]};
+    }
+    routes_ = std::move(routes);
+    status_[self].state = State::kUp;
+    early = ready_locked();
+  }
+  replay(std::move(early));
+}
+
+void PeerTable::fill_members(const std::vector<Member>& members, int self,
+                             const WorkerAnnouncement& mine, DeviceRoutes routes) {
+  std::vector<EarlyHello> early;
+  {
+    MutexLock lock(mu_);
+    routes_ = std::move(routes);
+    for (const Member& m : members) {
+      infos_[m.rank] = PeerInfo{rpc::WorkerInfo{m.announcement.name, m.rank}, m.announcement};
+      status_[m.rank].state = State::kConnecting;
+    }
+    infos_[self] = PeerInfo{rpc::WorkerInfo{mine.name, self}, mine};
+    status_[self].state = State::kUp;
+    early = ready_locked();
+  }
+  // Hellos that arrived before the table was ready: a faster peer of a
+  // static group, or a stray joiner whose token lease ended while this
+  // worker held it.
+  replay(std::move(early));
+}
+
+void PeerTable::replay(std::vector<EarlyHello> early) {
+  for (auto& [connection, hello] : early) {
+    connection->replay(pipe::InboundFrame{pipe::FrameKind::kHello, std::move(hello), {}});
+  }
+}
+
+std::vector<PeerTable::EarlyHello> PeerTable::ready_locked() {
+  ready_ = true;
+  std::vector<EarlyHello> early;
+  early.swap(early_hellos_);
+  return early;
+}
+
+bool PeerTable::defer_hello(const std::shared_ptr<Connection>& connection,
+                            const rpc::Message& frame) {
+  MutexLock lock(mu_);
+  if (ready_) return false;
+  early_hellos_.emplace_back(connection, frame);
+  return true;
+}
+
+// -------------------------------------------------------------- connections
+
+bool PeerTable::add_unidentified(const std::shared_ptr<Connection>& connection) {
+  MutexLock lock(mu_);
+  if (stopping_) return false;
+  unidentified_.push_back(connection);
+  return true;
+}
+
+void PeerTable::connect(int peer, PipeTransport& transport,
+                        const std::vector<uint8_t>& hello) {
+  const WorkerAnnouncement& a = infos_[peer].announcement;
+  std::shared_ptr<Connection> connection;
+  try {
+    connection = transport.connect(a.address, a.port);
+  } catch (const ConnectionError& e) {
+    throw ConnectionError(
+        fmt::format("PIPE agent \"{}\": cannot connect to worker \"{}\" at {}:{}: {}",
+                    self_name_, name_of(peer), a.address, a.port, e.what()));
+  }
+  connection->peer = peer;
+  connection->enqueue_control(pipe::FrameKind::kHello, hello.data(), hello.size());
+  {
+    MutexLock lock(mu_);
+    status_[peer].connection = connection;
+    status_[peer].state = State::kUp;
+    changed_.notify_all();
+  }
+  connection->start_reading();
+}
+
+bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection) {
+  MutexLock lock(mu_);
+  Status& s = status_[peer];
+  if (s.connection) return false;
+  connection->peer = peer;
+  std::erase(unidentified_, connection);
+  s.connection = connection;
+  s.state = State::kUp;
+  changed_.notify_all();
+  return true;
+}
+
+std::string PeerTable::admit(int r, const std::string& hello_name,
+                             const WorkerAnnouncement& joiner,
+                             const std::shared_ptr<Connection>& connection,
+                             const RouteRule& routes_with) {
+  MutexLock lock(mu_);
+  std::erase(unidentified_, connection);
+  if (stopping_ || closed_to_newcomers_) {
+    return fmt::format("\"{}\" is leaving the group", self_name_);
+  }
+  if (r < 0 || r >= capacity()) return fmt::format("rank {} is outside [0, {})", r, capacity());
+  if (status_[r].state != State::kAbsent) {
+    return fmt::format("rank {} was taken by \"{}\"", r, infos_[r].info.name);
+  }
+  if (joiner.name != hello_name) {
+    return fmt::format("the hello names \"{}\" but the announcement \"{}\"", hello_name,
+                       joiner.name);
+  }
+  std::vector<rpc::WorkerDevices> gathered;
+  for (size_t p = 0; p < infos_.size(); ++p) {
+    if (status_[p].state != State::kUp) continue;
+    if (infos_[p].info.name == joiner.name) {
+      return fmt::format("the name \"{}\" is used by rank {}", joiner.name, p);
+    }
+    gathered.push_back(devices_of(infos_[p].announcement));
+  }
+  gathered.push_back(devices_of(joiner));
+  try {
+    routes_ = routes_with(gathered);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  infos_[r] = PeerInfo{rpc::WorkerInfo{joiner.name, r}, joiner};
+  status_[r].connection = connection;
+  status_[r].state = State::kUp;
+  connection->peer = r;
+  return std::string();
+}
+
+PeerTable::Loss PeerTable::lose(const std::shared_ptr<Connection>& connection,
+                                const std::string& reason) {
+  MutexLock lock(mu_);
+  Loss loss;
+  std::erase(unidentified_, connection);
+  loss.quiet = stopping_;
+  const int peer = connection->peer;
+  if (peer < 0 || status_[peer].connection != connection) return loss;
+  Status& s = status_[peer];
+  loss.current = true;
+  loss.was_up = s.state == State::kUp;
+  if (s.state == State::kLeft) {
+    loss.quiet = true;
+  } else if (s.state != State::kLost) {
+    s.state = State::kLost;
+    s.reason = fmt::format("lost its connection ({})", reason);
+  }
+  loss.why = s.reason;
+  return loss;
+}
+
+bool PeerTable::mark_left(int peer) {
+  MutexLock lock(mu_);
+  Status& s = status_[peer];
+  if (s.state != State::kUp) return false;
+  s.state = State::kLeft;
+  s.reason = "left the group";
+  return true;
+}
+
+void PeerTable::mark_lost(int peer, const std::string& reason) {
+  MutexLock lock(mu_);
+  status_[peer].state = State::kLost;
+  status_[peer].reason = reason;
+}
+
+std::vector<std::shared_ptr<Connection>> PeerTable::close_to_newcomers() {
+  MutexLock lock(mu_);
+  closed_to_newcomers_ = true;
+  std::vector<std::shared_ptr<Connection>> up;
+  for (const Status& s : status_) {
+    if (s.connection && s.state == State::kUp) up.push_back(s.connection);
+  }
+  return up;
+}
+
+std::vector<std::shared_ptr<Connection>> PeerTable::stop() {
+  MutexLock lock(mu_);
+  stopping_ = true;
+  std::vector<std::shared_ptr<Connection>> all;
+  for (const Status& s : status_) {
+    if (s.connection) all.push_back(s.connection);
+  }
+  all.insert(all.end(), unidentified_.begin(), unidentified_.end());
+  changed_.notify_all();
+  return all;
+}
+
+std::optional<PeerTable::Watched> PeerTable::watched() const {
+  MutexLock lock(mu_);
+  if (stopping_) return std::nullopt;
+  Watched w;
+  for (const Status& s : status_) {
+    if (s.connection && s.state == State::kUp) w.up.push_back(s.connection);
+  }
+  w.unidentified = unidentified_;
+  return w;
+}
+
+std::vector<std::string> PeerTable::wait_all_up(std::chrono::milliseconds timeout) {
+  MutexLock lock(mu_);
+  auto all_up = [&]() SB_REQUIRES(mu_) {
+    return std::all_of(status_.begin(), status_.end(),
+                       [](const Status& s) { return s.state == State::kUp; });
+  };
+  if (timeout.count() > 0) {
+    changed_.wait_for(mu_, timeout, all_up);
+  } else {
+    changed_.wait(mu_, all_up);
+  }
+  std::vector<std::string> missing;
+  for (size_t r = 0; r < status_.size(); ++r) {
+    if (status_[r].state != State::kUp) missing.push_back(infos_[r].info.name);
+  }
+  return missing;
+}
+
+// ------------------------------------------------------------------- lookup
+
+PeerTable::Route PeerTable::route(int peer) const {
+  MutexLock lock(mu_);
+  const Status& s = status_[peer];
+  if (s.state != State::kUp) return Route{false, nullptr, s.reason};
+  return Route{true, s.connection, std::string()};
+}
+
+std::shared_ptr<Connection> PeerTable::connection(int peer) const {
+  MutexLock lock(mu_);
+  return status_[peer].connection;
+}
+
+bool PeerTable::is_up(int peer) const {
+  MutexLock lock(mu_);
+  return status_[peer].state == State::kUp;
+}
+
+std::string PeerTable::reason(int peer) const {
+  MutexLock lock(mu_);
+  return status_[peer].reason;
+}
+
+rpc::WorkerInfo PeerTable::find(const std::string& name) const {
+  MutexLock lock(mu_);
+  const PeerInfo* found = nullptr;
+  for (size_t r = 0; r < infos_.size(); ++r) {
+    const State state = status_[r].state;
+    if (state == State::kAbsent || infos_[r].info.name != name) continue;
+    if (found == nullptr || state == State::kUp) found = &infos_[r];
+  }
+  if (found == nullptr) {
+    throw NotFoundError(fmt::format("rpc agent \"{}\": no worker named \"{}\"{}", self_name_,
+                                    name, dynamic_ ? " in this dynamic group" : ""));
+  }
+  return found->info;
+}
+
+rpc::WorkerInfo PeerTable::find(int id) const {
+  MutexLock lock(mu_);
+  if (id < 0 || id >= capacity() || status_[id].state == State::kAbsent) {
+    throw NotFoundError(
+        fmt::format("rpc agent \"{}\": no worker with id {}", self_name_, id));
+  }
+  return infos_[id].info;
+}
+
+std::vector<rpc::WorkerInfo> PeerTable::workers() const {
+  MutexLock lock(mu_);
+  std::vector<rpc::WorkerInfo> out;
+  for (size_t r = 0; r < infos_.size(); ++r) {
+    if (!dynamic_ || status_[r].state == State::kUp) out.push_back(infos_[r].info);
+  }
+  return out;
+}
+
+rpc::DeviceMaps PeerTable::reverse_maps() const {
+  MutexLock lock(mu_);
+  return routes_.reverse_maps;
+}
+
+std::vector<Device> PeerTable::devices() const {
+  MutexLock lock(mu_);
+  return routes_.devices;
+}
+
+}  // namespace switchboard::agents

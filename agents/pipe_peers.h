@@ -1,0 +1,203 @@
+// PeerTable: the PIPE agent's peers, by rank (static group: every worker;
+// dynamic group: the ranks [0, capacity) a worker may take): who each is,
+// the state of its connection, why it is down, the connections that have
+// not said hello yet, hellos that came before the table was filled, and
+// the device routes (reverse maps, this worker's devices) that follow from
+// the members' announcements. Internal to //agents.
+//
+// States: kAbsent (a dynamic group's rank no worker holds) → kConnecting →
+// kUp → kLost (its connection failed) or kLeft (it said goodbye). A peer's
+// WorkerInfo and announcement are written once, under the lock, before the
+// peer is first published (state beyond kAbsent), and never change after
+// (ranks are never reused); info() reads them without the lock.
+//
+// Thread safety: every member function is thread-safe; each takes mu_ once
+// and calls nothing outside the table while holding it, except
+// connect()'s transport call, which runs without it.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "agents/pipe_connection.h"
+#include "agents/pipe_info.h"
+#include "agents/pipe_transport.h"
+#include "common/mutex.h"
+#include "rpc/agent.h"
+#include "rpc/device_map.h"
+#include "rpc/message.h"
+
+namespace switchboard::agents {
+
+class PeerTable {
+ public:
+  enum class State { kAbsent, kConnecting, kUp, kLost, kLeft };
+
+  // Who a peer is (write-once; see above).
+  struct PeerInfo {
+    rpc::WorkerInfo info;
+    WorkerAnnouncement announcement;
+  };
+
+  // Where this worker's tensors go: responses along the inverse of each
+  // caller's map, and the devices this worker uses.
+  struct DeviceRoutes {
+    rpc::DeviceMaps reverse_maps;
+    std::vector<Device> devices;
+  };
+
+  // A hello deferred by defer_hello(), to replay once the table is filled.
+  using EarlyHello = std::pair<std::shared_ptr<Connection>, rpc::Message>;
+
+  // What lose() found: whether `connection` was the peer's current one,
+  // whether the peer was up, whether the loss is expected (stopping, or
+  // the peer left) and the peer's reason for being down.
+  struct Loss {
+    bool current = false;
+    bool was_up = false;
+    bool quiet = false;
+    std::string why;
+  };
+
+  // A call's way to a peer: its connection (null for this worker itself)
+  // when up, else why not.
+  struct Route {
+    bool up = false;
+    std::shared_ptr<Connection> connection;
+    std::string reason;
+  };
+
+  // `self_name` names this worker in errors; `capacity` ranks, each kAbsent
+  // (dynamic) or kConnecting (static).
+  PeerTable(std::string self_name, int capacity, bool dynamic);
+  PeerTable(const PeerTable&) = delete;
+  PeerTable& operator=(const PeerTable&) = delete;
+
+  // -------------------------------------------------------------- filling
+
+  // Static groups: every rank's announcement (by rank); `self` is up. Marks
+  // the table ready and replays the hellos deferred until now (each on its
+  // connection's strand, which then reads on).
+  void fill_static(const std::vector<WorkerAnnouncement>& all, int self, DeviceRoutes routes)
+      SB_EXCLUDES(mu_);
+  // Dynamic groups, when joining: the members (kConnecting) and this worker
+  // (up). Marks the table ready and replays the deferred hellos.
+  void fill_members(const std::vector<Member>& members, int self,
+                    const WorkerAnnouncement& mine, DeviceRoutes routes) SB_EXCLUDES(mu_);
+  // Keeps a hello that came before the table was ready (a faster peer
+  // finished the all-gather first) and returns true; false once ready.
+  bool defer_hello(const std::shared_ptr<Connection>& connection, const rpc::Message& frame)
+      SB_EXCLUDES(mu_);
+
+  // -------------------------------------------------------------- connections
+
+  // An accepted connection that has not said hello; false (the caller
+  // drops it) once stop() ran.
+  bool add_unidentified(const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
+  // Connects to `peer` through `transport`, sends `hello` (a hello frame's
+  // payload) and makes the connection the peer's, up, reading. Throws
+  // ConnectionError naming this worker, the peer and its address.
+  void connect(int peer, PipeTransport& transport, const std::vector<uint8_t>& hello)
+      SB_EXCLUDES(mu_);
+  // Makes `connection` (which said hello as `peer`) the peer's, up; false,
+  // changing nothing, when the peer has a connection already.
+  bool identify(int peer, const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
+  // A dynamic group's member side: admits the worker that said hello as
+  // `hello_name`, rank `r`, over `connection`, when the table is open to
+  // newcomers, the rank free, the announcement names the same worker, its
+  // name is unused among the members up, and `routes_with(members up +
+  // joiner)` accepts its device maps (it throws otherwise; it runs under
+  // the table's lock and must not call into the table). Returns "" when
+  // admitted (the peer is up), else the refusal. Either way `connection`
+  // is no longer unidentified.
+  using RouteRule =
+      std::function<DeviceRoutes(const std::vector<rpc::WorkerDevices>& members)>;
+  std::string admit(int r, const std::string& hello_name, const WorkerAnnouncement& joiner,
+                    const std::shared_ptr<Connection>& connection, const RouteRule& routes_with)
+      SB_EXCLUDES(mu_);
+  // The peer whose connection was `connection` lost it (`reason`): marks
+  // it kLost (unless it left) and forgets an unidentified connection.
+  Loss lose(const std::shared_ptr<Connection>& connection, const std::string& reason)
+      SB_EXCLUDES(mu_);
+  // A peer that was up said goodbye: marks it kLeft; returns whether it
+  // was up.
+  bool mark_left(int peer) SB_EXCLUDES(mu_);
+  // A member that could not be reached while joining: kLost with `reason`.
+  void mark_lost(int peer, const std::string& reason) SB_EXCLUDES(mu_);
+
+  // Refuses newcomers from now on (admit()) and returns the connections of
+  // the peers up (to say goodbye to).
+  std::vector<std::shared_ptr<Connection>> close_to_newcomers() SB_EXCLUDES(mu_);
+  // Marks the table stopping (losses are quiet, accepts refused, waits
+  // woken) and returns every connection, identified or not.
+  std::vector<std::shared_ptr<Connection>> stop() SB_EXCLUDES(mu_);
+
+  // For the heartbeat: the connections of the peers up and the
+  // unidentified ones; nullopt once stopping.
+  struct Watched {
+    std::vector<std::shared_ptr<Connection>> up;
+    std::vector<std::shared_ptr<Connection>> unidentified;
+  };
+  std::optional<Watched> watched() const SB_EXCLUDES(mu_);
+
+  // Blocks until every peer is up, or `timeout` (0: none) passed; returns
+  // the names of the peers still not up (empty: all up).
+  std::vector<std::string> wait_all_up(std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
+
+  // -------------------------------------------------------------- lookup
+
+  // The peer's route for a call or a reply.
+  Route route(int peer) const SB_EXCLUDES(mu_);
+  // The peer's connection (null when none); replies go there.
+  std::shared_ptr<Connection> connection(int peer) const SB_EXCLUDES(mu_);
+  bool is_up(int peer) const SB_EXCLUDES(mu_);
+  // Why the peer is down ("" while up).
+  std::string reason(int peer) const SB_EXCLUDES(mu_);
+  // Who the peer is (published peers only; see above).
+  const PeerInfo& info(int peer) const { return infos_[peer]; }
+  const std::string& name_of(int peer) const { return infos_[peer].info.name; }
+  int capacity() const { return static_cast<int>(infos_.size()); }
+
+  // The worker named `name`: the one up, else the latest. NotFoundError
+  // naming it (`dynamic` words the error for a dynamic group).
+  rpc::WorkerInfo find(const std::string& name) const SB_EXCLUDES(mu_);
+  // NotFoundError for an id out of range or not taken.
+  rpc::WorkerInfo find(int id) const SB_EXCLUDES(mu_);
+  // Static: every worker. Dynamic: the members up now.
+  std::vector<rpc::WorkerInfo> workers() const SB_EXCLUDES(mu_);
+  // The device routes now (a dynamic group's change as workers join).
+  rpc::DeviceMaps reverse_maps() const SB_EXCLUDES(mu_);
+  std::vector<Device> devices() const SB_EXCLUDES(mu_);
+
+ private:
+  struct Status {
+    std::shared_ptr<Connection> connection;
+    State state = State::kConnecting;
+    std::string reason;  // why it is down
+  };
+
+  // Marks the table ready; returns the deferred hellos.
+  std::vector<EarlyHello> ready_locked() SB_REQUIRES(mu_);
+  static void replay(std::vector<EarlyHello> early);
+
+  const std::string self_name_;
+  const bool dynamic_;
+  std::vector<PeerInfo> infos_;  // sized at construction; write-once entries
+
+  mutable Mutex mu_;
+  CondVar changed_;  // a peer came up, or stopping
+  std::vector<Status> status_ SB_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Connection>> unidentified_ SB_GUARDED_BY(mu_);
+  bool ready_ SB_GUARDED_BY(mu_) = false;
+  std::vector<EarlyHello> early_hellos_ SB_GUARDED_BY(mu_);
+  bool stopping_ SB_GUARDED_BY(mu_) = false;
+  bool closed_to_newcomers_ SB_GUARDED_BY(mu_) = false;
+  DeviceRoutes routes_ SB_GUARDED_BY(mu_);
+};
+
+}  // namespace switchboard::agents

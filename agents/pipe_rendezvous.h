@@ -1,0 +1,75 @@
+// StaticRendezvous: how the workers of a static PIPE group (world_size
+// given) find each other (agents/pipe_agent.h, "Construction of a static
+// group"): the all-gather of every worker's announcement over a Gloo
+// group, the name and device-map checks, connecting the mesh (rank i
+// connects to every rank below it) and waiting until every peer is
+// connected; then the hellos of the higher ranks, and join()'s barrier.
+// Internal to //agents.
+//
+// Thread safety: run() once, on the constructing thread; check_hello() on
+// any thread (it reads what run() published in the peer table); barrier()
+// and close() on the owner's thread (join() and shutdown()), not
+// concurrently with each other.
+// Ownership: owns the Gloo group; shares nothing else (the store, peer
+// table and transport are the agent's and outlive this).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "agents/pipe_options.h"
+#include "agents/pipe_info.h"
+#include "agents/pipe_peers.h"
+#include "agents/pipe_transport.h"
+
+namespace switchboard::collective {
+class GlooProcessGroup;
+}
+
+namespace switchboard {
+class Store;
+}
+
+namespace switchboard::agents {
+
+class StaticRendezvous {
+ public:
+  // This worker is `name`, rank `rank` of `world_size`.
+  StaticRendezvous(std::string name, int rank, int world_size,
+                   const PipeAgentOptions& options, PeerTable& peers,
+                   PipeTransport& transport);
+  ~StaticRendezvous();
+  StaticRendezvous(const StaticRendezvous&) = delete;
+  StaticRendezvous& operator=(const StaticRendezvous&) = delete;
+
+  // All-gathers `mine` over a Gloo group on `store`, validates the names
+  // and device maps, fills the peer table, connects to the lower ranks and
+  // waits for every peer. Throws std::invalid_argument (a duplicate name,
+  // bad device maps), ConnectionError (a peer that cannot be reached) or
+  // TimeoutError naming the workers missing after options.rpc_timeout.
+  void run(Store& store, const WorkerAnnouncement& mine);
+
+  // A static hello on `connection` from a higher rank: makes the
+  // connection that peer's and returns "", or returns what is wrong with
+  // it (the protocol error to close the connection with).
+  std::string accept_hello(const Hello& hello, const std::shared_ptr<Connection>& connection);
+
+  // Every worker meets here (join()); TimeoutError at `deadline` (none:
+  // waits for ever).
+  void barrier(std::optional<std::chrono::steady_clock::time_point> deadline);
+  // Destroys the Gloo group (shutdown).
+  void close();
+
+ private:
+  const std::string name_;
+  const int rank_;
+  const int world_size_;
+  const PipeAgentOptions& options_;
+  PeerTable& peers_;
+  PipeTransport& transport_;
+  std::unique_ptr<collective::GlooProcessGroup> gloo_;  // see Thread safety
+};
+
+}  // namespace switchboard::agents

@@ -1,0 +1,165 @@
+#include "agents/pipe_tcp_transport.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "agents/pipe_tcp_connection.h"
+#include "common/check.h"
+#include "common/error.h"
+
+namespace switchboard::agents {
+
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+// The transport's state is the io_context's: the acceptor and the timers
+// run on `strand_`, connections on strands of their own. Everything here
+// is touched by the owner's thread only before the I/O threads start
+// (listen()) or after they are joined, and otherwise on `strand_`.
+class TcpTransport final : public PipeTransport {
+ public:
+  TcpTransport(ConnectionEvents& events, TcpTransportOptions options)
+      : events_(events),
+        options_(std::move(options)),
+        work_(asio::make_work_guard(io_)),
+        strand_(asio::make_strand(io_)),
+        acceptor_(strand_) {}
+
+  // Stops the io_context (pending handlers are dropped, not run) and joins
+  // the I/O threads.
+  ~TcpTransport() override {
+    work_.reset();
+    io_.stop();
+    join();
+  }
+
+  void listen(const std::string& address, OnAccept on_accept) override {
+    boost::system::error_code error;
+    const auto ip = asio::ip::make_address(address, error);
+    SB_REQUIRE(!error, "PIPE agent \"{}\": cannot parse listen address \"{}\": {}",
+               options_.agent_name, address, error.message());
+    const tcp::endpoint endpoint(ip, 0);
+    acceptor_.open(endpoint.protocol());
+    acceptor_.set_option(tcp::acceptor::reuse_address(true));
+    acceptor_.bind(endpoint, error);
+    if (error) {
+      throw ConnectionError(fmt::format("PIPE agent \"{}\": cannot listen on {}: {}",
+                                        options_.agent_name, address, error.message()));
+    }
+    acceptor_.listen(asio::socket_base::max_listen_connections);
+    address_ = address;
+    port_ = acceptor_.local_endpoint().port();
+    on_accept_ = std::move(on_accept);
+    accept_next();
+    for (size_t i = 0; i < std::max<size_t>(1, options_.num_io_threads); ++i) {
+      threads_.emplace_back([this] { io_.run(); });
+    }
+  }
+
+  const std::string& address() const override { return address_; }
+  int port() const override { return port_; }
+
+  std::shared_ptr<Connection> connect(const std::string& address, int port) override {
+    tcp::socket socket(io_);
+    boost::system::error_code error;
+    const tcp::endpoint endpoint(asio::ip::make_address(address, error),
+                                 static_cast<uint16_t>(port));
+    if (!error) socket.connect(endpoint, error);
+    if (error) throw ConnectionError(error.message());
+    return make_connection(std::move(socket));
+  }
+
+  void every(std::chrono::milliseconds interval, std::function<bool()> tick) override {
+    asio::post(strand_, [this, interval, tick = std::move(tick)]() mutable {
+      if (closed_) return;
+      auto timer = std::make_shared<asio::steady_timer>(strand_);
+      timers_.push_back(timer);
+      arm(std::move(timer), interval, std::move(tick));
+    });
+  }
+
+  void close() override {
+    asio::post(strand_, [this] {
+      closed_ = true;
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+      for (auto& timer : timers_) timer->cancel();
+    });
+  }
+
+  void join() override {
+    work_.reset();
+    for (auto& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+ private:
+  std::shared_ptr<Connection> make_connection(tcp::socket socket) {
+    return std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
+                                           options_.allocate);
+  }
+
+  // Strand only.
+  void accept_next() {
+    acceptor_.async_accept([this](const boost::system::error_code& error, tcp::socket socket) {
+      if (error) {
+        if (error != asio::error::operation_aborted) {
+          spdlog::warn("rpc agent \"{}\": accept failed: {}", options_.agent_name,
+                       error.message());
+        }
+        if (!acceptor_.is_open()) return;
+      } else {
+        on_accept_(make_connection(std::move(socket)));
+      }
+      accept_next();
+    });
+  }
+
+  // Strand only.
+  void arm(std::shared_ptr<asio::steady_timer> timer, std::chrono::milliseconds interval,
+           std::function<bool()> tick) {
+    timer->expires_after(interval);
+    auto* raw = timer.get();
+    raw->async_wait([this, timer = std::move(timer), interval,
+                     tick = std::move(tick)](const boost::system::error_code& e) mutable {
+      if (e || closed_ || !tick()) return;
+      arm(std::move(timer), interval, std::move(tick));
+    });
+  }
+
+  ConnectionEvents& events_;
+  const TcpTransportOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  tcp::acceptor acceptor_;  // strand only once listening
+  std::string address_;     // written by listen()
+  int port_ = 0;            // written by listen()
+  OnAccept on_accept_;      // written by listen()
+  bool closed_ = false;     // strand only
+  std::vector<std::shared_ptr<asio::steady_timer>> timers_;  // strand only
+  std::vector<std::thread> threads_;  // owner's thread
+};
+
+}  // namespace
+
+std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
+                                                  TcpTransportOptions options) {
+  return std::make_unique<TcpTransport>(events, std::move(options));
+}
+
+}  // namespace switchboard::agents
