@@ -17,9 +17,9 @@
 //
 // Thread safety: Comm and GroupState say which of their mutexes guards what
 // (SB_GUARDED_BY; SB_REQUIRES(mu) where the caller must hold it), checked by
-// the clang build (--config=tsa). Lock order: GroupState::p2p_mu before any Comm::mu or GroupState::mu;
-// GroupState::mu is released before a Comm::mu is taken, never held with
-// one.
+// the clang build (--config=tsa). Lock order: GroupState::p2p_mu before any
+// Comm::mu or GroupState::mu; GroupState::mu is released before a Comm::mu
+// is taken, never held with one.
 #pragma once
 
 #include <cuda_runtime_api.h>
