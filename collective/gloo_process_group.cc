@@ -19,17 +19,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
+#include <mutex>  // std::once_flag
 #include <thread>
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "store/store.h"
 
 namespace switchboard::collective {
@@ -175,11 +175,11 @@ struct GlooProcessGroup::Impl {
     Work work;
     std::function<void()> run;
   };
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Op> queue;   // GUARDED_BY(mu)
-  bool stopping = false;  // GUARDED_BY(mu)
-  uint32_t next_tag = 0;  // GUARDED_BY(mu): collectives' Gloo tags
+  Mutex mu;
+  CondVar cv;
+  std::deque<Op> queue SB_GUARDED_BY(mu);
+  bool stopping SB_GUARDED_BY(mu) = false;
+  uint32_t next_tag SB_GUARDED_BY(mu) = 0;  // collectives' Gloo tags
   std::thread worker;
 
   // Posted sends and recvs waiting for a waiter thread.
@@ -189,22 +189,23 @@ struct GlooProcessGroup::Impl {
     Tensor tensor;  // keeps the bytes alive while Gloo may touch them
     bool is_send = false;
   };
-  std::condition_variable p2p_cv;
-  std::deque<P2p> p2p_queue;  // GUARDED_BY(mu)
-  int idle_waiters = 0;       // GUARDED_BY(mu)
+  CondVar p2p_cv;
+  std::deque<P2p> p2p_queue SB_GUARDED_BY(mu);
+  int idle_waiters SB_GUARDED_BY(mu) = 0;
   // Buffers a waiter is blocked on (and whether each is a send), so that
   // stop() can abort those waits.
-  std::map<gloo::transport::UnboundBuffer*, bool> in_flight;  // GUARDED_BY(mu)
-  std::vector<std::thread> waiters;  // GUARDED_BY(mu) to add; joined in stop()
+  std::map<gloo::transport::UnboundBuffer*, bool> in_flight SB_GUARDED_BY(mu);
+  // Added by post_p2p() until `stopping`; stop() takes them and joins them.
+  std::vector<std::thread> waiters SB_GUARDED_BY(mu);
 
   explicit Impl(GlooProcessGroup& g) : group(g) {}
 
-  void run_worker() {
+  void run_worker() SB_EXCLUDES(mu) {
     for (;;) {
       Op op{Work(Work::Info{}), nullptr};
       {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        MutexLock lock(mu);
+        cv.wait(mu, [&]() SB_REQUIRES(mu) { return stopping || !queue.empty(); });
         if (queue.empty()) return;
         op = std::move(queue.front());
         queue.pop_front();
@@ -223,10 +224,10 @@ struct GlooProcessGroup::Impl {
   }
 
   // Queues `run` (which receives the op's Gloo tag) and returns its Work.
-  Work enqueue(const std::string& op, std::function<void(uint32_t)> run) {
+  Work enqueue(const std::string& op, std::function<void(uint32_t)> run) SB_EXCLUDES(mu) {
     Work work(group.work_info(op));
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (stopping) {
         throw Error(ErrorCode::kCancelled,
                     fmt::format("{}: the group is shutting down", group.where(op)));
@@ -248,14 +249,17 @@ struct GlooProcessGroup::Impl {
   // Fails what has not started, aborts posted sends and recvs, lets the
   // running collective finish (it is bounded by the op timeout) and joins
   // every thread.
-  void stop() {
+  void stop() SB_EXCLUDES(mu) {
     std::deque<Op> queued;
     std::deque<P2p> posted;
+    std::vector<std::thread> threads;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       stopping = true;
       queued.swap(queue);
       posted.swap(p2p_queue);
+      // No waiter is added once `stopping` is set (post_p2p checks it).
+      threads.swap(waiters);
       for (auto [buffer, is_send] : in_flight) {
         if (is_send) {
           buffer->abortWaitSend();
@@ -269,7 +273,7 @@ struct GlooProcessGroup::Impl {
     for (auto& op : queued) op.work.fail(cancelled(op.work.info().op));
     for (auto& p2p : posted) p2p.work.fail(cancelled(p2p.work.info().op));
     if (worker.joinable()) worker.join();
-    for (auto& waiter : waiters) waiter.join();
+    for (auto& waiter : threads) waiter.join();
   }
 
   // Posts a send or recv now; a waiter thread finishes its Work. Gloo
@@ -279,7 +283,7 @@ struct GlooProcessGroup::Impl {
   // waiter of its own (idle waiters are reused, new ones started when none
   // is idle), so a send that completes late never holds up another.
   Work post_p2p(const std::string& op, const Tensor& tensor, int peer, int tag,
-                bool is_send) {
+                bool is_send) SB_EXCLUDES(mu) {
     Work work(group.work_info(op));
     if (tensor.nbytes() == 0) {
       work.complete();
@@ -296,7 +300,7 @@ struct GlooProcessGroup::Impl {
       std::rethrow_exception(translate(op, std::current_exception()));
     }
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       if (stopping) std::rethrow_exception(cancelled(op));
       p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send});
       if (idle_waiters == 0) {
@@ -309,12 +313,12 @@ struct GlooProcessGroup::Impl {
     return work;
   }
 
-  void run_waiter() {
+  void run_waiter() SB_EXCLUDES(mu) {
     for (;;) {
       P2p p2p;
       {
-        std::unique_lock lock(mu);
-        p2p_cv.wait(lock, [&] { return stopping || !p2p_queue.empty(); });
+        MutexLock lock(mu);
+        p2p_cv.wait(mu, [&]() SB_REQUIRES(mu) { return stopping || !p2p_queue.empty(); });
         if (p2p_queue.empty()) return;
         p2p = std::move(p2p_queue.front());
         p2p_queue.pop_front();
@@ -331,7 +335,7 @@ struct GlooProcessGroup::Impl {
       } catch (...) {
         p2p.work.fail(translate(p2p.work.info().op, std::current_exception()));
       }
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       in_flight.erase(p2p.buffer.get());
       p2p = P2p{};  // drop the buffer and tensor before idling
       ++idle_waiters;

@@ -191,7 +191,7 @@ CollectiveContext::CollectiveContext() : member_name_(default_member_name()) {}
 CollectiveContext::~CollectiveContext() {
   std::map<std::string, Slot> slots;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     slots.swap(slots_);
   }
   slots.clear();  // each group's destructor waits for its running op
@@ -203,33 +203,33 @@ CollectiveContext& CollectiveContext::global() {
 }
 
 void CollectiveContext::set_default_store(std::shared_ptr<Store> store) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   default_store_ = std::move(store);
 }
 
 std::shared_ptr<Store> CollectiveContext::default_store() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return default_store_;
 }
 
 void CollectiveContext::set_member_name(std::string name) {
   check_member_name("set_member_name", name);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   member_name_ = std::move(name);
 }
 
 std::string CollectiveContext::member_name() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return member_name_;
 }
 
 void CollectiveContext::set_spec_wait_timeout(GroupTimeout timeout) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   spec_wait_timeout_ = timeout;
 }
 
 GroupTimeout CollectiveContext::spec_wait_timeout() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return spec_wait_timeout_;
 }
 
@@ -275,7 +275,7 @@ void CollectiveContext::init_collective_group(int world_size, int rank,
 }
 
 void CollectiveContext::claim(const std::string& group_name, std::string_view what) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = slots_.find(group_name);
   if (it != slots_.end()) {
     if (it->second.group == nullptr) {
@@ -295,13 +295,13 @@ void CollectiveContext::claim(const std::string& group_name, std::string_view wh
 
 void CollectiveContext::install(const std::string& group_name,
                                 std::shared_ptr<ProcessGroup> group) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   slots_[group_name].group = std::move(group);
   slots_changed_.notify_all();
 }
 
 void CollectiveContext::release(const std::string& group_name) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   slots_.erase(group_name);
   slots_changed_.notify_all();
 }
@@ -330,8 +330,8 @@ std::shared_ptr<ProcessGroup> CollectiveContext::find_or_join(
     GroupTimeout wait_timeout;
     std::string me;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      slots_changed_.wait(lock, [&] {
+      MutexLock lock(mu_);
+      slots_changed_.wait(mu_, [&]() SB_REQUIRES(mu_) {
         auto it = slots_.find(group_name);
         return it == slots_.end() || it->second.group != nullptr;
       });
@@ -435,8 +435,8 @@ bool CollectiveContext::remove_collective_group_spec(const std::string& group_na
 bool CollectiveContext::destroy_collective_group(const std::string& group_name) {
   std::shared_ptr<ProcessGroup> dropped;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    slots_changed_.wait(lock, [&] {
+    MutexLock lock(mu_);
+    slots_changed_.wait(mu_, [&]() SB_REQUIRES(mu_) {
       auto it = slots_.find(group_name);
       return it == slots_.end() || it->second.group != nullptr;
     });
@@ -454,13 +454,13 @@ bool CollectiveContext::destroy_collective_group(const std::string& group_name) 
 }
 
 bool CollectiveContext::is_group_initialized(const std::string& group_name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = slots_.find(group_name);
   return it != slots_.end() && it->second.group != nullptr;
 }
 
 std::vector<std::string> CollectiveContext::initialized_groups() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> names;
   for (const auto& [name, slot] : slots_) {
     if (slot.group != nullptr) names.push_back(name);

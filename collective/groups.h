@@ -81,10 +81,8 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -93,6 +91,7 @@
 #include "collective/process_group.h"
 #include "collective/tensor.h"
 #include "collective/work.h"
+#include "common/mutex.h"
 
 namespace switchboard {
 class Store;
@@ -139,18 +138,18 @@ class CollectiveContext {
 
   // The store used when an init/create call passes none (nullptr: none, fall
   // back to MASTER_ADDR/MASTER_PORT). The context shares ownership.
-  void set_default_store(std::shared_ptr<Store> store);
-  std::shared_ptr<Store> default_store() const;
+  void set_default_store(std::shared_ptr<Store> store) SB_EXCLUDES(mu_);
+  std::shared_ptr<Store> default_store() const SB_EXCLUDES(mu_);
 
   // This process's name in declarative specs. Throws std::invalid_argument
   // for an invalid name.
-  void set_member_name(std::string name);
-  std::string member_name() const;
+  void set_member_name(std::string name) SB_EXCLUDES(mu_);
+  std::string member_name() const SB_EXCLUDES(mu_);
 
   // How long an op waits for the spec of a group that is not initialized
   // here (default 300 s; Store::kNoTimeout waits forever).
-  void set_spec_wait_timeout(GroupTimeout timeout);
-  GroupTimeout spec_wait_timeout() const;
+  void set_spec_wait_timeout(GroupTimeout timeout) SB_EXCLUDES(mu_);
+  GroupTimeout spec_wait_timeout() const SB_EXCLUDES(mu_);
 
   // Joins group `group_name` as `rank` of `world_size` over `backend` (any
   // case) and returns when every rank joined. Throws std::invalid_argument
@@ -175,12 +174,14 @@ class CollectiveContext {
                                     std::shared_ptr<Store> store = nullptr);
 
   // Drops the local group; false when none was initialized (see above).
-  bool destroy_collective_group(const std::string& group_name = kDefaultGroupName);
+  bool destroy_collective_group(const std::string& group_name = kDefaultGroupName)
+      SB_EXCLUDES(mu_);
   // True once `group_name` is initialized in this context; never looks at
   // the store.
-  bool is_group_initialized(const std::string& group_name = kDefaultGroupName) const;
+  bool is_group_initialized(const std::string& group_name = kDefaultGroupName) const
+      SB_EXCLUDES(mu_);
   // Names of the groups initialized here, sorted.
-  std::vector<std::string> initialized_groups() const;
+  std::vector<std::string> initialized_groups() const SB_EXCLUDES(mu_);
   // This process's rank / the group's size; -1 when this process is not a
   // member (or nothing is known about the group). May initialize a
   // declarative group lazily (see above).
@@ -258,9 +259,10 @@ class CollectiveContext {
   // Reserves `group_name` for an initialization in progress (throws
   // std::invalid_argument when taken); install() fills it, release() frees
   // it after a failure.
-  void claim(const std::string& group_name, std::string_view what);
-  void install(const std::string& group_name, std::shared_ptr<ProcessGroup> group);
-  void release(const std::string& group_name);
+  void claim(const std::string& group_name, std::string_view what) SB_EXCLUDES(mu_);
+  void install(const std::string& group_name, std::shared_ptr<ProcessGroup> group)
+      SB_EXCLUDES(mu_);
+  void release(const std::string& group_name) SB_EXCLUDES(mu_);
   // Counts this initialization in the store (the generation rule) and runs
   // the backend's factory under the generation's PrefixStore.
   std::shared_ptr<ProcessGroup> build(const std::string& group_name, int world_size,
@@ -274,17 +276,17 @@ class CollectiveContext {
   // The local group, initializing a declarative one from its spec. Null
   // when this process is not a member (or, with kNoWait, nothing is known).
   std::shared_ptr<ProcessGroup> find_or_join(const std::string& group_name, SpecWait wait,
-                                             std::string_view what);
+                                             std::string_view what) SB_EXCLUDES(mu_);
   // find_or_join with kWait, throwing when this process is not a member.
   std::shared_ptr<ProcessGroup> require(const std::string& group_name,
                                         std::string_view what);
 
-  mutable std::mutex mu_;
-  std::condition_variable slots_changed_;
-  std::map<std::string, Slot> slots_;                               // GUARDED_BY(mu_)
-  std::shared_ptr<Store> default_store_;                            // GUARDED_BY(mu_)
-  std::string member_name_;                                         // GUARDED_BY(mu_)
-  GroupTimeout spec_wait_timeout_ = ProcessGroup::kDefaultTimeout;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar slots_changed_;
+  std::map<std::string, Slot> slots_ SB_GUARDED_BY(mu_);
+  std::shared_ptr<Store> default_store_ SB_GUARDED_BY(mu_);
+  std::string member_name_ SB_GUARDED_BY(mu_);
+  GroupTimeout spec_wait_timeout_ SB_GUARDED_BY(mu_) = ProcessGroup::kDefaultTimeout;
 };
 
 // The free functions: CollectiveContext::global()'s methods of the same name.

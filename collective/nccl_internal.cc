@@ -12,6 +12,7 @@
 #include "collective/cuda_allocator.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 
 namespace switchboard::collective::nccl_internal {
 
@@ -175,7 +176,7 @@ void Comm::abort_locked() {
 
 Comm::~Comm() {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     abort_locked();  // only reached with live handles if never closed
   }
   for (cudaStream_t stream : streams) cudaStreamDestroy(stream);
@@ -188,7 +189,6 @@ std::shared_ptr<Comm> create_comm(std::string label, const std::vector<int>& dev
   auto comm = std::make_shared<Comm>();
   comm->label = std::move(label);
   comm->devices = devices;
-  comm->comms.assign(devices.size(), nullptr);
   for (int device : devices) {
     CudaDeviceGuard guard(device);
     cudaStream_t stream = nullptr;
@@ -196,6 +196,9 @@ std::shared_ptr<Comm> create_comm(std::string label, const std::vector<int>& dev
                fmt::format("cudaStreamCreateWithFlags on cuda:{}", device));
     comm->streams.push_back(stream);
   }
+  // Nobody else sees `comm` yet; the lock is for `comms`' annotation.
+  MutexLock lock(comm->mu);
+  comm->comms.assign(devices.size(), nullptr);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   config.commName = comm->label.c_str();
@@ -217,7 +220,6 @@ std::shared_ptr<Comm> create_comm(std::string label, const std::vector<int>& dev
     }
     await_ready(comm->comms, deadline, timeout, "ncclCommInitRankConfig");
   } catch (...) {
-    std::lock_guard<std::mutex> lock(comm->mu);
     comm->abort_locked();
     throw;
   }
@@ -277,12 +279,12 @@ bool Events::finished() const {
 
 std::shared_ptr<Events> enqueue(Comm& comm, Clock::time_point deadline, Timeout timeout,
                                 const SlotFn& nccl, const SlotFn& after) {
-  std::lock_guard<std::mutex> lock(comm.mu);
+  MutexLock lock(comm.mu);
   if (comm.aborted || comm.closed) {
     throw Error(ErrorCode::kFailedPrecondition, "the communicator was aborted or closed");
   }
   const size_t k = comm.devices.size();
-  const auto slot = [&](size_t i) {
+  const auto slot = [&](size_t i) SB_REQUIRES(comm.mu) {
     return Slot{i, comm.devices[i], comm.comms[i], comm.streams[i]};
   };
   for (size_t i = 0; i < k; ++i) order_after_legacy(comm.devices[i], comm.streams[i]);
@@ -316,7 +318,7 @@ std::shared_ptr<Events> enqueue(Comm& comm, Clock::time_point deadline, Timeout 
 // Group state shared with in-flight Works
 
 std::vector<std::shared_ptr<Comm>> GroupState::all_comms() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   std::vector<std::shared_ptr<Comm>> out;
   if (main) out.push_back(main);
   for (const auto& [key, comm] : cliques) out.push_back(comm);
@@ -324,14 +326,14 @@ std::vector<std::shared_ptr<Comm>> GroupState::all_comms() {
 }
 
 std::string GroupState::broken_reason() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   return broken;
 }
 
 void GroupState::break_group(const std::string& why) {
   bool first = false;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     first = broken.empty();
     if (first) broken = why;
   }
@@ -340,7 +342,7 @@ void GroupState::break_group(const std::string& why) {
                  why);
   }
   for (const auto& comm : all_comms()) {
-    std::lock_guard<std::mutex> lock(comm->mu);
+    MutexLock lock(comm->mu);
     comm->abort_locked();
   }
 }
@@ -356,7 +358,7 @@ void GroupState::require_usable(std::string_view where) {
 }
 
 void GroupState::flush_p2p() {
-  std::lock_guard<std::mutex> lock(p2p_mu);
+  MutexLock lock(p2p_mu);
   if (pending.empty()) return;
   std::vector<PendingP2P> batch;
   batch.swap(pending);
@@ -451,7 +453,7 @@ bool OpState::drive(Work::Timeout wait_timeout) {
     ncclResult_t async = ncclSuccess;
     ncclComm_t failed = nullptr;
     {
-      std::lock_guard<std::mutex> lock(comm->mu);
+      MutexLock lock(comm->mu);
       aborted = comm->aborted;
       closed = comm->closed;
       for (ncclComm_t c : comm->comms) {

@@ -16,10 +16,10 @@
 // GroupState owns its communicators (Comm) through `main` and `cliques`.
 //
 // Thread safety: Comm and GroupState say which of their mutexes guards what
-// (GUARDED_BY in a comment; REQUIRES(mu) where the caller must hold it). Lock
-// order: GroupState::p2p_mu before any Comm::mu or GroupState::mu;
-// GroupState::mu is released before a Comm::mu is taken, never held with
-// one.
+// (SB_GUARDED_BY; SB_REQUIRES(mu) where the caller must hold it), checked by
+// the clang build (--config=tsa). Lock order: GroupState::p2p_mu before any
+// Comm::mu or GroupState::mu; GroupState::mu is released before a Comm::mu
+// is taken, never held with one.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,7 +32,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +39,7 @@
 #include "collective/process_group.h"
 #include "collective/tensor.h"
 #include "collective/work.h"
+#include "common/mutex.h"
 
 namespace switchboard::collective::nccl_internal {
 
@@ -108,19 +108,19 @@ std::string devices_str(const std::vector<int>& devices);
 struct Comm {
   std::string label;  // "cuda:0 (NCCL rank 1 of 2)", for messages
   std::vector<int> devices;
-  std::vector<ncclComm_t> comms;
   std::vector<cudaStream_t> streams;
 
-  std::mutex mu;
-  bool aborted = false;  // GUARDED_BY(mu)
-  bool closed = false;   // GUARDED_BY(mu): finalized by the group's destructor
+  Mutex mu;
+  std::vector<ncclComm_t> comms SB_GUARDED_BY(mu);  // null once aborted or closed
+  bool aborted SB_GUARDED_BY(mu) = false;
+  bool closed SB_GUARDED_BY(mu) = false;  // finalized by the group's destructor
 
   Comm() = default;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
-  // REQUIRES(mu). Idempotent; never throws.
-  void abort_locked();
+  // Idempotent; never throws.
+  void abort_locked() SB_REQUIRES(mu);
 
   ~Comm();
 };
@@ -190,7 +190,8 @@ struct Events {
 // NCCL accepted the group (non-blocking mode), `after` runs for every
 // device; then a completion event is recorded per device. Locks comm.mu.
 std::shared_ptr<Events> enqueue(Comm& comm, Clock::time_point deadline, Timeout timeout,
-                                const SlotFn& nccl, const SlotFn& after);
+                                const SlotFn& nccl, const SlotFn& after)
+    SB_EXCLUDES(comm.mu);
 
 struct OpState;
 
@@ -216,27 +217,27 @@ struct GroupState {
   Timeout timeout{0};
   std::shared_ptr<Comm> main;  // set once by the constructor
 
-  std::mutex mu;
-  std::map<std::vector<int>, std::shared_ptr<Comm>> cliques;  // GUARDED_BY(mu)
-  std::string broken;                                         // GUARDED_BY(mu)
+  Mutex mu;
+  std::map<std::vector<int>, std::shared_ptr<Comm>> cliques SB_GUARDED_BY(mu);
+  std::string broken SB_GUARDED_BY(mu);
 
-  std::mutex p2p_mu;                // also held while a batch is being issued
-  std::vector<PendingP2P> pending;  // GUARDED_BY(p2p_mu)
+  Mutex p2p_mu;  // also held while a batch is being issued
+  std::vector<PendingP2P> pending SB_GUARDED_BY(p2p_mu);
 
-  std::vector<std::shared_ptr<Comm>> all_comms();
+  std::vector<std::shared_ptr<Comm>> all_comms() SB_EXCLUDES(mu);
 
-  std::string broken_reason();
+  std::string broken_reason() SB_EXCLUDES(mu);
 
   // Records why the group is unusable (the first reason wins) and aborts
   // every communicator. Call without any Comm::mu held.
-  void break_group(const std::string& why);
+  void break_group(const std::string& why) SB_EXCLUDES(mu);
 
   // Throws Error(kFailedPrecondition) naming `where` and the first error
   // once the group is broken.
-  void require_usable(std::string_view where);
+  void require_usable(std::string_view where) SB_EXCLUDES(mu);
 
   // Issues every posted send and recv as one NCCL group.
-  void flush_p2p();
+  void flush_p2p() SB_EXCLUDES(p2p_mu);
 };
 
 // The message of the exception in `error`; "unknown error" for a

@@ -8,13 +8,13 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <set>
 
 #include "collective/cuda_allocator.h"
 #include "collective/nccl_internal.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "store/store.h"
 
 namespace switchboard::collective {
@@ -78,8 +78,9 @@ struct NcclProcessGroup::Impl {
   std::shared_ptr<GroupState> state = std::make_shared<GroupState>();
   Device device;
   int device_count = 0;
-  IdMessage* host_message = nullptr;  // pinned; used under create_mu
-  std::mutex create_mu;               // serializes lazy communicator creation
+  Mutex create_mu;  // serializes lazy communicator creation
+  // Pinned; what it points to is used under create_mu.
+  IdMessage* host_message SB_PT_GUARDED_BY(create_mu) = nullptr;
 
   ~Impl() { shutdown(); }
 
@@ -109,7 +110,7 @@ struct NcclProcessGroup::Impl {
     auto op = std::make_shared<OpState>(where, state, state->main);
     bool full = false;
     {
-      std::lock_guard<std::mutex> lock(state->p2p_mu);
+      MutexLock lock(state->p2p_mu);
       state->pending.push_back(PendingP2P{is_send, tensor, peer, op});
       full = state->pending.size() >= kMaxPostedOps;
     }
@@ -122,7 +123,8 @@ struct NcclProcessGroup::Impl {
 
   // Broadcasts `message` from rank 0 over the main communicator and waits
   // for it (at most the group's timeout).
-  IdMessage broadcast_id(const std::string& where, const IdMessage& message) {
+  IdMessage broadcast_id(const std::string& where, const IdMessage& message)
+      SB_REQUIRES(create_mu) {
     const bool root = state->rank == 0;
     if (root) *host_message = message;
     std::unique_ptr<StreamBuffer> buffer;
@@ -148,7 +150,7 @@ struct NcclProcessGroup::Impl {
   }
 
   std::shared_ptr<Comm> find(const std::vector<int>& devices) {
-    std::lock_guard<std::mutex> lock(state->mu);
+    MutexLock lock(state->mu);
     auto it = state->cliques.find(devices);
     return it == state->cliques.end() ? nullptr : it->second;
   }
@@ -170,7 +172,7 @@ struct NcclProcessGroup::Impl {
     require_devices(where, devices);
     state->require_usable(where);
     if (auto comm = find(devices)) return comm;
-    std::lock_guard<std::mutex> create(create_mu);
+    MutexLock create(create_mu);
     if (auto comm = find(devices)) return comm;
     const int k = static_cast<int>(devices.size());
     IdMessage mine{};
@@ -207,7 +209,7 @@ struct NcclProcessGroup::Impl {
     }
     spdlog::info("NCCL group \"{}\" rank {}: created the communicator for {}",
                  state->name, state->rank, label);
-    std::lock_guard<std::mutex> lock(state->mu);
+    MutexLock lock(state->mu);
     state->cliques[devices] = comm;
     return comm;
   }
@@ -223,7 +225,7 @@ struct NcclProcessGroup::Impl {
     }
     const Clock::time_point deadline = deadline_after(state->timeout);
     for (const auto& comm : state->all_comms()) {
-      std::lock_guard<std::mutex> lock(comm->mu);
+      MutexLock lock(comm->mu);
       if (comm->aborted || comm->closed) continue;
       bool clean = true;
       try {

@@ -5,13 +5,13 @@
 #include <cctype>
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <utility>
 
 #include "collective/gloo_process_group.h"
 #include "common/error.h"
+#include "common/mutex.h"
 
 namespace switchboard::collective {
 namespace {
@@ -39,8 +39,8 @@ class Registry {
     return registry;
   }
 
-  void add(CollectiveBackend backend) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void add(CollectiveBackend backend) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (backends_.count(backend.name) != 0) {
       throw RegistryError(
           fmt::format("collective backend \"{}\" is already registered", backend.name));
@@ -49,15 +49,15 @@ class Registry {
     backends_.emplace(std::move(name), std::move(backend));
   }
 
-  std::optional<CollectiveBackend> find(const std::string& name) const {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::optional<CollectiveBackend> find(const std::string& name) const SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     auto it = backends_.find(name);
     if (it == backends_.end()) return std::nullopt;
     return it->second;
   }
 
-  std::vector<std::string> names() const {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> names() const SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     std::vector<std::string> out;
     for (const auto& [name, backend] : backends_) out.push_back(name);
     return out;  // std::map keeps them sorted
@@ -66,8 +66,8 @@ class Registry {
  private:
   Registry();
 
-  mutable std::mutex mu_;
-  std::map<std::string, CollectiveBackend> backends_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::string, CollectiveBackend> backends_ SB_GUARDED_BY(mu_);
 };
 
 std::unique_ptr<ProcessGroup> create_gloo(const GroupInit& init) {

@@ -9,11 +9,11 @@
 #include <charconv>
 #include <cstring>
 #include <iterator>
-#include <mutex>
 #include <new>
 #include <utility>
 
 #include "common/check.h"
+#include "common/mutex.h"
 
 namespace switchboard {
 namespace {
@@ -150,11 +150,17 @@ std::shared_ptr<Storage> allocate_cpu(size_t nbytes) {
   return std::make_shared<Storage>(std::move(owner), data, nbytes, Device::cpu());
 }
 
+struct DeviceHooks {
+  DeviceAllocator allocator;
+  DeviceCopier copier;
+  DeviceCounter counter;
+};
+
 struct AllocatorRegistry {
-  std::mutex mutex;
-  DeviceAllocator allocator;  // GUARDED_BY(mutex)
-  DeviceCopier copier;        // GUARDED_BY(mutex)
-  DeviceCounter counter;      // GUARDED_BY(mutex)
+  Mutex mutex;
+  // One guarded member, so that the analysis checks the accesses through
+  // pointers to DeviceHooks' members below.
+  DeviceHooks hooks SB_GUARDED_BY(mutex);
 };
 
 AllocatorRegistry& allocator_registry() {
@@ -165,21 +171,21 @@ AllocatorRegistry& allocator_registry() {
 // Copies a registered hook out of the registry, so that user code never
 // runs under its lock.
 template <typename Hook>
-Hook current(Hook AllocatorRegistry::*member) {
+Hook current(Hook DeviceHooks::*member) {
   auto& registry = allocator_registry();
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  return registry.*member;
+  MutexLock lock(registry.mutex);
+  return registry.hooks.*member;
 }
 
 template <typename Hook>
-void install(Hook AllocatorRegistry::*member, Hook hook) {
+void install(Hook DeviceHooks::*member, Hook hook) {
   auto& registry = allocator_registry();
   Hook previous;  // destroyed outside the lock
-  std::lock_guard<std::mutex> lock(registry.mutex);
-  previous = std::exchange(registry.*member, std::move(hook));
+  MutexLock lock(registry.mutex);
+  previous = std::exchange(registry.hooks.*member, std::move(hook));
 }
 
-DeviceAllocator current_allocator() { return current(&AllocatorRegistry::allocator); }
+DeviceAllocator current_allocator() { return current(&DeviceHooks::allocator); }
 
 std::shared_ptr<Storage> allocate_device(size_t nbytes, Device device) {
   DeviceAllocator allocator = current_allocator();
@@ -394,23 +400,23 @@ std::string Device::str() const {
 }
 
 void set_device_allocator(DeviceAllocator allocator) {
-  install(&AllocatorRegistry::allocator, std::move(allocator));
+  install(&DeviceHooks::allocator, std::move(allocator));
 }
 
 bool has_device_allocator() { return current_allocator() != nullptr; }
 
 void set_device_copier(DeviceCopier copier) {
-  install(&AllocatorRegistry::copier, std::move(copier));
+  install(&DeviceHooks::copier, std::move(copier));
 }
 
-bool has_device_copier() { return current(&AllocatorRegistry::copier) != nullptr; }
+bool has_device_copier() { return current(&DeviceHooks::copier) != nullptr; }
 
 void set_device_counter(DeviceCounter counter) {
-  install(&AllocatorRegistry::counter, std::move(counter));
+  install(&DeviceHooks::counter, std::move(counter));
 }
 
 int registered_cuda_device_count() {
-  DeviceCounter counter = current(&AllocatorRegistry::counter);
+  DeviceCounter counter = current(&DeviceHooks::counter);
   if (counter == nullptr) return 0;
   try {
     return std::max(0, counter());
@@ -651,7 +657,7 @@ Tensor Tensor::to(Device device) const {
   SB_REQUIRE(is_contiguous(), "Tensor::to({}): {} is not contiguous", device.str(),
              describe());
   if (device.is_cpu() && this->device().is_cpu()) return clone();
-  DeviceCopier copier = current(&AllocatorRegistry::copier);
+  DeviceCopier copier = current(&DeviceHooks::copier);
   SB_REQUIRE(copier != nullptr,
              "Tensor::to: cannot copy {} to {}: no device copier is registered (link "
              "//collective:cuda_allocator)",

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <mutex>
 #include <set>
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 
 namespace switchboard::rpc {
 
@@ -38,33 +38,33 @@ class Registry {
     return registry;
   }
 
-  void set_builtins(void (*registrar)()) {
-    std::lock_guard lock(mu_);
+  void set_builtins(void (*registrar)()) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     builtins_ = registrar;
   }
 
-  BackendType add(std::string_view name, Entry entry) {
+  BackendType add(std::string_view name, Entry entry) SB_EXCLUDES(mu_) {
     ensure_builtins();
-    return add_locked_free(name, std::move(entry));
+    return insert(name, std::move(entry));
   }
 
-  std::optional<Entry> find(std::string_view name) {
+  std::optional<Entry> find(std::string_view name) SB_EXCLUDES(mu_) {
     ensure_builtins();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = entries_.find(upper(name));
     if (it == entries_.end()) return std::nullopt;
     return it->second;
   }
 
-  std::vector<std::string> names() {
+  std::vector<std::string> names() SB_EXCLUDES(mu_) {
     ensure_builtins();
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     std::vector<std::string> out;
     for (const auto& [name, entry] : entries_) out.push_back(name);
     return out;
   }
 
-  [[noreturn]] void unknown(std::string_view name) {
+  [[noreturn]] void unknown(std::string_view name) SB_EXCLUDES(mu_) {
     throw RegistryError(fmt::format("RPC backend {}: not registered (registered: {})",
                                     upper(name), fmt::join(names(), ", ")));
   }
@@ -73,14 +73,15 @@ class Registry {
   // Runs the installed registrar, once, outside mu_ (it calls add(), which
   // must not wait for it to finish). A registrar installed after the
   // registry was first consulted runs at the next consult; one that already
-  // ran never runs again.
-  void ensure_builtins() {
+  // ran never runs again. (A registrar's add() calls come back here with
+  // registrar_mu_ held, and return at once.)
+  void ensure_builtins() SB_EXCLUDES(mu_) {
     static thread_local bool in_registrar = false;
     if (in_registrar) return;
-    std::lock_guard serial(registrar_mu_);
+    MutexLock serial(registrar_mu_);
     void (*registrar)() = nullptr;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       registrar = builtins_;
       builtins_ = nullptr;
       if (registrar == nullptr || !ran_.insert(registrar).second) return;
@@ -95,14 +96,15 @@ class Registry {
     in_registrar = false;
   }
 
-  BackendType add_locked_free(std::string_view name, Entry entry) {
+  // Adds `entry` (takes mu_).
+  BackendType insert(std::string_view name, Entry entry) SB_EXCLUDES(mu_) {
     SB_REQUIRE(!name.empty(), "register_backend: the backend name is empty");
     SB_REQUIRE(entry.construct_options != nullptr,
                "register_backend(\"{}\"): construct_options_handler is empty", name);
     SB_REQUIRE(entry.init_backend != nullptr,
                "register_backend(\"{}\"): init_backend_handler is empty", name);
     std::string key = upper(name);
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (entries_.count(key) != 0) {
       throw RegistryError(fmt::format("RPC backend {}: already registered", key));
     }
@@ -110,11 +112,11 @@ class Registry {
     return BackendRegistryAccess::make(std::move(key));
   }
 
-  std::mutex mu_;
-  std::map<std::string, Entry> entries_;  // GUARDED_BY(mu_)
-  void (*builtins_)() = nullptr;          // GUARDED_BY(mu_): not yet run
-  std::set<void (*)()> ran_;              // GUARDED_BY(mu_)
-  std::mutex registrar_mu_;               // held while a registrar runs
+  Mutex mu_;
+  std::map<std::string, Entry> entries_ SB_GUARDED_BY(mu_);
+  void (*builtins_)() SB_GUARDED_BY(mu_) = nullptr;  // not yet run
+  std::set<void (*)()> ran_ SB_GUARDED_BY(mu_);
+  Mutex registrar_mu_;  // held while a registrar runs
 };
 
 }  // namespace

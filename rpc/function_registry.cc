@@ -28,18 +28,18 @@ FunctionRegistry::FunctionRegistry(std::string worker_name)
     : worker_name_(std::move(worker_name)) {}
 
 std::string FunctionRegistry::worker_name() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return worker_name_;
 }
 
 void FunctionRegistry::set_worker_name(std::string worker_name) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   worker_name_ = std::move(worker_name);
 }
 
 void FunctionRegistry::add(std::string name, Handler handler) {
   auto shared = std::make_shared<const Handler>(std::move(handler));
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   SB_REQUIRE(!name.empty(), "register_function on worker \"{}\": empty function name",
              worker_name_);
   auto [it, inserted] = handlers_.try_emplace(name, std::move(shared));
@@ -50,12 +50,12 @@ void FunctionRegistry::add(std::string name, Handler handler) {
 }
 
 bool FunctionRegistry::has_function(std::string_view name) const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return handlers_.find(name) != handlers_.end();
 }
 
 std::vector<std::string> FunctionRegistry::functions() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::vector<std::string> names;
   names.reserve(handlers_.size());
   for (const auto& entry : handlers_) names.push_back(entry.first);
@@ -67,7 +67,7 @@ Future<Message> FunctionRegistry::call(const Message& request,
   std::shared_ptr<const Handler> handler;
   std::string worker;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     worker = worker_name_;
     auto it = handlers_.find(request.function);
     if (it != handlers_.end()) handler = it->second;

@@ -33,7 +33,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -42,6 +41,7 @@
 #include <vector>
 
 #include "common/check.h"
+#include "common/mutex.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
 #include "rpc/serialize.h"
@@ -62,13 +62,13 @@ class FunctionRegistry {
   template <typename F>
   void register_function(std::string name, F&& f);
 
-  bool has_function(std::string_view name) const;
+  bool has_function(std::string_view name) const SB_EXCLUDES(mutex_);
   // The registered names, sorted.
-  std::vector<std::string> functions() const;
-  std::string worker_name() const;
+  std::vector<std::string> functions() const SB_EXCLUDES(mutex_);
+  std::string worker_name() const SB_EXCLUDES(mutex_);
   // Renames this worker in later error responses (an RpcContext keeps its
   // functions across shutdown and a new init_rpc under another name).
-  void set_worker_name(std::string worker_name);
+  void set_worker_name(std::string worker_name) SB_EXCLUDES(mutex_);
 
   // Serves `request` (type kRequest; request.function names the function)
   // from `from` (currently unused: functions do not see their caller).
@@ -78,7 +78,8 @@ class FunctionRegistry {
   // executor). The response has type kResponse (payload: encode_result) or
   // kError (payload: encode_remote_error) and the request's id. Dropping the
   // returned future cancels nothing.
-  Future<Message> call(const Message& request, const WorkerInfo& from) const;
+  Future<Message> call(const Message& request, const WorkerInfo& from) const
+      SB_EXCLUDES(mutex_);
 
  private:
   // Decodes a request's arguments, runs the function, returns the response;
@@ -86,12 +87,12 @@ class FunctionRegistry {
   using Handler =
       std::function<Future<Message>(const Message& request, const std::string& worker)>;
 
-  void add(std::string name, Handler handler);
+  void add(std::string name, Handler handler) SB_EXCLUDES(mutex_);
 
-  std::string worker_name_;  // GUARDED_BY(mutex_)
-  mutable std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<const Handler>, std::less<>>
-      handlers_;  // GUARDED_BY(mutex_)
+  mutable Mutex mutex_;
+  std::string worker_name_ SB_GUARDED_BY(mutex_);
+  std::map<std::string, std::shared_ptr<const Handler>, std::less<>> handlers_
+      SB_GUARDED_BY(mutex_);
 };
 
 // ---------------------------------------------------------------------------

@@ -41,11 +41,9 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <type_traits>
@@ -55,6 +53,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/thread_pool.h"
 
 namespace switchboard::rpc {
@@ -99,28 +98,28 @@ class State : public std::enable_shared_from_this<State<T>> {
   bool complete_value(Stored<T>&& value) { return complete(&value, nullptr); }
   bool complete_error(std::exception_ptr error) { return complete(nullptr, error); }
 
-  bool done() const {
-    std::lock_guard lock(mu_);
+  bool done() const SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return done_;
   }
 
-  void wait() const {
+  void wait() const SB_EXCLUDES(mu_) {
     if (done()) return;
     ThreadPool::BlockedScope blocked;
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    MutexLock lock(mu_);
+    cv_.wait(mu_, [&]() SB_REQUIRES(mu_) { return done_; });
   }
 
-  bool wait_for(std::chrono::milliseconds timeout) const {
+  bool wait_for(std::chrono::milliseconds timeout) const SB_EXCLUDES(mu_) {
     if (done()) return true;
     if (timeout.count() <= 0) return false;
     ThreadPool::BlockedScope blocked;
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return done_; });
+    MutexLock lock(mu_);
+    return cv_.wait_for(mu_, timeout, [&]() SB_REQUIRES(mu_) { return done_; });
   }
 
-  std::exception_ptr error() const {
-    std::lock_guard lock(mu_);
+  std::exception_ptr error() const SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     return done_ ? error_ : nullptr;
   }
 
@@ -129,9 +128,9 @@ class State : public std::enable_shared_from_this<State<T>> {
   std::exception_ptr error_when_done() const { return error_; }
 
   // `run_inline`: bypass the executor (see FutureCommon::then_inline).
-  void add_callback(Callback callback, bool run_inline = false) {
+  void add_callback(Callback callback, bool run_inline = false) SB_EXCLUDES(mu_) {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (!done_) {
         callbacks_.push_back({std::move(callback), run_inline});
         return;
@@ -141,10 +140,10 @@ class State : public std::enable_shared_from_this<State<T>> {
   }
 
  private:
-  bool complete(Stored<T>* value, std::exception_ptr error) {
+  bool complete(Stored<T>* value, std::exception_ptr error) SB_EXCLUDES(mu_) {
     std::vector<Queued> callbacks;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       if (done_) return false;
       if (value != nullptr) {
         value_.emplace(std::move(*value));
@@ -162,7 +161,7 @@ class State : public std::enable_shared_from_this<State<T>> {
   // Runs `callback` on the executor, or inline (without one, when asked
   // to, or when the executor refuses it). Called without the lock, after
   // completion.
-  void dispatch(Callback callback, bool run_inline) {
+  void dispatch(Callback callback, bool run_inline) SB_EXCLUDES(mu_) {
     Future<T> self = Access::make<T>(this->shared_from_this());
     if (executor_ == nullptr || run_inline) {
       invoke(callback, self);
@@ -187,16 +186,18 @@ class State : public std::enable_shared_from_this<State<T>> {
   }
 
   const std::shared_ptr<Executor> executor_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;                // GUARDED_BY(mu_)
-  std::optional<Stored<T>> value_;   // see the invariants
-  std::exception_ptr error_;         // see the invariants
+  mutable Mutex mu_;
+  mutable CondVar cv_;
+  bool done_ SB_GUARDED_BY(mu_) = false;
+  // Written under mu_, read without it once done (see the invariants), so
+  // not SB_GUARDED_BY.
+  std::optional<Stored<T>> value_;
+  std::exception_ptr error_;
   struct Queued {
     Callback callback;
     bool run_inline;
   };
-  std::vector<Queued> callbacks_;  // GUARDED_BY(mu_)
+  std::vector<Queued> callbacks_ SB_GUARDED_BY(mu_);
 };
 
 // Owned by every copy of one Promise; abandons the state when the last

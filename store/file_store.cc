@@ -160,7 +160,7 @@ bool FileStore::try_open() {
   if (fd_ < 0) throw io_error(path_, "open", errno);
   bool registered = false;
   try {
-    std::lock_guard<std::mutex> guard(mutex_);
+    MutexLock guard(mutex_);
     FileLock lock(fd_, path_);
     if (same_file(fd_, path_)) {
       refresh_locked();
@@ -177,7 +177,7 @@ bool FileStore::try_open() {
 
 FileStore::~FileStore() {
   try {
-    std::lock_guard<std::mutex> guard(mutex_);
+    MutexLock guard(mutex_);
     FileLock lock(fd_, path_);
     refresh_locked();
     int64_t finished = add_counter_locked(kFinished, 1);
@@ -195,7 +195,7 @@ FileStore::~FileStore() {
 
 template <typename Body>
 auto FileStore::locked(Body&& body) {
-  std::lock_guard<std::mutex> guard(mutex_);
+  MutexLock guard(mutex_);
   FileLock lock(fd_, path_);
   refresh_locked();
   return body();
@@ -301,7 +301,7 @@ std::vector<Bytes> FileStore::wait_for(const std::vector<std::string>& keys,
   auto pause = std::chrono::milliseconds(1);
   for (;;) {
     {
-      std::lock_guard<std::mutex> guard(mutex_);
+      MutexLock guard(mutex_);
       // Unchanged size: nothing new to read, so skip the file lock.
       if (file_size(fd_, path_) != offset_) {
         FileLock lock(fd_, path_);
@@ -332,7 +332,7 @@ std::vector<Bytes> FileStore::wait_for(const std::vector<std::string>& keys,
 }
 
 void FileStore::set(const std::string& key, const Bytes& value) {
-  locked([&] { commit_locked(encode(kSet, key, view(value))); });
+  locked([&]() SB_REQUIRES(mutex_) { commit_locked(encode(kSet, key, view(value))); });
 }
 
 Bytes FileStore::get(const std::string& key) {
@@ -340,7 +340,7 @@ Bytes FileStore::get(const std::string& key) {
 }
 
 int64_t FileStore::add(const std::string& key, int64_t delta) {
-  return locked([&] {
+  return locked([&]() SB_REQUIRES(mutex_) {
     auto it = map_.find(key);
     int64_t current = 0;
     if (it != map_.end() && !parse_store_integer(it->second, &current)) {
@@ -358,7 +358,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
 
 Bytes FileStore::compare_set(const std::string& key, const Bytes& expected,
                              const Bytes& desired) {
-  return locked([&] {
+  return locked([&]() SB_REQUIRES(mutex_) {
     auto it = map_.find(key);
     if (it == map_.end() && !expected.empty()) return expected;
     if (it != map_.end() && it->second != expected) return it->second;
@@ -372,14 +372,16 @@ void FileStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
 }
 
 bool FileStore::check(const std::vector<std::string>& keys) {
-  return locked([&] {
-    return std::all_of(keys.begin(), keys.end(),
-                       [&](const std::string& key) { return map_.count(key) > 0; });
+  return locked([&]() SB_REQUIRES(mutex_) {
+    for (const auto& key : keys) {
+      if (map_.count(key) == 0) return false;
+    }
+    return true;
   });
 }
 
 bool FileStore::delete_key(const std::string& key) {
-  return locked([&] {
+  return locked([&]() SB_REQUIRES(mutex_) {
     if (map_.find(key) == map_.end()) return false;
     commit_locked(encode(kDelete, key, {}));
     return true;
@@ -387,7 +389,7 @@ bool FileStore::delete_key(const std::string& key) {
 }
 
 int64_t FileStore::num_keys() {
-  return locked([&] { return static_cast<int64_t>(map_.size()); });
+  return locked([&]() SB_REQUIRES(mutex_) { return static_cast<int64_t>(map_.size()); });
 }
 
 std::vector<Bytes> FileStore::multi_get(const std::vector<std::string>& keys) {
@@ -402,11 +404,11 @@ void FileStore::multi_set(const std::vector<std::string>& keys,
   }
   std::string records;
   for (size_t i = 0; i < keys.size(); ++i) encode(records, kSet, keys[i], view(values[i]));
-  locked([&] { commit_locked(records); });
+  locked([&]() SB_REQUIRES(mutex_) { commit_locked(records); });
 }
 
 void FileStore::append(const std::string& key, const Bytes& value) {
-  locked([&] { commit_locked(encode(kAppend, key, view(value))); });
+  locked([&]() SB_REQUIRES(mutex_) { commit_locked(encode(kAppend, key, view(value))); });
 }
 
 }  // namespace switchboard

@@ -40,12 +40,12 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 
+#include "common/mutex.h"
 #include "store/store.h"
 
 namespace switchboard {
@@ -90,31 +90,32 @@ class FileStore : public Store {
  private:
   // Opens path_ and counts this user in. Returns false (fd closed) when the
   // file was removed by its last user between open() and flock().
-  bool try_open();
-  // Runs `body` holding mutex_ and the file lock, after a refresh.
+  bool try_open() SB_EXCLUDES(mutex_);
+  // Runs `body` holding mutex_ and the file lock, after a refresh (annotate
+  // a `body` lambda that uses the members SB_REQUIRES(mutex_)).
   template <typename Body>
-  auto locked(Body&& body);
+  auto locked(Body&& body) SB_EXCLUDES(mutex_);
   // Polls until every key exists; returns their values. Throws TimeoutError
   // naming the missing keys once `timeout` passes (kNoTimeout: never).
-  std::vector<Bytes> wait_for(const std::vector<std::string>& keys,
-                              Timeout timeout, const char* op);
+  std::vector<Bytes> wait_for(const std::vector<std::string>& keys, Timeout timeout,
+                              const char* op) SB_EXCLUDES(mutex_);
 
   // The rest need mutex_ and the file lock held.
-  void refresh_locked();
-  void read_magic_locked(uint64_t size);
-  void commit_locked(const std::string& records);
-  int64_t add_counter_locked(const std::string& name, int64_t delta);
-  size_t apply_records(std::string_view data);
-  void apply_record(uint8_t op, std::string_view key, std::string_view value,
-                    uint64_t at);
+  void refresh_locked() SB_REQUIRES(mutex_);
+  void read_magic_locked(uint64_t size) SB_REQUIRES(mutex_);
+  void commit_locked(const std::string& records) SB_REQUIRES(mutex_);
+  int64_t add_counter_locked(const std::string& name, int64_t delta) SB_REQUIRES(mutex_);
+  size_t apply_records(std::string_view data) SB_REQUIRES(mutex_);
+  void apply_record(uint8_t op, std::string_view key, std::string_view value, uint64_t at)
+      SB_REQUIRES(mutex_);
 
   const std::string path_;
   const std::optional<int> num_workers_;
   int fd_ = -1;
-  std::mutex mutex_;
-  std::unordered_map<std::string, Bytes> map_;        // GUARDED_BY(mutex_)
-  std::unordered_map<std::string, int64_t> counters_; // GUARDED_BY(mutex_)
-  uint64_t offset_ = 0;  // GUARDED_BY(mutex_): file bytes applied to map_
+  Mutex mutex_;
+  std::unordered_map<std::string, Bytes> map_ SB_GUARDED_BY(mutex_);
+  std::unordered_map<std::string, int64_t> counters_ SB_GUARDED_BY(mutex_);
+  uint64_t offset_ SB_GUARDED_BY(mutex_) = 0;  // file bytes applied to map_
 };
 
 }  // namespace switchboard

@@ -19,15 +19,14 @@ std::vector<std::string> missing_keys(
 
 }  // namespace
 
-void HashStore::wait_locked(std::unique_lock<std::mutex>& lock,
-                            const std::vector<std::string>& keys,
-                            Timeout timeout, const char* op) {
-  auto ready = [&] { return missing_keys(map_, keys).empty(); };
+void HashStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
+                            const char* op) {
+  auto ready = [&]() SB_REQUIRES(mutex_) { return missing_keys(map_, keys).empty(); };
   if (timeout == kNoTimeout) {
-    changed_.wait(lock, ready);
+    changed_.wait(mutex_, ready);
     return;
   }
-  if (!changed_.wait_for(lock, timeout, ready)) {
+  if (!changed_.wait_for(mutex_, timeout, ready)) {
     throw TimeoutError(fmt::format("HashStore {}: keys {} still missing after {} ms",
                                    op, format_keys(missing_keys(map_, keys)),
                                    timeout.count()));
@@ -36,22 +35,22 @@ void HashStore::wait_locked(std::unique_lock<std::mutex>& lock,
 
 void HashStore::set(const std::string& key, const Bytes& value) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     map_[key] = value;
   }
   changed_.notify_all();
 }
 
 Bytes HashStore::get(const std::string& key) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  wait_locked(lock, {key}, timeout(), "get");
+  MutexLock lock(mutex_);
+  wait_locked({key}, timeout(), "get");
   return map_.at(key);
 }
 
 int64_t HashStore::add(const std::string& key, int64_t delta) {
   int64_t result = 0;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = map_.find(key);
     int64_t current = 0;
     if (it != map_.end() && !parse_store_integer(it->second, &current)) {
@@ -70,7 +69,7 @@ int64_t HashStore::add(const std::string& key, int64_t delta) {
 
 Bytes HashStore::compare_set(const std::string& key, const Bytes& expected,
                              const Bytes& desired) {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = map_.find(key);
   if (it == map_.end()) {
     if (!expected.empty()) return expected;
@@ -86,28 +85,28 @@ Bytes HashStore::compare_set(const std::string& key, const Bytes& expected,
 }
 
 void HashStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  wait_locked(lock, keys, timeout, "wait");
+  MutexLock lock(mutex_);
+  wait_locked(keys, timeout, "wait");
 }
 
 bool HashStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return missing_keys(map_, keys).empty();
 }
 
 bool HashStore::delete_key(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return map_.erase(key) > 0;
 }
 
 int64_t HashStore::num_keys() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return static_cast<int64_t>(map_.size());
 }
 
 std::vector<Bytes> HashStore::multi_get(const std::vector<std::string>& keys) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  wait_locked(lock, keys, timeout(), "multi_get");
+  MutexLock lock(mutex_);
+  wait_locked(keys, timeout(), "multi_get");
   std::vector<Bytes> values;
   values.reserve(keys.size());
   for (const auto& key : keys) values.push_back(map_.at(key));
@@ -121,7 +120,7 @@ void HashStore::multi_set(const std::vector<std::string>& keys,
         "multi_set: {} keys but {} values", keys.size(), values.size()));
   }
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     for (size_t i = 0; i < keys.size(); ++i) map_[keys[i]] = values[i];
   }
   changed_.notify_all();
@@ -129,7 +128,7 @@ void HashStore::multi_set(const std::vector<std::string>& keys,
 
 void HashStore::append(const std::string& key, const Bytes& value) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     Bytes& stored = map_[key];
     stored.insert(stored.end(), value.begin(), value.end());
   }

@@ -5,11 +5,11 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <utility>
 
 #include "common/error.h"
+#include "common/mutex.h"
 #include "store/tcp_server_connection.h"
 
 namespace switchboard {
@@ -27,7 +27,7 @@ class TcpStoreServer::Impl {
   explicit Impl(TcpStoreServerOptions options);
   ~Impl() { stop(); }
 
-  void stop();
+  void stop() SB_EXCLUDES(stop_mutex_);
   uint16_t port() const { return port_; }
   const std::string& host() const { return options_.host; }
   const tcpstore::ServerContext& context() const { return context_; }
@@ -49,9 +49,10 @@ class TcpStoreServer::Impl {
   uint16_t port_ = 0;
   bool stopping_ = false;  // on the loop thread: no more accepts
 
-  std::mutex stop_mutex_;
-  bool stopped_ = false;  // GUARDED_BY(stop_mutex_)
-  std::thread thread_;    // GUARDED_BY(stop_mutex_) once started; joined by stop()
+  Mutex stop_mutex_;
+  bool stopped_ SB_GUARDED_BY(stop_mutex_) = false;
+  // Started by the constructor; joined by stop().
+  std::thread thread_ SB_GUARDED_BY(stop_mutex_);
 };
 
 TcpStoreServer::Impl::Impl(TcpStoreServerOptions options) : options_(std::move(options)) {
@@ -150,7 +151,7 @@ void TcpStoreServer::Impl::close_all() {
 }
 
 void TcpStoreServer::Impl::stop() {
-  std::lock_guard<std::mutex> lock(stop_mutex_);
+  MutexLock lock(stop_mutex_);
   if (stopped_) return;
   stopped_ = true;
   // Once every socket is closed the loop has no work left and run() returns.

@@ -21,14 +21,12 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -36,6 +34,7 @@
 
 #include "collective/gloo_process_group.h"
 #include "collective/tensor.h"
+#include "common/mutex.h"
 #include "store/hash_store.h"
 
 namespace sbtest {
@@ -58,43 +57,54 @@ inline std::chrono::milliseconds watchdog_for(std::chrono::milliseconds timeout)
 // in time). Aborts the binary if they have not all returned in `watchdog`.
 inline void run_threads(int n, const std::function<void(int rank)>& body,
                         std::chrono::milliseconds watchdog) {
-  std::mutex mu;
-  std::condition_variable all_done;
-  std::vector<bool> done(n, false);  // GUARDED_BY(mu)
-  int finished = 0;                  // GUARDED_BY(mu)
-  std::exception_ptr first;          // GUARDED_BY(mu)
-  int first_rank = -1;               // GUARDED_BY(mu)
+  // What the rank threads report (a struct: SB_GUARDED_BY applies to
+  // members, not to local variables).
+  struct Shared {
+    explicit Shared(int n) : done(n, false) {}
+    switchboard::Mutex mu;
+    switchboard::CondVar all_done;
+    std::vector<bool> done SB_GUARDED_BY(mu);
+    int finished SB_GUARDED_BY(mu) = 0;
+    std::exception_ptr first SB_GUARDED_BY(mu);
+    int first_rank SB_GUARDED_BY(mu) = -1;
+  } shared(n);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
+    threads.emplace_back([&shared, &body, rank] {
       std::exception_ptr error;
       try {
         body(rank);
       } catch (...) {
         error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mu);
-      if (error && !first) {
-        first = error;
-        first_rank = rank;
+      switchboard::MutexLock lock(shared.mu);
+      if (error && !shared.first) {
+        shared.first = error;
+        shared.first_rank = rank;
       }
-      done[rank] = true;
-      ++finished;
-      all_done.notify_all();
+      shared.done[rank] = true;
+      ++shared.finished;
+      shared.all_done.notify_all();
     });
   }
+  std::exception_ptr first;
+  int first_rank = -1;
   {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!all_done.wait_for(lock, watchdog, [&] { return finished == n; })) {
+    switchboard::MutexLock lock(shared.mu);
+    if (!shared.all_done.wait_for(shared.mu, watchdog, [&]() SB_REQUIRES(shared.mu) {
+          return shared.finished == n;
+        })) {
       std::string stuck;
       for (int rank = 0; rank < n; ++rank) {
-        if (!done[rank]) stuck += fmt::format(" {}", rank);
+        if (!shared.done[rank]) stuck += fmt::format(" {}", rank);
       }
       fmt::print(stderr, "pg_harness: ranks{} still running after {} ms: a hang\n", stuck,
                  watchdog.count());
       std::fflush(stderr);
       std::abort();
     }
+    first = shared.first;  // every rank has reported: no more writes
+    first_rank = shared.first_rank;
   }
   for (auto& thread : threads) thread.join();
   if (first) {

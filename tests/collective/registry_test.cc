@@ -9,18 +9,17 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "collective/groups.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "store/hash_store.h"
 #include "store/store.h"
 #include "tests/util/threads.h"
@@ -39,7 +38,7 @@ class Hub {
 
   std::vector<uint8_t> combine(const void* data, size_t nbytes, DType dtype, ReduceOp op,
                                std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const uint64_t round = round_;
     const auto* bytes = static_cast<const uint8_t*>(data);
     if (arrived_ == 0) {
@@ -58,7 +57,8 @@ class Hub {
       changed_.notify_all();
       return result_;
     }
-    if (!changed_.wait_for(lock, timeout, [&] { return round_ != round; })) {
+    if (!changed_.wait_for(mu_, timeout,
+                           [&]() SB_REQUIRES(mu_) { return round_ != round; })) {
       throw TimeoutError(
           fmt::format("threads backend: {} of {} ranks arrived within {} ms", arrived_,
                       size_, timeout.count()));
@@ -68,18 +68,18 @@ class Hub {
 
  private:
   const int size_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  int arrived_ = 0;                   // GUARDED_BY(mu_)
-  uint64_t round_ = 0;                // GUARDED_BY(mu_)
-  std::vector<uint8_t> accumulator_;  // GUARDED_BY(mu_)
-  std::vector<uint8_t> result_;       // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar changed_;
+  int arrived_ SB_GUARDED_BY(mu_) = 0;
+  uint64_t round_ SB_GUARDED_BY(mu_) = 0;
+  std::vector<uint8_t> accumulator_ SB_GUARDED_BY(mu_);
+  std::vector<uint8_t> result_ SB_GUARDED_BY(mu_);
 };
 
 // Hubs by id; rank 0 creates one per group generation and publishes its id
 // through the group's store, the others look it up.
-std::mutex g_hubs_mu;
-std::map<std::string, std::shared_ptr<Hub>> g_hubs;  // GUARDED_BY(g_hubs_mu)
+Mutex g_hubs_mu;
+std::map<std::string, std::shared_ptr<Hub>> g_hubs SB_GUARDED_BY(g_hubs_mu);
 std::atomic<int> g_next_hub{0};
 std::atomic<int> g_threads_factory_calls{0};
 
@@ -87,13 +87,13 @@ std::shared_ptr<Hub> meet(const GroupInit& init) {
   if (init.rank == 0) {
     std::string id = fmt::format("hub-{}", g_next_hub.fetch_add(1));
     {
-      std::lock_guard<std::mutex> lock(g_hubs_mu);
+      MutexLock lock(g_hubs_mu);
       g_hubs[id] = std::make_shared<Hub>(init.size);
     }
     init.store.set("threads/hub", id);
   }
   std::string id = to_string(init.store.get("threads/hub"));
-  std::lock_guard<std::mutex> lock(g_hubs_mu);
+  MutexLock lock(g_hubs_mu);
   return g_hubs.at(id);
 }
 

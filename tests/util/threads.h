@@ -20,12 +20,12 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace switchboard::testing {
 
@@ -81,8 +81,8 @@ class Gate {
   Gate& operator=(const Gate&) = delete;
 
   // Opens the gate: every pass(), waiting or to come, returns true.
-  void open() {
-    std::lock_guard lock(mu_);
+  void open() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     open_ = true;
     cv_.notify_all();
   }
@@ -90,27 +90,28 @@ class Gate {
   // Called by a handler: records its arrival, then waits for open(). Returns
   // true once the gate is open, false when the guard ran out first (the
   // arrival stays counted either way).
-  bool pass() {
-    std::unique_lock lock(mu_);
+  bool pass() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     ++arrived_;
     cv_.notify_all();
-    return cv_.wait_for(lock, guard_, [&] { return open_; });
+    return cv_.wait_for(mu_, guard_, [&]() SB_REQUIRES(mu_) { return open_; });
   }
 
   // Waits until at least `count` calls of pass() have arrived (whether or not
   // they have returned since). Returns true when they have, false when the
   // guard ran out first.
-  bool wait_arrived(int count = 1) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, guard_, [&] { return arrived_ >= count; });
+  bool wait_arrived(int count = 1) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return cv_.wait_for(mu_, guard_,
+                        [&]() SB_REQUIRES(mu_) { return arrived_ >= count; });
   }
 
  private:
   const std::chrono::milliseconds guard_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;  // GUARDED_BY(mu_)
-  int arrived_ = 0;    // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool open_ SB_GUARDED_BY(mu_) = false;
+  int arrived_ SB_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace switchboard::testing

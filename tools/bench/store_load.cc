@@ -7,10 +7,10 @@
 #include <barrier>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "store/tcp_store.h"
 
 namespace switchboard::bench {
@@ -60,12 +60,12 @@ std::unique_ptr<TcpStore> connect(const std::string& host, uint16_t port,
 // The first error seen by any thread, kept for the report.
 class FirstError {
  public:
-  void record(std::exception_ptr error) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void record(std::exception_ptr error) SB_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     if (!error_) error_ = error;
   }
-  std::exception_ptr get() {
-    std::lock_guard<std::mutex> lock(mutex_);
+  std::exception_ptr get() SB_EXCLUDES(mutex_) {
+    MutexLock lock(mutex_);
     return error_;
   }
   std::string message() {
@@ -78,8 +78,8 @@ class FirstError {
   }
 
  private:
-  std::mutex mutex_;
-  std::exception_ptr error_;  // GUARDED_BY(mutex_)
+  Mutex mutex_;
+  std::exception_ptr error_ SB_GUARDED_BY(mutex_);
 };
 
 }  // namespace

@@ -33,7 +33,7 @@ ParameterServer::ParameterServer(ServerOptions options, ServerHooks hooks)
 
 void ParameterServer::join(int64_t trainer) {
   check_trainer(trainer, "join");
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   SB_REQUIRE(phase_[trainer - 1] == Phase::kLate,
              "join: trainer {} is not a late trainer waiting to join ({})", trainer,
              phase_[trainer - 1] == Phase::kDone ? "it is done" : "it is training");
@@ -57,7 +57,7 @@ rpc::Future<int64_t> ParameterServer::push(int64_t trainer, const Tensor& grad) 
   rpc::Promise<int64_t> promise;
   Released released;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     SB_REQUIRE(phase_[trainer - 1] == Phase::kTraining, "push_grad: trainer {} {}", trainer,
                phase_[trainer - 1] == Phase::kDone ? "already called done"
                                                    : "is a late trainer that has not joined");
@@ -77,7 +77,7 @@ rpc::Future<Tensor> ParameterServer::done(int64_t trainer) {
   DoneEvent event;
   Tensor final_params;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     SB_REQUIRE(phase_[trainer - 1] != Phase::kDone, "done: trainer {} called done twice",
                trainer);
     if (phase_[trainer - 1] == Phase::kTraining) --still_training_;
@@ -126,17 +126,17 @@ void ParameterServer::release(Released released) {
 }
 
 Tensor ParameterServer::params() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return params_;
 }
 
 int64_t ParameterServer::version() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return version_;
 }
 
 std::vector<int64_t> ParameterServer::still_training() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<int64_t> trainers;
   for (size_t i = 0; i < phase_.size(); ++i) {
     if (phase_[i] != Phase::kDone) trainers.push_back(static_cast<int64_t>(i) + 1);
@@ -145,7 +145,7 @@ std::vector<int64_t> ParameterServer::still_training() const {
 }
 
 std::vector<int64_t> ParameterServer::pushes_by_trainer() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return pushes_;
 }
 

@@ -35,10 +35,10 @@
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <vector>
 
 #include "collective/tensor.h"
+#include "common/mutex.h"
 #include "rpc/future.h"
 
 namespace switchboard::rpc_demo {
@@ -92,32 +92,32 @@ class ParameterServer {
   // version of the update that applied it. Throws std::invalid_argument for
   // an unknown trainer, a trainer that called done(), or a gradient of
   // another dtype or size, naming what it got.
-  rpc::Future<int64_t> push(int64_t trainer, const Tensor& grad);
+  rpc::Future<int64_t> push(int64_t trainer, const Tensor& grad) SB_EXCLUDES(mu_);
 
   // Late trainer `trainer` starts training: from now on it counts in the
   // batching rule. Throws std::invalid_argument for a trainer that is not
   // late, or that joined or called done() already.
-  void join(int64_t trainer);
+  void join(int64_t trainer) SB_EXCLUDES(mu_);
 
   // Trainer `trainer` pushes no more (a late trainer may call it without
   // having joined). The future (the same one for every
   // trainer) completes with the final parameters once every trainer called
   // done(). Throws std::invalid_argument for an unknown trainer or a second
   // done() from one trainer.
-  rpc::Future<Tensor> done(int64_t trainer);
+  rpc::Future<Tensor> done(int64_t trainer) SB_EXCLUDES(mu_);
 
   // Completes like done()'s future; never throws.
   rpc::Future<Tensor> finished() const { return finished_.get_future(); }
 
   // The current parameters: a float32 tensor of `dim` elements that updates
   // replace and never write to, so the caller may keep and send it.
-  Tensor params() const;
-  int64_t version() const;
+  Tensor params() const SB_EXCLUDES(mu_);
+  int64_t version() const SB_EXCLUDES(mu_);
   // The trainers (1..trainers) that have not called done() (late ones
   // included, joined or not), in order.
-  std::vector<int64_t> still_training() const;
+  std::vector<int64_t> still_training() const SB_EXCLUDES(mu_);
   // Pushes received so far from each trainer (index 0 is trainer 1).
-  std::vector<int64_t> pushes_by_trainer() const;
+  std::vector<int64_t> pushes_by_trainer() const SB_EXCLUDES(mu_);
 
  private:
   // What an update hands from inside the lock to the code after it.
@@ -129,25 +129,25 @@ class ParameterServer {
 
   void check_trainer(int64_t trainer, const char* what) const;
   // Applies an update when the batching rule holds (or `flush_all` and
-  // anything is pending). Needs mu_ held.
-  Released maybe_update_locked(bool flush_all);
-  // Runs the hook, then completes the released pushes. Needs mu_ not held.
-  void release(Released released);
+  // anything is pending).
+  Released maybe_update_locked(bool flush_all) SB_REQUIRES(mu_);
+  // Runs the hook, then completes the released pushes.
+  void release(Released released) SB_EXCLUDES(mu_);
 
   const ServerOptions options_;
   const ServerHooks hooks_;
   const rpc::Promise<Tensor> finished_;
 
-  mutable std::mutex mu_;
-  Tensor params_;                               // GUARDED_BY(mu_)
-  int64_t version_ = 0;                         // GUARDED_BY(mu_)
-  std::vector<double> sum_;                     // GUARDED_BY(mu_); pending gradients
-  std::vector<rpc::Promise<int64_t>> pending_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  Tensor params_ SB_GUARDED_BY(mu_);
+  int64_t version_ SB_GUARDED_BY(mu_) = 0;
+  std::vector<double> sum_ SB_GUARDED_BY(mu_);  // pending gradients
+  std::vector<rpc::Promise<int64_t>> pending_ SB_GUARDED_BY(mu_);
   enum class Phase : uint8_t { kLate, kTraining, kDone };
-  std::vector<Phase> phase_;                    // GUARDED_BY(mu_); by trainer - 1
-  int done_count_ = 0;                          // GUARDED_BY(mu_)
-  std::vector<int64_t> pushes_;                 // GUARDED_BY(mu_); by trainer - 1
-  int still_training_ = 0;                      // GUARDED_BY(mu_)
+  std::vector<Phase> phase_ SB_GUARDED_BY(mu_);  // by trainer - 1
+  int done_count_ SB_GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> pushes_ SB_GUARDED_BY(mu_);  // by trainer - 1
+  int still_training_ SB_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace switchboard::rpc_demo
