@@ -53,12 +53,15 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
       static_cast<int>(read_int(reader, "num_io_threads", 1, 64, options->num_io_threads));
   options->listen_address = reader.get("listen_address").value_or("");
   options->heartbeat_interval = std::chrono::milliseconds(
-      read_int(reader, "heartbeat_interval_ms", 1, 3'600'000, 250));
+      read_int(reader, "heartbeat_interval_ms", 1, 3'600'000,
+               options->heartbeat_interval.count()));
   options->heartbeat_timeout = std::chrono::milliseconds(
-      read_int(reader, "heartbeat_timeout_ms", 0, 86'400'000, 5'000));
-  options->device_count = static_cast<int>(read_int(reader, "device_count", 0, 1024, -1));
+      read_int(reader, "heartbeat_timeout_ms", 0, 86'400'000,
+               options->heartbeat_timeout.count()));
+  options->device_count = static_cast<int>(read_int(reader, "device_count", 0, 1024, options->device_count));
   options->membership_lease = std::chrono::milliseconds(
-      read_int(reader, "membership_lease_ms", 1, 86'400'000, 10'000));
+      read_int(reader, "membership_lease_ms", 1, 86'400'000,
+               options->membership_lease.count()));
   reader.finish();
   return options;
 }

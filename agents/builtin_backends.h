@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "collective/tensor.h"
+#include "agents/pipe_options.h"
 #include "rpc/backend_registry.h"
 #include "rpc/device_map.h"
 
@@ -38,6 +39,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            agents/pipe_address.h for the default)
 //   "heartbeat_interval_ms"  integer > 0 (default 250)
 //   "heartbeat_timeout_ms"   integer >= 0, 0 disables (default 5000)
+// (Defaults: PipeAgentOptions', agents/pipe_options.h.)
 //   "device_count"           integer >= 0: the CUDA devices device maps are
 //                            validated against (default: ask CUDA)
 //   "membership_lease_ms"    integer > 0: how long a dynamic group's joiner
@@ -50,13 +52,12 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 // std::invalid_argument when the result would not be 1-to-1 (naming the
 // worker and the devices); set_devices throws for unparsable names.
 struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
-  PipeRpcBackendOptions() { num_worker_threads = 16; }
-  int num_io_threads = 1;
+  int num_io_threads = static_cast<int>(PipeAgentOptions{}.num_io_threads);
   std::string listen_address;
-  std::chrono::milliseconds heartbeat_interval{250};
-  std::chrono::milliseconds heartbeat_timeout{5'000};
-  int device_count = -1;
-  std::chrono::milliseconds membership_lease{10'000};
+  std::chrono::milliseconds heartbeat_interval = PipeAgentOptions{}.heartbeat_interval;
+  std::chrono::milliseconds heartbeat_timeout = PipeAgentOptions{}.heartbeat_timeout;
+  int device_count = PipeAgentOptions{}.device_count;
+  std::chrono::milliseconds membership_lease = PipeAgentOptions{}.membership_lease;
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
 

@@ -10,15 +10,16 @@
 
 #include "agents/pipe_frame.h"
 #include "collective/tensor.h"
+#include "rpc/backend_registry.h"
 #include "rpc/device_map.h"
 
 namespace switchboard::agents {
 
 struct PipeAgentOptions {
-  size_t num_worker_threads = 16;
+  size_t num_worker_threads = rpc::kDefaultNumWorkerThreads;
   size_t num_io_threads = 1;
   // Bounds the construction rendezvous and is join()'s default.
-  std::chrono::milliseconds rpc_timeout{60'000};
+  std::chrono::milliseconds rpc_timeout = rpc::kDefaultRpcTimeout;
   // An address or an interface name; empty: see agents/pipe_address.h.
   std::string listen_address;
   // A heartbeat goes out on every connection this often; a connection

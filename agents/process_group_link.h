@@ -53,7 +53,7 @@ class ProcessGroupLink {
   // Sends every part of `m` to `peer`; returns when all went out. Throws
   // Error(kCancelled) once closed, what Gloo throws otherwise.
   void send(int peer, const rpc::Message& m) SB_EXCLUDES(mu_);
-  // Receives one whole message from `peer`. Throws pg_frame::ProtocolError
+  // Receives one whole message from `peer`. Throws ProtocolError (common/error.h)
   // for bad bytes, else as send().
   rpc::Message receive(int peer) SB_EXCLUDES(mu_);
   // Destroys the group (see above). Idempotent.
