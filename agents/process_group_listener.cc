@@ -22,7 +22,7 @@ void PeerListener::run() {
     rpc::Message m;
     try {
       m = link_.receive(peer_);
-    } catch (const pg_frame::ProtocolError& e) {
+    } catch (const ProtocolError& e) {
       events_.on_peer_failed(peer_, fmt::format("protocol error: {}", e.what()));
       return;
     } catch (...) {
