@@ -3,12 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <limits>
 #include <new>
-#include <type_traits>
 
+#include "agents/little_endian.h"
 #include "common/check.h"
 
 namespace switchboard::agents::pipe {
@@ -19,52 +18,6 @@ namespace {
 constexpr size_t kDirectReadMin = 16 * 1024;
 // A buffer grown past this for a large body is given back once it is empty.
 constexpr size_t kMaxRetainedBuffer = 1 << 20;
-constexpr size_t kNumDTypes = std::size(kAllDTypes);
-
-template <typename T>
-void store_le(uint8_t* p, T value) {
-  using U = std::make_unsigned_t<T>;
-  auto u = static_cast<U>(value);
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(p, &u, sizeof u);
-  } else {
-    for (size_t i = 0; i < sizeof u; ++i) p[i] = static_cast<uint8_t>(u >> (8 * i));
-  }
-}
-
-template <typename T>
-T load_le(const uint8_t* p) {
-  using U = std::make_unsigned_t<T>;
-  U u = 0;
-  if constexpr (std::endian::native == std::endian::little) {
-    std::memcpy(&u, p, sizeof u);
-  } else {
-    for (size_t i = 0; i < sizeof u; ++i) u |= static_cast<U>(U{p[i]} << (8 * i));
-  }
-  return static_cast<T>(u);
-}
-
-// One descriptor as it is on the wire (validated by check_descriptors).
-struct Descriptor {
-  uint8_t dtype;
-  uint8_t device_type;
-  int16_t device_index;
-  uint32_t ndim;
-  const uint8_t* extents;  // ndim little-endian i64
-
-  static Descriptor read(const uint8_t* p) {
-    return {p[0], p[1], load_le<int16_t>(p + 2), load_le<uint32_t>(p + 4), p + 8};
-  }
-  int64_t extent(size_t d) const { return load_le<int64_t>(extents + 8 * d); }
-  Tensor::Shape shape() const {
-    Tensor::Shape shape(ndim);
-    for (size_t d = 0; d < ndim; ++d) shape[d] = extent(d);
-    return shape;
-  }
-  Device device() const {
-    return device_type == 0 ? Device::cpu() : Device::cuda(device_index);
-  }
-};
 
 void check_kind_rules(const FrameHeader& h) {
   auto must_be_zero = [&](const char* field, uint32_t value) {
@@ -99,110 +52,17 @@ void check_kind_rules(const FrameHeader& h) {
   }
 }
 
-[[noreturn]] void descriptor_error(const FrameHeader& h, size_t index,
-                                   const std::string& what) {
-  throw ProtocolError(fmt::format("pipe frame: frame {} tensor {}: {}", h.id, index, what));
-}
-
-// Throws unless a whole descriptor (with its extents) fits in the
-// descriptors from byte `pos` on.
-void check_descriptor_fits(const FrameHeader& h, size_t index, const uint8_t* all,
-                           size_t pos) {
-  const size_t left = h.descriptors_length - pos;
-  if (left < descriptor_size(0)) {
-    throw ProtocolError(fmt::format(
-        "pipe frame: frame {}: descriptors_length {} is too short for tensor_count {} "
-        "(tensor {}'s descriptor starts at byte {})",
-        h.id, h.descriptors_length, h.tensor_count, index, pos));
-  }
-  const uint32_t ndim = Descriptor::read(all + pos).ndim;
-  if (ndim <= kMaxDims && (left - descriptor_size(0)) / 8 < ndim) {
-    throw ProtocolError(fmt::format(
-        "pipe frame: frame {}: descriptors_length {} is too short for tensor {}'s {} "
-        "extents (its descriptor starts at byte {})",
-        h.id, h.descriptors_length, index, ndim, pos));
-  }
-}
-
-// dtype, device and ndim.
-void check_descriptor_fields(const FrameHeader& h, size_t index, const Descriptor& d) {
-  if (d.dtype >= kNumDTypes) {
-    descriptor_error(
-        h, index,
-        fmt::format("dtype {} is not a dtype (0 to {})", d.dtype, kNumDTypes - 1));
-  }
-  if (d.device_type > 1) {
-    descriptor_error(h, index,
-                     fmt::format("device type {} is not a device type (0 cpu, 1 cuda)",
-                                 d.device_type));
-  }
-  if (d.device_type == 0 && d.device_index != 0) {
-    descriptor_error(h, index,
-                     fmt::format("device index {} for cpu (must be 0)", d.device_index));
-  }
-  if (d.device_type == 1 && d.device_index < 0) {
-    descriptor_error(h, index,
-                     fmt::format("device index {} for cuda is negative", d.device_index));
-  }
-  if (d.ndim > kMaxDims) {
-    descriptor_error(h, index,
-                     fmt::format("ndim {} exceeds the limit {}", d.ndim, kMaxDims));
-  }
-}
-
-// The tensor's byte count. Every extent is non-negative, and neither the
-// element count nor the contiguous strides (the product of the extents with
-// zeros counted as 1, as PyTorch computes them) overflow: [0, 2^62, 4] has
-// no elements but has no strides either.
-uint64_t descriptor_nbytes(const FrameHeader& h, size_t index, const Descriptor& d) {
-  int64_t numel = 1;
-  int64_t span = 1;
-  for (size_t dim = 0; dim < d.ndim; ++dim) {
-    const int64_t extent = d.extent(dim);
-    if (extent < 0) {
-      descriptor_error(h, index,
-                       fmt::format("extent {} in dimension {} is negative", extent, dim));
-    }
-    if (__builtin_mul_overflow(numel, extent, &numel)) {
-      descriptor_error(
-          h, index,
-          fmt::format("numel of shape {} overflows int64", shape_str(d.shape())));
-    }
-    if (__builtin_mul_overflow(span, std::max<int64_t>(extent, 1), &span)) {
-      descriptor_error(
-          h, index,
-          fmt::format("the strides of shape {} overflow int64", shape_str(d.shape())));
-    }
-  }
-  const DType dtype = kAllDTypes[d.dtype];
-  uint64_t nbytes = 0;
-  if (__builtin_mul_overflow(static_cast<uint64_t>(numel), dtype_size(dtype), &nbytes) ||
-      nbytes > std::numeric_limits<size_t>::max()) {
-    descriptor_error(
-        h, index,
-        fmt::format("nbytes of {}{} overflows", dtype_name(dtype), shape_str(d.shape())));
-  }
-  return nbytes;
-}
-
-// Validates the descriptor that starts `pos` bytes into the descriptors and
-// returns its tensor's byte count.
-uint64_t check_descriptor(const FrameHeader& h, size_t index, const uint8_t* all,
-                          size_t pos) {
-  check_descriptor_fits(h, index, all, pos);
-  const Descriptor d = Descriptor::read(all + pos);
-  check_descriptor_fields(h, index, d);
-  return descriptor_nbytes(h, index, d);
-}
-
 // Validates every descriptor and the sum of the tensor bytes against the
-// limits, without allocating anything.
-void check_descriptors(const FrameHeader& h, const uint8_t* all,
-                       const FrameLimits& limits) {
-  size_t pos = 0;
+// limits, without allocating any tensor.
+std::vector<TensorDescriptor> check_descriptors(const FrameHeader& h,
+                                                const uint8_t* descriptors,
+                                                const FrameLimits& limits) {
+  std::vector<TensorDescriptor> all =
+      decode_descriptors(descriptors, h.descriptors_length, h.tensor_count,
+                         {.label = "pipe frame: frame", .id = h.id});
   uint64_t total = 0;
-  for (size_t i = 0; i < h.tensor_count; ++i) {
-    const uint64_t nbytes = check_descriptor(h, i, all, pos);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const uint64_t nbytes = all[i].nbytes;
     if (__builtin_add_overflow(total, nbytes, &total) ||
         total > limits.max_tensor_bytes) {
       throw ProtocolError(fmt::format(
@@ -210,14 +70,8 @@ void check_descriptors(const FrameHeader& h, const uint8_t* all,
           "limit {} (max_tensor_bytes)",
           h.id, std::max(total, nbytes), i, limits.max_tensor_bytes));
     }
-    pos += descriptor_size(Descriptor::read(all + pos).ndim);
   }
-  if (pos != h.descriptors_length) {
-    throw ProtocolError(fmt::format(
-        "pipe frame: frame {}: descriptors_length {} does not match the {} bytes of the "
-        "descriptors of its {} tensors",
-        h.id, h.descriptors_length, pos, h.tensor_count));
-  }
+  return all;
 }
 
 FrameKind kind_of(rpc::MessageType type) {
@@ -230,28 +84,6 @@ uint32_t checked_u32(size_t value, const char* what) {
   SB_REQUIRE(value <= std::numeric_limits<uint32_t>::max(),
              "append_frame: {} {} does not fit the frame's u32 field", what, value);
   return static_cast<uint32_t>(value);
-}
-
-void check_wire_device(Device device, size_t index) {
-  const bool ok = device.is_cpu()
-                      ? device.index == 0
-                      : device.is_cuda() && device.index >= 0 &&
-                            device.index <= std::numeric_limits<int16_t>::max();
-  SB_REQUIRE(ok, "append_frame: tensor {}: device (type {}, index {}) cannot be sent",
-             index, static_cast<int>(device.type), device.index);
-}
-
-uint8_t* write_descriptor(uint8_t* p, const Tensor& t, Device device) {
-  p[0] = static_cast<uint8_t>(t.dtype());
-  p[1] = device.is_cpu() ? 0 : 1;
-  store_le<int16_t>(p + 2, static_cast<int16_t>(device.index));
-  store_le<uint32_t>(p + 4, static_cast<uint32_t>(t.dim()));
-  p += descriptor_size(0);
-  for (int64_t extent : t.shape()) {
-    store_le<int64_t>(p, extent);
-    p += 8;
-  }
-  return p;
 }
 
 uint8_t* write_bytes(uint8_t* p, const void* data, size_t n) {
@@ -291,13 +123,16 @@ void check_lengths(const FrameHeader& h, const FrameLimits& limits) {
         "pipe frame: payload_length {} exceeds the limit {} (max_payload_bytes)",
         h.payload_length, limits.max_payload_bytes));
   }
-  if (h.tensor_count > limits.max_tensors) {
-    throw ProtocolError(
-        fmt::format("pipe frame: tensor_count {} exceeds the limit {} (max_tensors)",
-                    h.tensor_count, limits.max_tensors));
+  // The option may lower the shared maximum, never raise it.
+  const uint32_t max_tensors = std::min(limits.max_tensors, kMaxTensorsPerMessage);
+  if (h.tensor_count > max_tensors) {
+    throw ProtocolError(fmt::format(
+        "pipe frame: tensor_count {} exceeds the limit {} ({})", h.tensor_count,
+        max_tensors,
+        max_tensors == limits.max_tensors ? "max_tensors" : "kMaxTensorsPerMessage"));
   }
-  const uint64_t least = uint64_t{h.tensor_count} * descriptor_size(0);
-  const uint64_t most = uint64_t{h.tensor_count} * descriptor_size(kMaxDims);
+  const uint64_t least = min_descriptors_length(h.tensor_count);
+  const uint64_t most = max_descriptors_length(h.tensor_count);
   if (h.descriptors_length < least || h.descriptors_length > most) {
     throw ProtocolError(fmt::format(
         "pipe frame: descriptors_length {} is out of range for tensor_count {} (must be "
@@ -366,20 +201,13 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
   SB_REQUIRE(h.kind == FrameKind::kRequest || m.function.empty(),
              "append_frame: {} {} has a function (\"{}\"); only requests name one",
              kind_name(h.kind), m.id, m.function);
-  SB_REQUIRE(devices.empty() || devices.size() == m.tensors.size(),
-             "append_frame: {} devices for {} tensors", devices.size(), m.tensors.size());
-  size_t descriptors = 0;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const Tensor& t = m.tensors[i];
     SB_REQUIRE(t.defined(), "append_frame: tensor {} is undefined", i);
     SB_REQUIRE(t.is_contiguous(), "append_frame: tensor {} ({}) is not contiguous", i,
                t.describe());
-    SB_REQUIRE(t.dim() <= kMaxDims,
-               "append_frame: tensor {} ({}) has more than {} dimensions", i,
-               t.describe(), kMaxDims);
-    check_wire_device(devices.empty() ? t.device() : devices[i], i);
-    descriptors += descriptor_size(static_cast<size_t>(t.dim()));
   }
+  const size_t descriptors = descriptors_length(m.tensors, devices, "append_frame");
   h.function_length = checked_u32(m.function.size(), "function_length");
   h.payload_length = checked_u32(m.payload.size(), "payload_length");
   h.tensor_count = checked_u32(m.tensors.size(), "tensor_count");
@@ -391,10 +219,7 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
   encode_header(h, p);
   p = write_bytes(p + kHeaderSize, m.function.data(), m.function.size());
   p = write_bytes(p, m.payload.data(), m.payload.size());
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    p = write_descriptor(p, m.tensors[i],
-                         devices.empty() ? m.tensors[i].device() : devices[i]);
-  }
+  encode_descriptors(p, m.tensors, devices);
 }
 
 void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
@@ -543,22 +368,18 @@ void FrameReader::decode_body(const uint8_t* body) {
   m.tensors.clear();
   current_.devices.clear();
   if (header_.tensor_count > 0) {
-    check_descriptors(header_, body, limits_);
-    allocate_tensors(body);
+    allocate_tensors(check_descriptors(header_, body, limits_));
   }
 }
 
-void FrameReader::allocate_tensors(const uint8_t* descriptors) {
+void FrameReader::allocate_tensors(const std::vector<TensorDescriptor>& descriptors) {
   rpc::Message& m = current_.message;
-  m.tensors.reserve(header_.tensor_count);
-  current_.devices.reserve(header_.tensor_count);
-  for (size_t i = 0; i < header_.tensor_count; ++i) {
-    const Descriptor d = Descriptor::read(descriptors);
-    shape_.resize(d.ndim);
-    for (size_t dim = 0; dim < d.ndim; ++dim) shape_[dim] = d.extent(dim);
-    current_.devices.push_back(d.device());
-    m.tensors.push_back(allocate_tensor(kAllDTypes[d.dtype], d.device()));
-    descriptors += descriptor_size(d.ndim);
+  m.tensors.reserve(descriptors.size());
+  current_.devices.reserve(descriptors.size());
+  for (const TensorDescriptor& d : descriptors) {
+    d.shape_into(shape_);
+    current_.devices.push_back(d.device);
+    m.tensors.push_back(allocate_tensor(d.dtype, d.device));
   }
 }
 

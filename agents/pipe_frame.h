@@ -12,11 +12,9 @@
 //     u32 function_length   u32 payload_length
 //     u32 tensor_count      u32 descriptors_length
 //   body, FrameHeader::body_size() bytes
-//     function bytes, payload bytes, then one descriptor per tensor:
-//       u8 dtype (the DType enum's value, kAllDTypes order)
-//       u8 device type (0 cpu, 1 cuda)   i16 device index (0 for cpu)
-//       u32 ndim (<= kMaxDims)           ndim x i64 extents
-//     (descriptor_size(ndim) = 8 + 8 * ndim bytes)
+//     function bytes, payload bytes, then the tensor descriptors, one per
+//     tensor (agents/tensor_descriptor.h: dtype, device, ndim, extents;
+//     descriptor_size(ndim) = 8 + 8 * ndim bytes), descriptors_length bytes
 //   then each tensor's bytes in order, numel x element size; a tensor of
 //   zero bytes sends nothing.
 //
@@ -44,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "agents/tensor_descriptor.h"
 #include "collective/tensor.h"
 #include "common/error.h"
 #include "rpc/message.h"
@@ -53,8 +52,6 @@ namespace switchboard::agents::pipe {
 inline constexpr uint32_t kMagic = 0x49504253;  // bytes 53 42 50 49: "SBPI"
 inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kHeaderSize = 32;
-// Most dimensions a tensor may have on the wire.
-inline constexpr uint32_t kMaxDims = 32;
 // Free space FrameReader::next_buffer() offers at least when header or
 // body bytes are expected (one read can bring many small frames).
 inline constexpr size_t kReadBufferSize = 64 * 1024;
@@ -72,15 +69,16 @@ enum class FrameKind : uint8_t {
 // "kind N" for other values).
 std::string kind_name(FrameKind kind);
 
-// Bytes on the wire for one tensor descriptor.
-constexpr size_t descriptor_size(size_t ndim) { return 8 + 8 * ndim; }
-
 // What a receiver accepts; anything larger is a ProtocolError. Defaults suit
 // the agent; the fuzzer and tests use smaller ones.
+// The tensor descriptors' own limits (kMaxTensorDims, kMaxTensorsPerMessage
+// in agents/tensor_descriptor.h) are the same for every format and apply
+// whatever these say.
 struct FrameLimits {
   uint32_t max_function_length = 64 * 1024;
   uint64_t max_payload_bytes = 1ull << 30;
-  uint32_t max_tensors = 65536;
+  // At most kMaxTensorsPerMessage: a larger value counts as that.
+  uint32_t max_tensors = kMaxTensorsPerMessage;
   // The sum of the tensor bytes of one frame.
   uint64_t max_tensor_bytes = 64ull << 30;
 };
@@ -112,9 +110,10 @@ FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits);
 // Throws std::invalid_argument, naming the tensor's index where one is at
 // fault, for: an m.type that is not a MessageType, a request without a
 // function or a response/error with one, an undefined or non-contiguous
-// tensor, more than kMaxDims dimensions, devices.size() != tensors.size(),
-// a device not representable (cpu index != 0, cuda index outside 0..32767),
-// or a length that does not fit its u32 field.
+// tensor, more than kMaxTensorsPerMessage tensors or kMaxTensorDims
+// dimensions, devices.size() != tensors.size(), a device not representable
+// (cpu index != 0, cuda index outside 0..32767), or a length that does not
+// fit its u32 field.
 void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
                   const std::vector<Device>& devices = {});
 
@@ -198,7 +197,7 @@ class FrameReader {
 
   void parse();
   void decode_body(const uint8_t* body);
-  void allocate_tensors(const uint8_t* descriptors);
+  void allocate_tensors(const std::vector<TensorDescriptor>& descriptors);
   Tensor allocate_tensor(DType dtype, Device device);
   bool first_tensor();
   bool next_tensor();

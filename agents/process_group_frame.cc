@@ -7,6 +7,7 @@
 #include <string>
 
 #include "agents/process_group_wire.h"
+#include "agents/tensor_descriptor.h"
 
 namespace switchboard::agents::pg_frame {
 namespace {
@@ -50,7 +51,6 @@ class Reader {
     pos_ += n;
     return p;
   }
-  size_t left() const { return size_ - pos_; }
 
  private:
   uint64_t little(int n) {
@@ -64,9 +64,16 @@ class Reader {
   size_t pos_ = 0;
 };
 
-}  // namespace
+// A header size over its limit.
+void check_size(const Header& h, const char* field, uint64_t value, uint64_t limit) {
+  if (value > limit) {
+    throw ProtocolError(
+        fmt::format("message {}: sizes out of range: {} {} exceeds the limit {}", h.id,
+                    field, value, limit));
+  }
+}
 
-size_t descriptor_size(const Tensor& t) { return 8 + 8 * static_cast<size_t>(t.dim()); }
+}  // namespace
 
 uint8_t* bytes_of(const Tensor& t) { return static_cast<uint8_t*>(t.data()); }
 
@@ -78,7 +85,7 @@ std::pair<Tensor, Tensor> encode_frame(const Message& m) {
   h.function_length = static_cast<uint32_t>(m.function.size());
   h.tensor_count = static_cast<uint32_t>(m.tensors.size());
   h.payload_length = m.payload.size();
-  for (const Tensor& t : m.tensors) h.descriptors_length += descriptor_size(t);
+  h.descriptors_length = descriptors_length(m.tensors, {}, "process_group encode_frame");
 
   Tensor header = Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
   Writer w(bytes_of(header));
@@ -98,13 +105,7 @@ std::pair<Tensor, Tensor> encode_frame(const Message& m) {
     Writer b(bytes_of(body));
     b.bytes(m.function.data(), m.function.size());
     b.bytes(m.payload.data(), m.payload.size());
-    for (const Tensor& t : m.tensors) {
-      b.u8(static_cast<uint8_t>(t.dtype()));
-      b.u8(0);
-      b.u16(0);
-      b.u32(static_cast<uint32_t>(t.dim()));
-      for (int64_t extent : t.shape()) b.u64(static_cast<uint64_t>(extent));
-    }
+    encode_descriptors(bytes_of(body) + b.pos(), m.tensors, {});
   }
   return {header, body};
 }
@@ -134,14 +135,16 @@ Header decode_header(const Tensor& header) {
   h.tensor_count = r.u32();
   h.payload_length = r.u64();
   h.descriptors_length = r.u64();
-  if (h.function_length > wire::kMaxFunctionLength ||
-      h.tensor_count > wire::kMaxTensors || h.payload_length > kMaxPayloadLength ||
-      h.descriptors_length > uint64_t{h.tensor_count} * (8 + 8 * wire::kMaxDims) ||
-      (h.tensor_count > 0) != (h.descriptors_length > 0)) {
+  check_size(h, "function length", h.function_length, wire::kMaxFunctionLength);
+  check_size(h, "payload length", h.payload_length, kMaxPayloadLength);
+  check_size(h, "tensor count", h.tensor_count, kMaxTensorsPerMessage);
+  const uint64_t least = min_descriptors_length(h.tensor_count);
+  const uint64_t most = max_descriptors_length(h.tensor_count);
+  if (h.descriptors_length < least || h.descriptors_length > most) {
     throw ProtocolError(fmt::format(
-        "message {}: sizes out of range (function {} bytes, payload {} bytes, {} "
-        "tensors in {} descriptor bytes)",
-        h.id, h.function_length, h.payload_length, h.tensor_count, h.descriptors_length));
+        "message {}: sizes out of range: descriptors length {} for tensor count {} (must "
+        "be between {} and {})",
+        h.id, h.descriptors_length, h.tensor_count, least, most));
   }
   return h;
 }
@@ -165,24 +168,12 @@ void decode_body(const Header& h, const Tensor& body, Message& m) {
   m.function.assign(reinterpret_cast<const char*>(function), h.function_length);
   const uint8_t* payload = r.take(h.payload_length, "the payload");
   m.payload.assign(payload, payload + h.payload_length);
-  m.tensors.reserve(h.tensor_count);
-  for (uint32_t i = 0; i < h.tensor_count; ++i) {
-    const uint8_t dtype = r.u8();
-    r.u8();
-    r.u16();
-    const uint32_t ndim = r.u32();
-    if (dtype >= std::size(kAllDTypes) || ndim > wire::kMaxDims) {
-      throw ProtocolError(fmt::format("message {}: tensor {} has dtype {} and {} dims",
-                                      h.id, i, dtype, ndim));
-    }
-    Tensor::Shape shape(ndim);
-    for (auto& extent : shape) extent = static_cast<int64_t>(r.u64());
-    m.tensors.push_back(allocate(shape, kAllDTypes[dtype]));
-  }
-  if (r.left() != 0) {
-    throw ProtocolError(fmt::format(
-        "message {}: {} bytes left over after the descriptors", h.id, r.left()));
-  }
+  const uint8_t* descriptors = r.take(h.descriptors_length, "the descriptors");
+  const std::vector<TensorDescriptor> all = decode_descriptors(
+      descriptors, h.descriptors_length, h.tensor_count,
+      {.label = "message", .id = h.id, .devices = AllowedDevices::kCpuOnly});
+  m.tensors.reserve(all.size());
+  for (const TensorDescriptor& d : all) m.tensors.push_back(allocate(d.shape(), d.dtype));
 }
 
 }  // namespace switchboard::agents::pg_frame

@@ -5,6 +5,9 @@
 //
 // Decoding validates everything it reads and throws ProtocolError
 // (common/error.h) for bad bytes from a peer (never for local mistakes).
+// Tensor descriptors and their limits are agents/tensor_descriptor.h's,
+// shared with PIPE; a descriptor here must name the CPU. encode_frame()
+// throws std::invalid_argument for tensors over those limits.
 // Pure functions; thread-safe.
 #pragma once
 
@@ -37,7 +40,6 @@ struct Header {
   }
 };
 
-size_t descriptor_size(const Tensor& t);
 uint8_t* bytes_of(const Tensor& t);
 // The header and the body of `m` (body undefined when empty).
 std::pair<Tensor, Tensor> encode_frame(const Message& m);

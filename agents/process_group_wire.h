@@ -20,10 +20,10 @@ inline constexpr const char* kGroupName = "rpc";
 // Store keys: "rpc/names/<rank>" and "rpc/join/<generation>/<rank>".
 inline constexpr const char* kNamesKey = "rpc/names/";
 inline constexpr const char* kJoinKey = "rpc/join/";
-// Limits a receiver enforces on a header (larger is a protocol error).
+// Limits a receiver enforces on a header (larger is a protocol error). The
+// tensor limits are those of every format: kMaxTensorsPerMessage and
+// kMaxTensorDims in agents/tensor_descriptor.h.
 inline constexpr uint32_t kMaxFunctionLength = 64 * 1024;
-inline constexpr uint32_t kMaxTensors = 1 << 20;
-inline constexpr uint32_t kMaxDims = 64;
 }  // namespace process_group_wire
 
 }  // namespace switchboard::agents

@@ -25,8 +25,9 @@ std::string hex(const Bytes& bytes) {
 
 // Values that sit on the codec's boundaries (lengths, limits, signs).
 constexpr uint32_t kInteresting[] = {
-    0,   1,   2,      7,      8,      16,      24,      32,       33,         255,
-    256, 257, 0x7fff, 0x8000, 0xffff, 0x10000, 0x10001, 0x100000, 0x7fffffff, 0xffffffff};
+    0,      1,       2,       7,        8,          16,        24,     32,
+    33,     64,      65,      255,      256,        257,       0x7fff, 0x8000,
+    0xffff, 0x10000, 0x10001, 0x100000, 0x7fffffff, 0xffffffff};
 
 class Mutator {
  public:

@@ -19,6 +19,7 @@
 #include "rpc/message.h"
 
 using namespace switchboard;
+using namespace switchboard::agents;
 using namespace switchboard::agents::pipe;
 using Catch::Contains;
 using rpc::Message;
@@ -205,7 +206,7 @@ TEST_CASE("messages with no, one and many tensors of every dtype round-trip",
       many.push_back(make_tensor(dtype, shape, ++seed));
     }
   }
-  Tensor::Shape most(kMaxDims, 1);
+  Tensor::Shape most(kMaxTensorDims, 1);
   most[3] = 2;
   many.push_back(make_tensor(DType::kInt8, most, 99));
 
@@ -223,7 +224,7 @@ TEST_CASE("messages with no, one and many tensors of every dtype round-trip",
   REQUIRE(frames.size() == messages.size());
   for (size_t i = 0; i < messages.size(); ++i) require_same(frames[i], messages[i]);
   REQUIRE(frames[2].message.tensors.size() == std::size(kAllDTypes) * 7 + 1);
-  REQUIRE(frames[2].message.tensors.back().dim() == kMaxDims);
+  REQUIRE(frames[2].message.tensors.back().dim() == kMaxTensorDims);
 }
 
 TEST_CASE("a descriptor names the device override; the default allocator uses the CPU",
@@ -483,11 +484,11 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
     patch<uint32_t>(b, kDescriptorsAt, 15);
     require_frame_error(b,
                         "pipe frame: descriptors_length 15 is out of range for "
-                        "tensor_count 2 (must be between 16 and 528)");
+                        "tensor_count 2 (must be between 16 and 1040)");
   }
-  SECTION("descriptors_length above tensor_count * (8 + 8 * kMaxDims)") {
-    patch<uint32_t>(b, kDescriptorsAt, 529);
-    require_frame_error(b, "descriptors_length 529 is out of range for tensor_count 2");
+  SECTION("descriptors_length above tensor_count * (8 + 8 * kMaxTensorDims)") {
+    patch<uint32_t>(b, kDescriptorsAt, 1041);
+    require_frame_error(b, "descriptors_length 1041 is out of range for tensor_count 2");
   }
   SECTION("descriptors without tensors") {
     patch<uint32_t>(b, kTensorCountAt, 0);
@@ -542,6 +543,31 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
   }
 }
 
+TEST_CASE("FrameLimits::max_tensors lowers the shared tensor limit but cannot raise it",
+          "[pipe_frame]") {
+  FrameHeader h;
+  h.kind = FrameKind::kResponse;
+  h.id = 5;
+  h.tensor_count = kMaxTensorsPerMessage;
+  h.descriptors_length = kMaxTensorsPerMessage * descriptor_size(0);
+  Bytes b(kHeaderSize);
+  encode_header(h, b.data());
+  FrameLimits limits;
+  REQUIRE(limits.max_tensors == kMaxTensorsPerMessage);
+  limits.max_tensors = 1 << 20;
+  REQUIRE(decode_header(b.data(), limits).tensor_count == kMaxTensorsPerMessage);
+  h.tensor_count = kMaxTensorsPerMessage + 1;
+  h.descriptors_length += descriptor_size(0);
+  encode_header(h, b.data());
+  REQUIRE_THROWS_WITH(decode_header(b.data(), limits),
+                      "pipe frame: tensor_count 65537 exceeds the limit 65536 "
+                      "(kMaxTensorsPerMessage)");
+  limits.max_tensors = 10;
+  REQUIRE_THROWS_WITH(
+      decode_header(b.data(), limits),
+      "pipe frame: tensor_count 65537 exceeds the limit 10 (max_tensors)");
+}
+
 TEST_CASE("descriptor rules are enforced with messages naming tensor, value and limit",
           "[pipe_frame]") {
   Bytes b = valid_request();
@@ -566,8 +592,13 @@ TEST_CASE("descriptor rules are enforced with messages naming tensor, value and 
         b, "pipe frame: frame 7 tensor 0: device index -1 for cuda is negative");
   }
   SECTION("ndim") {
-    patch<uint32_t>(b, kDescriptor1 + 4, 33);
-    require_frame_error(b, "pipe frame: frame 7 tensor 1: ndim 33 exceeds the limit 32");
+    patch<uint32_t>(b, kDescriptor1 + 4, 65);
+    require_frame_error(b, "pipe frame: frame 7 tensor 1: ndim 65 exceeds the limit 64");
+    // 64 is within the limit: only the extents are missing.
+    patch<uint32_t>(b, kDescriptor1 + 4, 64);
+    require_frame_error(b,
+                        "pipe frame: frame 7: descriptors_length 40 is too short for "
+                        "tensor 1's 64 extents");
   }
   SECTION("negative extent") {
     patch<int64_t>(b, kDescriptor0 + 16, -3);
@@ -714,8 +745,9 @@ TEST_CASE("the encoder refuses what cannot travel", "[pipe_frame]") {
   m.type = static_cast<MessageType>(7);
   REQUIRE_THROWS_WITH(append_frame(out, m), Contains("7 is not a message type"));
   m = make_message(MessageType::kResponse, 1, "", {},
-                   {make_tensor(DType::kInt8, Tensor::Shape(kMaxDims + 1, 1), 1)});
-  REQUIRE_THROWS_WITH(append_frame(out, m), Contains("has more than 32 dimensions"));
+                   {make_tensor(DType::kInt8, Tensor::Shape(kMaxTensorDims + 1, 1), 1)});
+  REQUIRE_THROWS_WITH(append_frame(out, m),
+                      Contains("has 65 dimensions (the limit is 64)"));
   const uint8_t x = 1;
   REQUIRE_THROWS_WITH(append_control_frame(out, FrameKind::kRequest, 1),
                       Contains("request is not a control frame"));

@@ -99,7 +99,7 @@ TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
           "[agents][pg_agent][wire]") {
   namespace wire = agents::process_group_wire;
   const std::string defect =
-      GENERATE(as<std::string>{}, "magic", "version", "type", "sizes");
+      GENERATE(as<std::string>{}, "magic", "version", "type", "sizes", "cuda descriptor");
   INFO("defect: " << defect);
   auto store = std::make_shared<HashStore>();
   std::unique_ptr<ProcessGroupAgent> agent;
@@ -149,11 +149,27 @@ TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
   } else if (defect == "type") {
     b[5] = 7;
     expected = "unknown message type 7";
-  } else {
+  } else if (defect == "sizes") {
     b[19] = 0x7f;  // function length ~2 GiB
     expected = "sizes out of range";
   }
+  Tensor descriptor;
+  if (defect == "cuda descriptor") {
+    // A response with one float32[1] tensor on cuda:0: PROCESS_GROUP
+    // carries CPU tensors only.
+    std::memset(b + 16, 0, wire::kHeaderSize - 16);
+    b[20] = 1;   // tensor count
+    b[32] = 16;  // descriptors length
+    descriptor = Tensor::zeros({16}, DType::kUInt8);
+    auto* d = static_cast<uint8_t*>(descriptor.data());
+    d[0] = static_cast<uint8_t>(DType::kFloat32);
+    d[1] = 1;  // device type cuda
+    d[4] = 1;  // ndim
+    d[8] = 1;  // extent
+    expected = "tensor 0: device type 1 (cuda) is not allowed";
+  }
   raw->send(bad, 0, wire::kHeaderTag).wait();
+  if (descriptor.defined()) raw->send(descriptor, 0, wire::kDataTag).wait();
   Failure failure = failure_of(f);
   CHECK(failure.kind == "ConnectionError");
   CHECK_THAT(failure.message, Catch::Contains("connection to worker \"raw\" lost"));
