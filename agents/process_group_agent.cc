@@ -16,6 +16,7 @@
 #include "agents/process_group_link.h"
 #include "agents/process_group_listener.h"
 #include "agents/process_group_sender.h"
+#include "agents/tensor_descriptor.h"
 #include "collective/gloo_process_group.h"
 #include "common/check.h"
 #include "common/error.h"
@@ -41,9 +42,19 @@ using Timeout = std::chrono::milliseconds;
 // Makes every tensor of `m` able to travel: contiguous copies of strided
 // ones. Returns what is wrong with the first tensor that cannot, if any.
 std::optional<std::string> prepare_tensors(Message& m) {
+  // The descriptor limits, checked here so that only this call fails: the
+  // sender thread would otherwise refuse the message and fail the peer.
+  if (m.tensors.size() > kMaxTensorsPerMessage) {
+    return fmt::format("{} tensors exceed the limit of {} per message", m.tensors.size(),
+                       kMaxTensorsPerMessage);
+  }
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     Tensor& t = m.tensors[i];
     if (!t.defined()) return fmt::format("tensor {} is undefined", i);
+    if (static_cast<size_t>(t.dim()) > kMaxTensorDims) {
+      return fmt::format("tensor {} has {} dimensions (the limit is {})", i, t.dim(),
+                         kMaxTensorDims);
+    }
     if (!t.device().is_cpu()) {
       return fmt::format(
           "tensor {} is {}: the PROCESS_GROUP agent moves CPU tensors only", i,

@@ -178,3 +178,29 @@ TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
   agent->shutdown();
   raw.reset();
 }
+
+TEST_CASE("a tensor over the descriptor limits fails only its own call",
+          "[agents][pg_agent][wire]") {
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<ProcessGroupAgent> agents[2];
+  rethrow_first(on_threads(2, [&](int rank) {
+    agents[rank] = std::make_unique<ProcessGroupAgent>(store, fmt::format("w{}", rank),
+                                                       rank, 2, test_options());
+  }));
+  for (auto& agent : agents) agent->start(echo_handler());
+  const WorkerInfo to = agents[0]->worker("w1");
+
+  Tensor::Shape shape(65, 1);
+  Failure failure = failure_of(
+      agents[0]->send(to, request("echo", "x", {Tensor::zeros(shape, DType::kFloat32)}), 0ms));
+  CHECK(failure.kind == "invalid_argument");
+  CHECK_THAT(failure.message, Catch::Contains("tensor 0 has 65 dimensions (the limit is 64)"));
+
+  // The peer is still reachable: the refusal did not fail the connection.
+  Future<Message> ok = agents[0]->send(
+      to, request("echo", "y", {Tensor::zeros(Tensor::Shape(64, 1), DType::kFloat32)}), 0ms);
+  REQUIRE(ok.wait_for(kGuard));
+  REQUIRE_FALSE(ok.has_error());
+  CHECK(ok.value().tensors.at(0).dim() == 64);
+  for (auto& agent : agents) agent->shutdown();
+}
