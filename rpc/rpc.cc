@@ -3,15 +3,19 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <exception>
 
 #include "common/check.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "rpc/agent.h"
+#include "rpc/metrics_exporter.h"
 #include "rpc/rendezvous.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
+#include "store/store_metrics.h"
 
 namespace switchboard::rpc {
 
@@ -20,9 +24,56 @@ struct RpcContext::State {
   std::shared_ptr<RpcBackendOptions> options;
   std::shared_ptr<Store> store;
   std::unique_ptr<RpcAgent> agent;
+  std::optional<uint16_t> metrics_port;
+  // Last: destroyed (it stops serving) before what its scrapes read. Reset
+  // by shutdown().
+  std::unique_ptr<MetricsExporter> exporter;
+
+  RpcMetrics metrics() const {
+    RpcMetrics m = agent->metrics_snapshot();
+    if (auto store_metrics = store->metrics()) m.store = store_metrics->snapshot();
+    return m;
+  }
 };
 
 namespace {
+
+constexpr const char* kMetricsPortVariable = "SWITCHBOARD_METRICS_PORT";
+constexpr const char* kMetricsAddressVariable = "SWITCHBOARD_METRICS_ADDRESS";
+constexpr const char* kDefaultMetricsAddress = "127.0.0.1";
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+// The metrics endpoint's port by the rule of RpcBackendOptions::metrics_port;
+// nullopt: off.
+std::optional<uint16_t> metrics_port_of(const std::string& worker,
+                                        const RpcBackendOptions& options) {
+  if (options.metrics_port) {
+    SB_REQUIRE(*options.metrics_port >= 0 && *options.metrics_port <= 65535,
+               "init_rpc(\"{}\"): metrics_port must be in [0, 65535], got {}", worker,
+               *options.metrics_port);
+    return static_cast<uint16_t>(*options.metrics_port);
+  }
+  const std::string text = env_or_empty(kMetricsPortVariable);
+  if (text.empty()) return std::nullopt;
+  int port = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
+  SB_REQUIRE(ec == std::errc() && end == text.data() + text.size() && port >= 0 &&
+                 port <= 65535,
+             "environment variable {}: expected a port in [0, 65535] (0: off), got \"{}\"",
+             kMetricsPortVariable, text);
+  if (port == 0) return std::nullopt;
+  return static_cast<uint16_t>(port);
+}
+
+std::string metrics_address_of(const RpcBackendOptions& options) {
+  if (!options.metrics_address.empty()) return options.metrics_address;
+  std::string address = env_or_empty(kMetricsAddressVariable);
+  return address.empty() ? kDefaultMetricsAddress : address;
+}
 
 // One store hosts one kind of group: the first init_rpc over it records
 // "static" or "dynamic" (compare_set, so racing workers agree), and a
@@ -167,6 +218,14 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   init.world_size = world_size;
   init.options = options;
   state->agent = init_backend(backend, init);
+  if (auto port = metrics_port_of(name, *options)) {
+    // On failure `state` goes, and the agent's destructor shuts it down.
+    const State* s = state.get();
+    state->exporter = std::make_unique<MetricsExporter>(metrics_address_of(*options), *port,
+                                                        [s] { return s->metrics(); });
+    state->metrics_port = state->exporter->port();
+    spdlog::info("rpc worker \"{}\": metrics at {}", name, state->exporter->url());
+  }
 
   std::shared_ptr<Callbacks> callbacks = callbacks_;
   state->agent->set_membership_listener(
@@ -241,6 +300,14 @@ std::shared_ptr<const RpcBackendOptions> RpcContext::options() const {
   return state()->options;
 }
 
+std::map<std::string, double> RpcContext::get_metrics() const {
+  return state()->metrics().as_map();
+}
+
+RpcMetrics RpcContext::get_metrics_snapshot() const { return state()->metrics(); }
+
+std::optional<uint16_t> RpcContext::metrics_port() const { return state()->metrics_port; }
+
 void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
   std::lock_guard lifecycle(lifecycle_mu_);
   std::shared_ptr<State> state;
@@ -263,6 +330,7 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     std::lock_guard lock(mu_);
     state_ = nullptr;
   }
+  state->exporter.reset();
   state->agent->shutdown();
   if (join_error) {
     spdlog::warn("rpc worker \"{}\": graceful shutdown's barrier failed; stopped anyway",
@@ -311,5 +379,11 @@ void on_leave(std::function<void(const WorkerInfo&)> callback) {
 void shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
   RpcContext::global().shutdown(graceful, timeout);
 }
+
+std::map<std::string, double> get_metrics() { return RpcContext::global().get_metrics(); }
+
+RpcMetrics get_metrics_snapshot() { return RpcContext::global().get_metrics_snapshot(); }
+
+std::optional<uint16_t> metrics_port() { return RpcContext::global().metrics_port(); }
 
 }  // namespace switchboard::rpc
