@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -39,12 +40,27 @@ struct RpcContext::State {
 namespace {
 
 constexpr const char* kMetricsPortVariable = "SWITCHBOARD_METRICS_PORT";
+constexpr const char* kLocalRankVariable = "LOCAL_RANK";
 constexpr const char* kMetricsAddressVariable = "SWITCHBOARD_METRICS_ADDRESS";
 constexpr const char* kDefaultMetricsAddress = "127.0.0.1";
 
 std::string env_or_empty(const char* name) {
   const char* value = std::getenv(name);
   return value == nullptr ? std::string() : std::string(value);
+}
+
+// The integer in environment variable `name` (in [0, max]); nullopt when
+// unset or empty. std::invalid_argument naming it otherwise.
+std::optional<int> env_int(const char* name, int max) {
+  const std::string text = env_or_empty(name);
+  if (text.empty()) return std::nullopt;
+  int value = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  SB_REQUIRE(ec == std::errc() && end == text.data() + text.size() && value >= 0 &&
+                 value <= max,
+             "environment variable {}: expected an integer in [0, {}], got \"{}\"", name, max,
+             text);
+  return value;
 }
 
 // The metrics endpoint's port by the rule of RpcBackendOptions::metrics_port;
@@ -57,15 +73,12 @@ std::optional<uint16_t> metrics_port_of(const std::string& worker,
                *options.metrics_port);
     return static_cast<uint16_t>(*options.metrics_port);
   }
-  const std::string text = env_or_empty(kMetricsPortVariable);
-  if (text.empty()) return std::nullopt;
-  int port = -1;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), port);
-  SB_REQUIRE(ec == std::errc() && end == text.data() + text.size() && port >= 0 &&
-                 port <= 65535,
-             "environment variable {}: expected a port in [0, 65535] (0: off), got \"{}\"",
-             kMetricsPortVariable, text);
-  if (port == 0) return std::nullopt;
+  const std::optional<int> base = env_int(kMetricsPortVariable, 65535);
+  if (!base || *base == 0) return std::nullopt;
+  // Several workers of one host (a launcher's LOCAL_RANK) take one port each.
+  const int port = *base + env_int(kLocalRankVariable, 65535).value_or(0);
+  SB_REQUIRE(port <= 65535, "init_rpc(\"{}\"): metrics port {} ({} plus {}) is above 65535",
+             worker, port, kMetricsPortVariable, kLocalRankVariable);
   return static_cast<uint16_t>(port);
 }
 
@@ -195,7 +208,8 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
              name, world_size.value_or(0));
   if (!options) options = construct_rpc_backend_options(backend);
 
-  auto state = std::make_shared<State>(State{backend, options, nullptr, nullptr});
+  auto state = std::make_shared<State>(
+      State{backend, options, nullptr, nullptr, std::nullopt, nullptr});
   if (store) {
     if (rank < 0) rank = env_rank().value_or(-1);
     SB_REQUIRE(!world_size || (rank >= 0 && rank < *world_size),
@@ -330,8 +344,13 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     std::lock_guard lock(mu_);
     state_ = nullptr;
   }
-  state->exporter.reset();
-  state->agent->shutdown();
+  {
+    // The endpoint's HTTP server takes up to 2 s to stop (its poll
+    // interval): it stops while the agent shuts down (scrapes meanwhile
+    // read the agent's totals, which shutdown keeps).
+    std::jthread stop_exporter([&state] { state->exporter.reset(); });
+    state->agent->shutdown();
+  }
   if (join_error) {
     spdlog::warn("rpc worker \"{}\": graceful shutdown's barrier failed; stopped anyway",
                  state->agent->self().name);

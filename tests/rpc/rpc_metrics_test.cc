@@ -313,10 +313,14 @@ TEST_CASE("metrics_port 0 serves the worker's metrics on an ephemeral port until
   CHECK(http_get(port, "/metrics").empty());  // refused: nothing listens
 }
 
-TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, a bad value is refused naming it",
+TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, else the port plus LOCAL_RANK; a bad "
+          "value is refused naming it",
           "[metrics][rpc]") {
   struct Restore {
-    ~Restore() { ::unsetenv("SWITCHBOARD_METRICS_PORT"); }
+    ~Restore() {
+      ::unsetenv("SWITCHBOARD_METRICS_PORT");
+      ::unsetenv("LOCAL_RANK");
+    }
   } restore;
   auto store = std::make_shared<HashStore>();
   RpcContext solo;
@@ -328,6 +332,24 @@ TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, a bad value is refused n
   solo.init_rpc("solo", local(), 0, 1, local_options(), std::make_shared<HashStore>());
   CHECK(!solo.metrics_port().has_value());
   solo.shutdown();
+  // Set: that port plus LOCAL_RANK. Held here, so the worker cannot listen
+  // there, and its error names the port.
+  const int held = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof addr;
+  REQUIRE(::bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(held, 1) == 0);
+  REQUIRE(::getsockname(held, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  const int port = ntohs(addr.sin_port);
+  ::setenv("SWITCHBOARD_METRICS_PORT", std::to_string(port - 2).c_str(), 1);
+  ::setenv("LOCAL_RANK", "2", 1);
+  CHECK_THROWS_WITH(
+      solo.init_rpc("solo", local(), 0, 1, local_options(), std::make_shared<HashStore>()),
+      Catch::Contains(fmt::format("127.0.0.1:{}", port)));
+  ::unsetenv("LOCAL_RANK");
+  ::close(held);
   ::setenv("SWITCHBOARD_METRICS_PORT", "http", 1);
   CHECK_THROWS_WITH(
       solo.init_rpc("solo", local(), 0, 1, local_options(), std::make_shared<HashStore>()),
