@@ -126,7 +126,10 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     for (const auto& [function, stats] : functions) {
       out.functions[function].merge(stats.snapshot());
     }
-    out.calls_in_flight += in_flight;
+    // Calls not answered or failed yet: they leave `pending` before their
+    // futures complete (in_flight drops only after), so a caller whose call
+    // just returned never sees it still counted.
+    out.calls_in_flight += pending.size();
     out.requests_in_progress += handling;
   }
 

@@ -132,7 +132,9 @@ struct RpcMetrics {
   std::string worker;                               // this worker's name
   std::map<std::string, FunctionMetrics> functions;  // by function name
   uint64_t calls_in_flight = 0;       // sent, not yet answered or failed
-  uint64_t requests_in_progress = 0;  // accepted, reply not yet given
+  // Accepted, and the reply not yet handed back to the transport (the
+  // caller may see the reply a moment before this drops).
+  uint64_t requests_in_progress = 0;
   // Peers the transport reports (by id); empty for a transport that
   // reports none.
   std::vector<PeerMetricsSnapshot> peers;

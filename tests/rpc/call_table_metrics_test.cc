@@ -76,7 +76,8 @@ TEST_CASE("the table counts calls by function and failures by kind", "[call_tabl
   REQUIRE(table.fail(other.id, std::make_exception_ptr(std::runtime_error("refused"))));
   CHECK(collect(table).calls_in_flight == 1);
   REQUIRE(timed.future.wait_for(kLong));  // the timer fails it
-  REQUIRE(table.wait_idle(std::chrono::steady_clock::now() + kLong) == CallTable::Idle::kIdle);
+  // Taken out of the table before its future failed: never seen in flight
+  // once its future is done.
   CHECK(collect(table).calls_in_flight == 0);
 
   auto cancelled = table.add(call_to("h"));
