@@ -118,8 +118,7 @@ int main() {
   fmt::print("greet: {} sent, {} served; nap: {} timed out\n",
              metrics.functions.at("greet").calls_sent,
              metrics.functions.at("greet").requests_served,
-             metrics.functions.at("nap").calls_failed[static_cast<size_t>(
-                 rpc::FailureKind::kTimeout)]);
+             metrics.functions.at("nap").failures(rpc::FailureKind::kTimeout));
   rpc::shutdown();
   return 0;
 }

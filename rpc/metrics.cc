@@ -37,6 +37,12 @@ FailureKind classify_failure(const std::exception_ptr& error) {
   }
 }
 
+uint64_t FunctionMetrics::failures() const {
+  uint64_t n = 0;
+  for (uint64_t k : calls_failed) n += k;
+  return n;
+}
+
 void FunctionMetrics::merge(const FunctionMetrics& other) {
   calls_sent += other.calls_sent;
   calls_succeeded += other.calls_succeeded;

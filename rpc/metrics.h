@@ -74,6 +74,9 @@ struct FunctionMetrics {
   uint64_t requests_served = 0;
   uint64_t requests_failed = 0;
 
+  // Calls that failed with `kind`; all failed calls.
+  uint64_t failures(FailureKind kind) const { return calls_failed[static_cast<size_t>(kind)]; }
+  uint64_t failures() const;
   void merge(const FunctionMetrics& other);
 };
 

@@ -33,10 +33,6 @@ using namespace std::chrono_literals;
 
 constexpr std::chrono::milliseconds kLong = 30s;
 
-uint64_t failed(const FunctionMetrics& f, FailureKind kind) {
-  return f.calls_failed[static_cast<size_t>(kind)];
-}
-
 RpcMetrics collect(const CallTable& table) {
   RpcMetrics m;
   table.collect_metrics(m);
@@ -89,15 +85,15 @@ TEST_CASE("the table counts calls by function and failures by kind", "[call_tabl
   CHECK(m.calls_in_flight == 0);
   const FunctionMetrics& f = m.functions.at("f");
   CHECK(f.calls_succeeded == 1);
-  CHECK(failed(f, FailureKind::kRemoteError) == 1);
+  CHECK(f.failures(FailureKind::kRemoteError) == 1);
   CHECK(f.latency.count == 2);  // both were answered
   const FunctionMetrics& g = m.functions.at("g");
   CHECK(g.calls_succeeded == 0);
-  CHECK(failed(g, FailureKind::kConnection) == 1);
-  CHECK(failed(g, FailureKind::kOther) == 1);
+  CHECK(g.failures(FailureKind::kConnection) == 1);
+  CHECK(g.failures(FailureKind::kOther) == 1);
   CHECK(g.latency.count == 0);  // no answer, no latency
-  CHECK(failed(m.functions.at("slow"), FailureKind::kTimeout) == 1);
-  CHECK(failed(m.functions.at("h"), FailureKind::kCancelled) == 1);
+  CHECK(m.functions.at("slow").failures(FailureKind::kTimeout) == 1);
+  CHECK(m.functions.at("h").failures(FailureKind::kCancelled) == 1);
   CHECK(m.requests_in_progress == 0);
 }
 
@@ -111,7 +107,7 @@ TEST_CASE("fail_if counts each call it fails by the error it gets", "[call_table
                         return std::make_exception_ptr(ConnectionError("left"));
                       }) == 2);
   const RpcMetrics m = collect(table);
-  CHECK(failed(m.functions.at("f"), FailureKind::kConnection) == 2);
+  CHECK(m.functions.at("f").failures(FailureKind::kConnection) == 2);
   CHECK(m.calls_in_flight == 0);
 }
 

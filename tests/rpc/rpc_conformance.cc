@@ -594,20 +594,17 @@ TEST_CASE("get_metrics counts calls sent, answered and failed, and requests serv
   REQUIRE(gate->wait_arrived(1));
   const rpc::RpcMetrics m0 = w0.get_metrics_snapshot();
   const rpc::RpcMetrics m1 = w1.get_metrics_snapshot();
-  auto failed = [](const rpc::FunctionMetrics& f, rpc::FailureKind kind) {
-    return f.calls_failed[static_cast<size_t>(kind)];
-  };
   CHECK(m0.worker == "w0");
   const rpc::FunctionMetrics& add = m0.functions.at("add");
   CHECK(add.calls_sent == 3);
   CHECK(add.calls_succeeded == 3);
   CHECK(add.latency.count == 3);
   CHECK(add.latency.quantile(0.99) > 0.0);
-  for (size_t k = 0; k < rpc::kNumFailureKinds; ++k) CHECK(add.calls_failed[k] == 0);
+  CHECK(add.failures() == 0);
   const rpc::FunctionMetrics& fail = m0.functions.at("fail");
   CHECK(fail.calls_sent == 1);
   CHECK(fail.calls_succeeded == 0);
-  CHECK(failed(fail, rpc::FailureKind::kRemoteError) == 1);
+  CHECK(fail.failures(rpc::FailureKind::kRemoteError) == 1);
   CHECK(m0.functions.at("block").calls_sent == 1);
   CHECK(m0.calls_in_flight == 1);
   CHECK(m1.functions.at("add").requests_served == 3);
@@ -635,7 +632,7 @@ TEST_CASE("get_metrics counts a timed-out call as a timeout, without a latency",
                   TimeoutError);
   const rpc::FunctionMetrics block = w0.get_metrics_snapshot().functions.at("block");
   CHECK(block.calls_sent == 1);
-  CHECK(block.calls_failed[static_cast<size_t>(rpc::FailureKind::kTimeout)] == 1);
+  CHECK(block.failures(rpc::FailureKind::kTimeout) == 1);
   CHECK(block.latency.count == 0);
   CHECK(w0.get_metrics().at(
             "switchboard_rpc_calls_failed_total{function=\"block\",kind=\"timeout\"}") == 1);

@@ -22,12 +22,6 @@ namespace {
 
 double micros(double seconds) { return seconds * 1e6; }
 
-uint64_t failures(const rpc::FunctionMetrics& f) {
-  uint64_t n = 0;
-  for (uint64_t k : f.calls_failed) n += k;
-  return n;
-}
-
 // The page at http://address:port/metrics (HTTP/1.0: the server closes the
 // connection when it is done).
 std::string http_get_metrics(const std::string& address, uint16_t port) {
@@ -53,7 +47,7 @@ void report_metrics(const std::string& who) {
     if (f.calls_sent > 0) {
       say(who, "  metrics: sent {} {} calls, latency p50 {:.0f} us p99 {:.0f} us, {} failed",
           f.calls_sent, function, micros(f.latency.quantile(0.5)),
-          micros(f.latency.quantile(0.99)), failures(f));
+          micros(f.latency.quantile(0.99)), f.failures());
     }
     if (f.requests_served > 0) {
       say(who, "  metrics: served {} {} requests ({} with an error)", f.requests_served,
