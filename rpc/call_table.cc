@@ -168,8 +168,8 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
   }
 
   // Completes calls taken out of `pending`, outside the lock, then counts
-  // them out of `in_flight`.
-  // Each is counted before its future completes.
+  // them out of `in_flight`. Each failure is counted (by kind) before its
+  // future completes.
   void settle(std::vector<Failure> failures) SB_EXCLUDES(mu) {
     if (failures.empty()) return;
     for (Failure& f : failures) {

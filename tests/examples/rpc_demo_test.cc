@@ -81,7 +81,6 @@ TEST_CASE("the RPC demo with --metrics-port 0 serves metrics and reports them",
   const std::string out = launch.read_all();
   INFO(out);
   CHECK(launch.wait() == 0);
-  CHECK_THAT(out, Catch::Contains("rpc worker \"ps\": metrics at http://127.0.0.1:"));
   // get_metrics_snapshot(): the ps's served requests, trainer-1's calls.
   CHECK_THAT(out, Catch::Contains("[rank 0] ps:   metrics: served 540 push_grad requests "
                                   "(0 with an error)"));
