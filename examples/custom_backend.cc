@@ -1,6 +1,8 @@
 // Registering your own RPC backend: "LOOPBACK", a one-worker transport that
 // hands each request to this worker's own pool. A real backend moves the
-// Message (rpc/message.h) over its wire the same way.
+// Message (rpc/message.h) over its wire the same way, and reports each peer
+// it talks to through metrics()->peer(id, name) (rpc/metrics.h): LOOPBACK
+// has none.
 //
 //   bazel run //examples:custom_backend
 #include <fmt/format.h>
@@ -111,6 +113,12 @@ int main() {
   } catch (const switchboard::TimeoutError& e) {
     fmt::print("{}\n", e.what());
   }
+  // And so are its metrics: the call table counted both calls.
+  const rpc::RpcMetrics metrics = rpc::get_metrics_snapshot();
+  fmt::print("greet: {} sent, {} served; nap: {} timed out\n",
+             metrics.functions.at("greet").calls_sent,
+             metrics.functions.at("greet").requests_served,
+             metrics.functions.at("nap").failures(rpc::FailureKind::kTimeout));
   rpc::shutdown();
   return 0;
 }

@@ -30,8 +30,24 @@ void validate_worker_name(const std::string& name) {
 RpcAgent::RpcAgent(WorkerInfo self, size_t num_worker_threads)
     : self_(std::move(self)),
       pool_(std::make_shared<ThreadPool>(checked_thread_count(self_, num_worker_threads),
-                                         "sb-rpc-pool")) {}
+                                         "sb-rpc-pool")),
+      metrics_(std::make_shared<AgentMetrics>(self_.name)) {
+  pool_->set_agent_metrics(metrics_);
+}
 
 RpcAgent::~RpcAgent() = default;
+
+RpcMetrics RpcAgent::metrics_snapshot() const {
+  RpcMetrics out;
+  out.worker = self_.name;
+  metrics_->collect(out);
+  out.pool = pool_->stats();
+  collect_metrics(out);
+  return out;
+}
+
+std::map<std::string, double> RpcAgent::get_metrics() const {
+  return metrics_snapshot().as_map();
+}
 
 }  // namespace switchboard::rpc

@@ -28,12 +28,14 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "rpc/future.h"
 #include "rpc/message.h"
+#include "rpc/metrics.h"
 #include "rpc/thread_pool.h"
 
 namespace switchboard::rpc {
@@ -98,9 +100,33 @@ class RpcAgent {
   // The pool that runs handlers and callbacks (shared with the RPC layer).
   const std::shared_ptr<ThreadPool>& pool() const { return pool_; }
 
+  // ------------------------------------------------------------ metrics
+
+  // This worker's metrics now (rpc/metrics.h): what its CallTables counted,
+  // the peers its transport reports, its pool; `store` stays empty (the RPC
+  // layer adds the store's). Any time, from any thread, also after
+  // shutdown() (the totals stay).
+  RpcMetrics metrics_snapshot() const;
+  // The same, flat (torch's agent.get_metrics()): RpcMetrics::as_map().
+  std::map<std::string, double> get_metrics() const;
+
+  // Where this agent counts: CallTables on pool() find it by themselves; a
+  // transport takes the counters of each peer from metrics()->peer(id,
+  // name) when it connects, bumps them per message and sets the
+  // connection's state.
+  const std::shared_ptr<AgentMetrics>& metrics() const { return metrics_; }
+
+ protected:
+  // For agents that know more than metrics() holds: called by
+  // metrics_snapshot() after everything else was filled in; may add to any
+  // part of `out`. Must not block for long (scrapes call it). Default:
+  // nothing.
+  virtual void collect_metrics(RpcMetrics& out) const { (void)out; }
+
  private:
   WorkerInfo self_;
   std::shared_ptr<ThreadPool> pool_;
+  std::shared_ptr<AgentMetrics> metrics_;
 };
 
 }  // namespace switchboard::rpc

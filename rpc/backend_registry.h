@@ -58,6 +58,16 @@ struct RpcBackendOptions {
   // init_rpc is given a Store.
   std::string init_method = "env://";
   int num_worker_threads = kDefaultNumWorkerThreads;
+  // The Prometheus metrics endpoint (docs/operations.md#metrics), served by
+  // init_rpc until shutdown. nullopt: the SWITCHBOARD_METRICS_PORT
+  // environment variable decides (unset, empty or 0: off; else that port
+  // plus LOCAL_RANK when the launcher set it, so that the workers of one
+  // host each get their own); 0: on, on a port the kernel picks
+  // (RpcContext::metrics_port() tells which); 1 to 65535: that port.
+  std::optional<int> metrics_port;
+  // The address the endpoint listens on; empty: SWITCHBOARD_METRICS_ADDRESS,
+  // else 127.0.0.1.
+  std::string metrics_address;
 };
 
 using Extras = std::map<std::string, std::string>;

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <deque>
 #include <set>
 #include <thread>
@@ -13,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/metrics.h"
 #include "common/mutex.h"
 #include "rpc/remote_error.h"
 
@@ -25,7 +27,44 @@ std::string call_prefix(const std::string& dst_name, const std::string& function
 namespace {
 
 using Clock = CallTable::Clock;
-using Failure = std::pair<Promise<Message>, std::exception_ptr>;
+
+// Distinct function names counted per table; the rest count as kOtherFunctions
+// (requests carry names chosen by peers: their number must be bounded).
+constexpr size_t kMaxFunctions = 1024;
+constexpr const char* kOtherFunctions = "(other)";
+
+// What the table counts per function (see rpc/metrics.h). Updated without
+// the table's lock, read under it only to find the entries.
+struct FunctionStats {
+  Counter sent;
+  Counter succeeded;
+  std::array<Counter, kNumFailureKinds> failed;
+  LatencyHistogram latency;
+  Counter served;
+  Counter served_failed;
+
+  void failure(FailureKind kind) { failed[static_cast<size_t>(kind)].add(); }
+
+  FunctionMetrics snapshot() const {
+    FunctionMetrics m;
+    m.calls_sent = sent.value();
+    m.calls_succeeded = succeeded.value();
+    for (size_t i = 0; i < kNumFailureKinds; ++i) m.calls_failed[i] = failed[i].value();
+    m.latency = latency.snapshot();
+    m.requests_served = served.value();
+    m.requests_failed = served_failed.value();
+    return m;
+  }
+};
+
+// A call taken out of the table to be failed (outside the lock). `kind` is
+// found from `error` when not known.
+struct Failure {
+  Promise<Message> promise;
+  std::exception_ptr error;
+  FunctionStats* stats;
+  std::optional<FailureKind> kind;
+};
 
 std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Call& call) {
   return std::make_exception_ptr(
@@ -39,11 +78,13 @@ std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Ca
 // Everything the table knows, shared with its timer thread and (weakly)
 // with the callbacks of handlers' futures, so that either may outlive the
 // CallTable object.
-struct CallTable::State : std::enable_shared_from_this<State> {
+struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Source {
   struct Pending {
     Promise<Message> promise;
     Call call;
     Clock::time_point deadline;  // when call.timeout > 0
+    Clock::time_point sent_at;
+    FunctionStats* stats;        // an entry of `functions`
   };
 
   State(std::string name_in, std::shared_ptr<Executor> executor_in)
@@ -70,6 +111,27 @@ struct CallTable::State : std::enable_shared_from_this<State> {
   std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
   bool started SB_GUARDED_BY(mu) = false;  // stays true after close()
   std::deque<Request> early SB_GUARDED_BY(mu);  // accepted before start()
+  // Never erased: Pending and the serving path keep pointers to entries.
+  std::unordered_map<std::string, FunctionStats> functions SB_GUARDED_BY(mu);
+
+  FunctionStats& stats_for(const std::string& function) SB_REQUIRES(mu) {
+    auto it = functions.find(function);
+    if (it != functions.end()) return it->second;
+    const std::string& key = functions.size() < kMaxFunctions ? function : kOtherFunctions;
+    return functions.try_emplace(key).first->second;
+  }
+
+  void collect(RpcMetrics& out) const override SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
+    for (const auto& [function, stats] : functions) {
+      out.functions[function].merge(stats.snapshot());
+    }
+    // Calls not answered or failed yet: they leave `pending` before their
+    // futures complete (in_flight drops only after), so a caller whose call
+    // just returned never sees it still counted.
+    out.calls_in_flight += pending.size();
+    out.requests_in_progress += handling;
+  }
 
   bool idle() const SB_REQUIRES(mu) { return in_flight == 0 && handling == 0; }
 
@@ -106,10 +168,14 @@ struct CallTable::State : std::enable_shared_from_this<State> {
   }
 
   // Completes calls taken out of `pending`, outside the lock, then counts
-  // them out of `in_flight`.
+  // them out of `in_flight`. Each failure is counted (by kind) before its
+  // future completes.
   void settle(std::vector<Failure> failures) SB_EXCLUDES(mu) {
     if (failures.empty()) return;
-    for (auto& [promise, error] : failures) promise.set_error(error);
+    for (Failure& f : failures) {
+      f.stats->failure(f.kind ? *f.kind : classify_failure(f.error));
+      f.promise.set_error(f.error);
+    }
     calls_done(failures.size());
   }
 
@@ -144,11 +210,12 @@ struct CallTable::State : std::enable_shared_from_this<State> {
       const auto now = Clock::now();
       while (!deadlines.empty() && deadlines.begin()->first <= now) {
         std::optional<Pending> p = take(deadlines.begin()->second);
-        expired.emplace_back(std::move(p->promise),
-                             std::make_exception_ptr(TimeoutError(fmt::format(
-                                 "{}: timed out after {} ms",
-                                 call_prefix(p->call.dst_name, p->call.function),
-                                 p->call.timeout.count()))));
+        expired.push_back({std::move(p->promise),
+                           std::make_exception_ptr(TimeoutError(fmt::format(
+                               "{}: timed out after {} ms",
+                               call_prefix(p->call.dst_name, p->call.function),
+                               p->call.timeout.count()))),
+                           p->stats, FailureKind::kTimeout});
       }
       lock.unlock();
       settle(std::move(expired));
@@ -160,9 +227,13 @@ struct CallTable::State : std::enable_shared_from_this<State> {
   // request.reply once the handler's future completes.
   void serve(Request request) SB_EXCLUDES(mu) {
     std::shared_ptr<const RpcAgent::RequestHandler> h;
+    FunctionStats* stats = nullptr;
     {
       MutexLock lock(mu);
-      if (!closed) h = handler;
+      if (!closed) {
+        h = handler;
+        stats = &stats_for(request.message.function);
+      }
     }
     if (!h) {  // closed since it was accepted: dropped
       handling_done();
@@ -179,12 +250,12 @@ struct CallTable::State : std::enable_shared_from_this<State> {
     }
     std::weak_ptr<State> weak = weak_from_this();
     result.add_callback(
-        [weak, id, reply = std::move(request.reply)](const Future<Message>& done) {
-          if (auto self = weak.lock()) self->answer(id, done, reply);
+        [weak, id, stats, reply = std::move(request.reply)](const Future<Message>& done) {
+          if (auto self = weak.lock()) self->answer(id, done, *stats, reply);
         });
   }
 
-  void answer(uint64_t id, const Future<Message>& done,
+  void answer(uint64_t id, const Future<Message>& done, FunctionStats& stats,
               const std::function<void(Message)>& reply) SB_EXCLUDES(mu) {
     Message m;
     try {
@@ -211,7 +282,7 @@ struct CallTable::State : std::enable_shared_from_this<State> {
         spdlog::debug("rpc agent \"{}\": the reply to call {} is dropped: shut down", name,
                       id);
       } else {
-        send_reply(id, std::move(m), reply);
+        send_reply(id, std::move(m), stats, reply);
       }
     } catch (const std::exception& e) {
       spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
@@ -222,14 +293,21 @@ struct CallTable::State : std::enable_shared_from_this<State> {
 
   // Gives `m` to `reply`; when the agent cannot send it (its encoder
   // refuses it), an error reply saying why goes instead, so that the caller
-  // is answered rather than left to its timeout.
-  void send_reply(uint64_t id, Message m, const std::function<void(Message)>& reply) const {
+  // is answered rather than left to its timeout. Counts the request as
+  // served (and failed, when the reply is an error or becomes one) before
+  // the caller can see the reply.
+  void send_reply(uint64_t id, Message m, FunctionStats& stats,
+                  const std::function<void(Message)>& reply) const {
+    const bool error = m.type == MessageType::kError;
+    stats.served.add();
+    if (error) stats.served_failed.add();
     try {
       reply(std::move(m));
     } catch (const std::exception& e) {
       spdlog::warn("rpc agent \"{}\": the reply to call {} cannot be sent ({}); sending "
                    "an error reply instead",
                    name, id, e.what());
+      if (!error) stats.served_failed.add();
       reply(error_reply(id, std::current_exception()));
     }
   }
@@ -256,10 +334,15 @@ struct CallTable::State : std::enable_shared_from_this<State> {
   }
 };
 
-CallTable::CallTable(std::string agent_name, std::shared_ptr<Executor> executor) {
+CallTable::CallTable(std::string agent_name, std::shared_ptr<Executor> executor,
+                     std::shared_ptr<AgentMetrics> metrics) {
   SB_REQUIRE(executor != nullptr, "call table of rpc agent \"{}\": the executor is null",
              agent_name);
+  if (!metrics) {
+    if (auto* pool = dynamic_cast<ThreadPool*>(executor.get())) metrics = pool->agent_metrics();
+  }
   state_ = std::make_shared<State>(std::move(agent_name), std::move(executor));
+  if (metrics) metrics->add_source(state_);
 }
 
 CallTable::~CallTable() { close(); }
@@ -272,9 +355,12 @@ CallTable::Added CallTable::add(Call call) {
   Added added;
   added.future = promise.get_future();
   const bool timed = call.timeout.count() > 0;
-  const auto deadline = timed ? Clock::now() + call.timeout : Clock::time_point::max();
+  const auto now = Clock::now();
+  const auto deadline = timed ? now + call.timeout : Clock::time_point::max();
   MutexLock lock(s.mu);
   if (s.closed) std::rethrow_exception(shut_down_error(s.name, call));
+  FunctionStats& stats = s.stats_for(call.function);
+  stats.sent.add();
   added.id = s.next_id++;
   if (timed) {
     s.deadlines.emplace(deadline, added.id);
@@ -284,7 +370,8 @@ CallTable::Added CallTable::add(Call call) {
       start_timer_locked();
     }
   }
-  s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline});
+  s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline,
+                                             now, &stats});
   added.in_flight = ++s.in_flight;
   return added;
 }
@@ -303,6 +390,12 @@ bool CallTable::complete(uint64_t id, Message response, std::optional<int> from)
     if (it != s.pending.end() && (!from || it->second.call.dst == *from)) p = s.take(id);
   }
   if (!p) return false;
+  if (response.type == MessageType::kError) {
+    p->stats->failure(FailureKind::kRemoteError);
+  } else {
+    p->stats->succeeded.add();
+  }
+  p->stats->latency.record(Clock::now() - p->sent_at);
   p->promise.set_value(std::move(response));
   s.calls_done(1);
   return true;
@@ -313,7 +406,9 @@ bool CallTable::fail(uint64_t id, std::exception_ptr error) {
   std::vector<Failure> failed;
   {
     MutexLock lock(s.mu);
-    if (auto p = s.take(id)) failed.emplace_back(std::move(p->promise), std::move(error));
+    if (auto p = s.take(id)) {
+      failed.push_back({std::move(p->promise), std::move(error), p->stats, std::nullopt});
+    }
   }
   const bool found = !failed.empty();
   s.settle(std::move(failed));
@@ -333,7 +428,7 @@ size_t CallTable::fail_if(const std::function<bool(const Call&)>& which,
     for (uint64_t id : ids) {
       State::Pending p = *s.take(id);
       std::exception_ptr e = error(p.call);
-      failed.emplace_back(std::move(p.promise), std::move(e));
+      failed.push_back({std::move(p.promise), std::move(e), p.stats, std::nullopt});
     }
   }
   const size_t n = failed.size();
@@ -418,7 +513,8 @@ void CallTable::close() {
     if (s.closed) return;
     s.closed = true;
     for (auto& [id, p] : s.pending) {
-      cancelled.emplace_back(std::move(p.promise), shut_down_error(s.name, p.call));
+      cancelled.push_back({std::move(p.promise), shut_down_error(s.name, p.call), p.stats,
+                           FailureKind::kCancelled});
     }
     s.pending.clear();
     s.deadlines.clear();
@@ -446,5 +542,7 @@ bool CallTable::closed() const {
 }
 
 const std::string& CallTable::agent_name() const { return state_->name; }
+
+void CallTable::collect_metrics(RpcMetrics& out) const { state_->collect(out); }
 
 }  // namespace switchboard::rpc

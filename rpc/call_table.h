@@ -31,6 +31,15 @@
 // destructor that runs on the timer thread itself hands the thread its
 // state and lets it exit).
 //
+// Metrics: the table counts calls sent, answered and failed (by kind, see
+// rpc/metrics.h) and their latency per function, requests served per
+// function, and in-flight calls and requests, into the AgentMetrics it is
+// given or, by default, the one attached to its executor when that is an
+// agent's pool (RpcAgent::pool()): every agent built on the table is
+// counted with nothing to write. Each count is made before the future (or
+// the reply) it is about completes; the cost is an atomic add or two per
+// call, and no lock the table does not already take.
+//
 // Ownership: the table shares the executor. Replies to handler futures
 // that complete after the table was closed (or destroyed) are dropped.
 #pragma once
@@ -48,6 +57,7 @@
 #include "rpc/agent.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
+#include "rpc/metrics.h"
 #include "rpc/thread_pool.h"
 
 namespace switchboard::rpc {
@@ -97,8 +107,10 @@ class CallTable {
   };
 
   // `agent_name` names this worker in errors; `executor` (non-null) runs
-  // handlers and the callbacks of add()'s futures.
-  CallTable(std::string agent_name, std::shared_ptr<Executor> executor);
+  // handlers and the callbacks of add()'s futures. The table counts into
+  // `metrics` (null: the executor's ThreadPool::agent_metrics(), if any).
+  CallTable(std::string agent_name, std::shared_ptr<Executor> executor,
+            std::shared_ptr<AgentMetrics> metrics = nullptr);
   // close(), then joins the timer thread.
   ~CallTable();
   CallTable(const CallTable&) = delete;
@@ -167,6 +179,10 @@ class CallTable {
   bool closed() const;
 
   const std::string& agent_name() const;
+
+  // Adds what this table counted to out.functions, calls_in_flight and
+  // requests_in_progress (what AgentMetrics::collect() does for it).
+  void collect_metrics(RpcMetrics& out) const;
 
  private:
   struct State;

@@ -3,15 +3,20 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "common/check.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "rpc/agent.h"
+#include "rpc/metrics_exporter.h"
 #include "rpc/rendezvous.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
+#include "store/store_metrics.h"
 
 namespace switchboard::rpc {
 
@@ -20,9 +25,68 @@ struct RpcContext::State {
   std::shared_ptr<RpcBackendOptions> options;
   std::shared_ptr<Store> store;
   std::unique_ptr<RpcAgent> agent;
+  std::optional<uint16_t> metrics_port;
+  // Last: destroyed (it stops serving) before what its scrapes read. Reset
+  // by shutdown().
+  std::unique_ptr<MetricsExporter> exporter;
+
+  RpcMetrics metrics() const {
+    RpcMetrics m = agent->metrics_snapshot();
+    if (auto store_metrics = store->metrics()) m.store = store_metrics->snapshot();
+    return m;
+  }
 };
 
 namespace {
+
+constexpr const char* kMetricsPortVariable = "SWITCHBOARD_METRICS_PORT";
+constexpr const char* kLocalRankVariable = "LOCAL_RANK";
+constexpr const char* kMetricsAddressVariable = "SWITCHBOARD_METRICS_ADDRESS";
+constexpr const char* kDefaultMetricsAddress = "127.0.0.1";
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
+// The integer in environment variable `name` (in [0, max]); nullopt when
+// unset or empty. std::invalid_argument naming it otherwise.
+std::optional<int> env_int(const char* name, int max) {
+  const std::string text = env_or_empty(name);
+  if (text.empty()) return std::nullopt;
+  int value = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  SB_REQUIRE(ec == std::errc() && end == text.data() + text.size() && value >= 0 &&
+                 value <= max,
+             "environment variable {}: expected an integer in [0, {}], got \"{}\"", name, max,
+             text);
+  return value;
+}
+
+// The metrics endpoint's port by the rule of RpcBackendOptions::metrics_port;
+// nullopt: off.
+std::optional<uint16_t> metrics_port_of(const std::string& worker,
+                                        const RpcBackendOptions& options) {
+  if (options.metrics_port) {
+    SB_REQUIRE(*options.metrics_port >= 0 && *options.metrics_port <= 65535,
+               "init_rpc(\"{}\"): metrics_port must be in [0, 65535], got {}", worker,
+               *options.metrics_port);
+    return static_cast<uint16_t>(*options.metrics_port);
+  }
+  const std::optional<int> base = env_int(kMetricsPortVariable, 65535);
+  if (!base || *base == 0) return std::nullopt;
+  // Several workers of one host (a launcher's LOCAL_RANK) take one port each.
+  const int port = *base + env_int(kLocalRankVariable, 65535).value_or(0);
+  SB_REQUIRE(port <= 65535, "init_rpc(\"{}\"): metrics port {} ({} plus {}) is above 65535",
+             worker, port, kMetricsPortVariable, kLocalRankVariable);
+  return static_cast<uint16_t>(port);
+}
+
+std::string metrics_address_of(const RpcBackendOptions& options) {
+  if (!options.metrics_address.empty()) return options.metrics_address;
+  std::string address = env_or_empty(kMetricsAddressVariable);
+  return address.empty() ? kDefaultMetricsAddress : address;
+}
 
 // One store hosts one kind of group: the first init_rpc over it records
 // "static" or "dynamic" (compare_set, so racing workers agree), and a
@@ -144,7 +208,8 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
              name, world_size.value_or(0));
   if (!options) options = construct_rpc_backend_options(backend);
 
-  auto state = std::make_shared<State>(State{backend, options, nullptr, nullptr});
+  auto state = std::make_shared<State>(
+      State{backend, options, nullptr, nullptr, std::nullopt, nullptr});
   if (store) {
     if (rank < 0) rank = env_rank().value_or(-1);
     SB_REQUIRE(!world_size || (rank >= 0 && rank < *world_size),
@@ -167,6 +232,14 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   init.world_size = world_size;
   init.options = options;
   state->agent = init_backend(backend, init);
+  if (auto port = metrics_port_of(name, *options)) {
+    // On failure `state` goes, and the agent's destructor shuts it down.
+    const State* s = state.get();
+    state->exporter = std::make_unique<MetricsExporter>(metrics_address_of(*options), *port,
+                                                        [s] { return s->metrics(); });
+    state->metrics_port = state->exporter->port();
+    spdlog::info("rpc worker \"{}\": metrics at {}", name, state->exporter->url());
+  }
 
   std::shared_ptr<Callbacks> callbacks = callbacks_;
   state->agent->set_membership_listener(
@@ -241,6 +314,14 @@ std::shared_ptr<const RpcBackendOptions> RpcContext::options() const {
   return state()->options;
 }
 
+std::map<std::string, double> RpcContext::get_metrics() const {
+  return state()->metrics().as_map();
+}
+
+RpcMetrics RpcContext::get_metrics_snapshot() const { return state()->metrics(); }
+
+std::optional<uint16_t> RpcContext::metrics_port() const { return state()->metrics_port; }
+
 void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
   std::lock_guard lifecycle(lifecycle_mu_);
   std::shared_ptr<State> state;
@@ -263,7 +344,13 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     std::lock_guard lock(mu_);
     state_ = nullptr;
   }
-  state->agent->shutdown();
+  {
+    // The endpoint's HTTP server takes up to 2 s to stop (its poll
+    // interval): it stops while the agent shuts down (scrapes meanwhile
+    // read the agent's totals, which shutdown keeps).
+    std::jthread stop_exporter([&state] { state->exporter.reset(); });
+    state->agent->shutdown();
+  }
   if (join_error) {
     spdlog::warn("rpc worker \"{}\": graceful shutdown's barrier failed; stopped anyway",
                  state->agent->self().name);
@@ -311,5 +398,11 @@ void on_leave(std::function<void(const WorkerInfo&)> callback) {
 void shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
   RpcContext::global().shutdown(graceful, timeout);
 }
+
+std::map<std::string, double> get_metrics() { return RpcContext::global().get_metrics(); }
+
+RpcMetrics get_metrics_snapshot() { return RpcContext::global().get_metrics_snapshot(); }
+
+std::optional<uint16_t> metrics_port() { return RpcContext::global().metrics_port(); }
 
 }  // namespace switchboard::rpc

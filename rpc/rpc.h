@@ -98,6 +98,17 @@
 // shutdown() returns at once. Shutdown never waits without a bound, except
 // for handlers that are running and never return.
 //
+// Metrics: get_metrics() is torch's get_metrics(): this worker's counters
+// now, one key per series (`switchboard_rpc_calls_sent_total{function="add"}`
+// → 3); get_metrics_snapshot() is the same as a structure (rpc/metrics.h).
+// Both include the store client's counters when the rendezvous store counts
+// (TcpStore). Error(kFailedPrecondition) before init_rpc or after shutdown.
+// With options->metrics_port (or SWITCHBOARD_METRICS_PORT) set, init_rpc
+// also serves them in Prometheus' text format at
+// http://ADDRESS:PORT/metrics until shutdown (metrics_port() tells the
+// port); init_rpc fails with Error(kUnavailable) when it cannot listen.
+// Every metric is listed in docs/operations.md.
+//
 // Thread safety: every function may be called from any thread. init_rpc
 // and shutdown are serialized; calls racing with shutdown either complete
 // or fail with Error(kCancelled).
@@ -105,6 +116,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -119,6 +131,7 @@
 #include "rpc/function_registry.h"
 #include "rpc/future.h"
 #include "rpc/message.h"
+#include "rpc/metrics.h"
 #include "rpc/remote_error.h"
 #include "rpc/serialize.h"
 
@@ -211,6 +224,13 @@ class RpcContext {
   // The options init_rpc used (Error(kFailedPrecondition) before init_rpc).
   std::shared_ptr<const RpcBackendOptions> options() const;
 
+  // This worker's metrics (see the top of this file).
+  std::map<std::string, double> get_metrics() const;
+  RpcMetrics get_metrics_snapshot() const;
+  // The port of the Prometheus endpoint; nullopt when it is off.
+  // Error(kFailedPrecondition) before init_rpc.
+  std::optional<uint16_t> metrics_port() const;
+
   void shutdown(bool graceful = true,
                 std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
@@ -276,6 +296,9 @@ void on_join(std::function<void(const WorkerInfo&)> callback);
 void on_leave(std::function<void(const WorkerInfo&)> callback);
 void shutdown(bool graceful = true,
               std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+std::map<std::string, double> get_metrics();
+RpcMetrics get_metrics_snapshot();
+std::optional<uint16_t> metrics_port();
 
 // ---------------------------------------------------------------------------
 // Implementation.

@@ -48,6 +48,7 @@ struct ThreadPool::Impl {
   size_t waking = 0;                        // GUARDED_BY(mu)
   bool closed = false;                      // GUARDED_BY(mu)
   std::chrono::milliseconds idle_timeout = kDefaultIdleTimeout;  // GUARDED_BY(mu)
+  std::shared_ptr<AgentMetrics> agent_metrics;                   // GUARDED_BY(mu)
 
   std::mutex join_mu;  // one join_all() at a time
 
@@ -315,6 +316,22 @@ size_t ThreadPool::size() const {
 }
 
 const std::string& ThreadPool::name() const { return impl_->name; }
+
+ThreadPool::Stats ThreadPool::stats() const {
+  std::lock_guard lock(impl_->mu);
+  const Impl& p = *impl_;
+  return Stats{p.live, p.live - p.idle, p.blocked, p.queue.size()};
+}
+
+void ThreadPool::set_agent_metrics(std::shared_ptr<AgentMetrics> metrics) {
+  std::lock_guard lock(impl_->mu);
+  impl_->agent_metrics = std::move(metrics);
+}
+
+std::shared_ptr<AgentMetrics> ThreadPool::agent_metrics() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->agent_metrics;
+}
 
 void ThreadPool::set_idle_timeout(std::chrono::milliseconds timeout) {
   SB_REQUIRE(timeout.count() > 0, "ThreadPool \"{}\": idle timeout must be positive",

@@ -36,6 +36,8 @@
 
 namespace switchboard::rpc {
 
+class AgentMetrics;
+
 // Something that runs tasks, later and possibly on another thread.
 class Executor {
  public:
@@ -75,6 +77,24 @@ class ThreadPool final : public Executor {
   // are blocked, shrinks back after the idle timeout, 0 once joined).
   size_t size() const;
   const std::string& name() const;
+
+  // What the pool is doing now (for metrics): threads alive, those running a
+  // task (busy), those of the busy ones inside a BlockedScope (blocked), and
+  // tasks waiting for a thread.
+  struct Stats {
+    size_t threads = 0;
+    size_t busy = 0;
+    size_t blocked = 0;
+    size_t queued = 0;
+  };
+  Stats stats() const;
+
+  // The metrics of the RPC agent this pool serves (rpc/metrics.h), or null.
+  // RpcAgent attaches its own when it creates its pool, and a CallTable
+  // whose executor is this pool counts into them: that is how every agent
+  // built on CallTable is counted without passing anything.
+  void set_agent_metrics(std::shared_ptr<AgentMetrics> metrics);
+  std::shared_ptr<AgentMetrics> agent_metrics() const;
 
   // How long a thread beyond `num_threads` stays idle before it exits
   // (default kDefaultIdleTimeout). Threads already waiting notice the new

@@ -37,6 +37,8 @@ class PrefixStore : public Store {
                  const std::vector<Bytes>& values) override;
   void append(const std::string& key, const Bytes& value) override;
   void set_timeout(Timeout timeout) override;
+  // The wrapped store's.
+  std::shared_ptr<const StoreMetrics> metrics() const override { return store_->metrics(); }
 
   const std::shared_ptr<Store>& underlying_store() const { return store_; }
 

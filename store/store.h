@@ -21,11 +21,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace switchboard {
+
+class StoreMetrics;
 
 using Bytes = std::vector<uint8_t>;
 
@@ -92,6 +95,12 @@ class Store {
 
   // Appends `value` to the value under `key` (creating it when missing).
   virtual void append(const std::string& key, const Bytes& value);
+
+  // What this store counted about its operations (store/store_metrics.h),
+  // shared so that it may be read while the store works; null for stores
+  // that count nothing (HashStore, FileStore). TcpStore counts; PrefixStore
+  // answers with the store it wraps.
+  virtual std::shared_ptr<const StoreMetrics> metrics() const { return nullptr; }
 
   // The default timeout of get() and wait(). Not synchronized with calls in
   // flight: a call already blocked keeps the timeout it started with.

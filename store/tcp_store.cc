@@ -124,6 +124,8 @@ TcpStore::~TcpStore() {
   if (server_) server_->stop();
 }
 
+std::shared_ptr<const StoreMetrics> TcpStore::metrics() const { return metrics_; }
+
 Deadline TcpStore::request_deadline() const {
   return tcpstore::deadline_after(timeout());
 }
@@ -158,9 +160,11 @@ bool TcpStore::server_has_extensions() {
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  connection_->send(Request{QueryType::kSet, {wire_key(key)}, {value}, 0},
-                    request_deadline());
+  return counted(StoreOp::kSet, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    connection_->send(Request{QueryType::kSet, {wire_key(key)}, {value}, 0},
+                      request_deadline());
+  });
 }
 
 void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
@@ -175,7 +179,10 @@ void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout
     spdlog::debug("TcpStore {} at {}:{}: waiting up to {} ms for keys {}", op, host_,
                   port_, timeout.count(), format_keys(keys));
   }
-  if (c.socket.wait_readable(deadline)) {
+  const auto began = Clock::now();
+  const bool ready = c.socket.wait_readable(deadline);
+  metrics_->waited(Clock::now() - began, /*timed_out=*/!ready);
+  if (ready) {
     c.socket.read_u8(deadline);  // STOP_WAITING
     if (debug) {
       spdlog::debug("TcpStore {} at {}:{}: keys {} are set", op, host_, port_,
@@ -205,32 +212,36 @@ std::vector<std::string> TcpStore::missing_locked(const std::vector<std::string>
 }
 
 Bytes TcpStore::get(const std::string& key) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  wait_locked({key}, timeout(), "get");
-  Deadline deadline = request_deadline();
-  connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
-  try {
-    return connection_->socket.read_bytes(deadline);
-  } catch (const ConnectionError&) {
-    if (!connection_->socket.peer_closed()) throw;
-    // The server closes the connection on GET of a missing key.
-    throw NotFoundError(fmt::format(
-        "TcpStore get(\"{}\") at {}:{}: the key was deleted between WAIT and GET",
-        key, host_, port_));
-  }
+  return counted(StoreOp::kGet, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    wait_locked({key}, timeout(), "get");
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
+    try {
+      return connection_->socket.read_bytes(deadline);
+    } catch (const ConnectionError&) {
+      if (!connection_->socket.peer_closed()) throw;
+      // The server closes the connection on GET of a missing key.
+      throw NotFoundError(fmt::format(
+          "TcpStore get(\"{}\") at {}:{}: the key was deleted between WAIT and GET",
+          key, host_, port_));
+    }
+  });
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  Deadline deadline = request_deadline();
-  connection_->send(Request{QueryType::kAdd, {wire_key(key)}, {}, delta}, deadline);
-  try {
-    return connection_->socket.read_i64(deadline);
-  } catch (const ConnectionError&) {
-    if (!connection_->socket.peer_closed()) throw;
-    explain_failed_add_locked(key, delta);
-    throw;
-  }
+  return counted(StoreOp::kAdd, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kAdd, {wire_key(key)}, {}, delta}, deadline);
+    try {
+      return connection_->socket.read_i64(deadline);
+    } catch (const ConnectionError&) {
+      if (!connection_->socket.peer_closed()) throw;
+      explain_failed_add_locked(key, delta);
+      throw;
+    }
+  });
 }
 
 void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta) {
@@ -258,88 +269,104 @@ void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta) 
 
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected,
                             const Bytes& desired) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  Deadline deadline = request_deadline();
-  connection_->send(Request{QueryType::kCompareSet, {wire_key(key)}, {expected, desired}, 0},
-                    deadline);
-  return connection_->socket.read_bytes(deadline);
+  return counted(StoreOp::kCompareSet, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kCompareSet, {wire_key(key)}, {expected, desired}, 0},
+                      deadline);
+    return connection_->socket.read_bytes(deadline);
+  });
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  wait_locked(keys, timeout, "wait");
+  return counted(StoreOp::kWait, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    wait_locked(keys, timeout, "wait");
+  });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  Deadline deadline = request_deadline();
-  connection_->send(Request{QueryType::kCheck, wire_keys(keys), {}, 0}, deadline);
-  return connection_->socket.read_u8(deadline) ==
-         static_cast<uint8_t>(tcpstore::CheckResponse::kReady);
+  return counted(StoreOp::kCheck, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kCheck, wire_keys(keys), {}, 0}, deadline);
+    return connection_->socket.read_u8(deadline) ==
+           static_cast<uint8_t>(tcpstore::CheckResponse::kReady);
+  });
 }
 
 bool TcpStore::delete_key(const std::string& key) {
-  return call_i64(Request{QueryType::kDeleteKey, {wire_key(key)}, {}, 0}) == 1;
+  return counted(StoreOp::kDeleteKey, [&] {
+    return call_i64(Request{QueryType::kDeleteKey, {wire_key(key)}, {}, 0}) == 1;
+  });
 }
 
 int64_t TcpStore::num_keys() {
-  return call_i64(Request{QueryType::kGetNumKeys, {}, {}, 0});
+  return counted(StoreOp::kNumKeys, [&] {
+    return call_i64(Request{QueryType::kGetNumKeys, {}, {}, 0});
+  });
 }
 
 std::vector<Bytes> TcpStore::multi_get(const std::vector<std::string>& keys) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  wait_locked(keys, timeout(), "multi_get");
-  Deadline deadline = request_deadline();
-  Connection& c = *connection_;
-  if (c.probe_extensions(deadline)) {
-    c.send(Request{QueryType::kMultiGet, wire_keys(keys), {}, 0}, deadline);
-  } else {
-    // PyTorch 1.13: pipeline one GET per key.
-    c.socket.ensure_open(deadline);
-    c.out.clear();
-    for (const auto& key : keys) {
-      tcpstore::encode_request(c.out, Request{QueryType::kGet, {wire_key(key)}, {}, 0});
+  return counted(StoreOp::kMultiGet, [&] {
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    wait_locked(keys, timeout(), "multi_get");
+    Deadline deadline = request_deadline();
+    Connection& c = *connection_;
+    if (c.probe_extensions(deadline)) {
+      c.send(Request{QueryType::kMultiGet, wire_keys(keys), {}, 0}, deadline);
+    } else {
+      // PyTorch 1.13: pipeline one GET per key.
+      c.socket.ensure_open(deadline);
+      c.out.clear();
+      for (const auto& key : keys) {
+        tcpstore::encode_request(c.out, Request{QueryType::kGet, {wire_key(key)}, {}, 0});
+      }
+      c.socket.write(c.out, deadline);
     }
-    c.socket.write(c.out, deadline);
-  }
-  std::vector<Bytes> values;
-  values.reserve(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) values.push_back(c.socket.read_bytes(deadline));
-  return values;
+    std::vector<Bytes> values;
+    values.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) values.push_back(c.socket.read_bytes(deadline));
+    return values;
+  });
 }
 
 void TcpStore::multi_set(const std::vector<std::string>& keys,
                          const std::vector<Bytes>& values) {
-  if (keys.size() != values.size()) {
-    throw std::invalid_argument(fmt::format(
-        "multi_set: {} keys but {} values", keys.size(), values.size()));
-  }
-  std::lock_guard<std::mutex> lock(connection_->mutex);
-  Deadline deadline = request_deadline();
-  Connection& c = *connection_;
-  if (c.probe_extensions(deadline)) {
-    c.send(Request{QueryType::kMultiSet, wire_keys(keys), values, 0}, deadline);
-    return;
-  }
-  // PyTorch 1.13: one SET per key in a single write (not atomic as a whole).
-  c.socket.ensure_open(deadline);
-  c.out.clear();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    tcpstore::encode_request(c.out, Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
-  }
-  c.socket.write(c.out, deadline);
+  return counted(StoreOp::kMultiSet, [&] {
+    if (keys.size() != values.size()) {
+      throw std::invalid_argument(fmt::format(
+          "multi_set: {} keys but {} values", keys.size(), values.size()));
+    }
+    std::lock_guard<std::mutex> lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    Connection& c = *connection_;
+    if (c.probe_extensions(deadline)) {
+      c.send(Request{QueryType::kMultiSet, wire_keys(keys), values, 0}, deadline);
+      return;
+    }
+    // PyTorch 1.13: one SET per key in a single write (not atomic as a whole).
+    c.socket.ensure_open(deadline);
+    c.out.clear();
+    for (size_t i = 0; i < keys.size(); ++i) {
+      tcpstore::encode_request(c.out, Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
+    }
+    c.socket.write(c.out, deadline);
+  });
 }
 
 void TcpStore::append(const std::string& key, const Bytes& value) {
-  {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
-    Deadline deadline = request_deadline();
-    if (connection_->probe_extensions(deadline)) {
-      connection_->send(Request{QueryType::kAppend, {wire_key(key)}, {value}, 0}, deadline);
-      return;
+  return counted(StoreOp::kAppend, [&] {
+    {
+      std::lock_guard<std::mutex> lock(connection_->mutex);
+      Deadline deadline = request_deadline();
+      if (connection_->probe_extensions(deadline)) {
+        connection_->send(Request{QueryType::kAppend, {wire_key(key)}, {value}, 0}, deadline);
+        return;
+      }
     }
-  }
-  Store::append(key, value);  // compare_set loop against PyTorch 1.13
+    Store::append(key, value);  // compare_set loop against PyTorch 1.13
+  });
 }
 
 }  // namespace switchboard

@@ -35,6 +35,7 @@
 #include <string>
 
 #include "store/store.h"
+#include "store/store_metrics.h"
 
 namespace switchboard {
 
@@ -79,6 +80,10 @@ class TcpStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<Bytes>& values) override;
   void append(const std::string& key, const Bytes& value) override;
+  // Every operation by kind (append emulated on PyTorch 1.13 counts its
+  // compare_sets too), those that threw, and the time blocked in get, wait
+  // and multi_get waiting for keys.
+  std::shared_ptr<const StoreMetrics> metrics() const override;
 
   const std::string& host() const { return host_; }
   // The server's port (the bound ephemeral port for a master started on 0).
@@ -106,11 +111,23 @@ class TcpStore : public Store {
   void wait_locked(const std::vector<std::string>& keys, Timeout timeout,
                    const char* op);
   std::vector<std::string> missing_locked(const std::vector<std::string>& keys);
+  // Runs one operation of kind `op`, counting it (and its failure).
+  template <typename F>
+  auto counted(StoreOp op, F&& run) -> decltype(run()) {
+    metrics_->started(op);
+    try {
+      return run();
+    } catch (...) {
+      metrics_->failed(op);
+      throw;
+    }
+  }
 
   std::string host_;
   uint16_t port_;
   std::unique_ptr<TcpStoreServer> server_;
   std::unique_ptr<Connection> connection_;
+  const std::shared_ptr<StoreMetrics> metrics_ = std::make_shared<StoreMetrics>();
 };
 
 }  // namespace switchboard

@@ -17,7 +17,8 @@ TEST_CASE("the custom backend example serves a call over LOOPBACK and times one 
   CHECK(example.wait() == 0);
   CHECK(out ==
         "hello, LOOPBACK\n"
-        "rpc to \"solo\" function \"nap\": timed out after 50 ms\n");
+        "rpc to \"solo\" function \"nap\": timed out after 50 ms\n"
+        "greet: 1 sent, 1 served; nap: 1 timed out\n");
 }
 
 TEST_CASE("the minimal RPC example runs as two workers under the launcher",

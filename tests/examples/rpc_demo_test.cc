@@ -73,6 +73,26 @@ TEST_CASE("the RPC demo with three trainers and nobody joining or leaving late",
   }
 }
 
+TEST_CASE("the RPC demo with --metrics-port 0 serves metrics and reports them",
+          "[examples][rpc_demo][metrics]") {
+  Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "4", "--",
+                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
+                     "--late-joiner", "0", "--leaver", "0", "--metrics-port", "0"});
+  const std::string out = launch.read_all();
+  INFO(out);
+  CHECK(launch.wait() == 0);
+  // get_metrics_snapshot(): the ps's served requests, trainer-1's calls.
+  CHECK_THAT(out, Catch::Contains("[rank 0] ps:   metrics: served 540 push_grad requests "
+                                  "(0 with an error)"));
+  CHECK_THAT(out, Catch::Contains("[rank 1] trainer-1:   metrics: sent 200 push_grad calls, "
+                                  "latency p50 "));
+  // The ps's scrape of its own endpoint.
+  CHECK_THAT(out, Catch::Contains("[rank 0] ps:     switchboard_rpc_requests_served_total{"
+                                  "worker=\"ps\",function=\"push_grad\"} 540"));
+  CHECK_THAT(out, Catch::Contains("[rank 0] ps:     switchboard_rpc_requests_served_total{"
+                                  "worker=\"ps\",function=\"get_params\"} 543"));
+}
+
 TEST_CASE("the RPC demo refuses a leaver that is also the late joiner",
           "[examples][rpc_demo]") {
   // The usage error goes to stderr: the shell merges it into what we read.

@@ -279,11 +279,12 @@ struct Impl : std::enable_shared_from_this<Impl> {
   using RequestHandler = rpc::RpcAgent::RequestHandler;
 
   Impl(std::string name_in, int rank_in, int world_in,
-       std::shared_ptr<rpc::ThreadPool> pool_in)
+       std::shared_ptr<rpc::ThreadPool> pool_in, std::shared_ptr<rpc::AgentMetrics> metrics_in)
       : name(std::move(name_in)),
         rank(rank_in),
         world_size(world_in),
         pool(std::move(pool_in)),
+        metrics(std::move(metrics_in)),
         calls(name, pool) {}
 
   // Immutable after construction.
@@ -291,6 +292,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   const int rank;
   const int world_size;
   const std::shared_ptr<rpc::ThreadPool> pool;
+  const std::shared_ptr<rpc::AgentMetrics> metrics;  // the agent's (RpcAgent::metrics())
   // Set by rendezvous(), immutable afterwards. `workers` and
   // `ranks_by_name` are set before this agent enters the fabric (other
   // agents read them after finding it there); `fabric` once it entered
@@ -298,6 +300,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
   std::shared_ptr<Fabric> fabric;
   std::vector<WorkerInfo> workers;  // by rank
   std::unordered_map<std::string, int> ranks_by_name;
+  // The transport's counters, by rank (null for this worker): what a real
+  // transport reports through rpc::PeerMetrics. Set with `workers`.
+  std::vector<std::shared_ptr<rpc::PeerMetrics>> peers;
 
   // Calls made and requests served: ids, deadlines, handlers, draining.
   rpc::CallTable calls;
@@ -331,6 +336,26 @@ struct Impl : std::enable_shared_from_this<Impl> {
           "rpc worker \"{}\" (rank {} of {}): timed out after {} ms waiting for ranks "
           "[{}] to enter the LOCAL fabric",
           name, rank, world_size, timeout.count(), fmt::join(missing, ", ")));
+    }
+    for (const auto& peer : peers) {
+      if (peer) peer->set_state(rpc::ConnectionState::kConnected);
+    }
+  }
+
+  // What a message would cost on a wire: its name, body and tensors.
+  static size_t wire_bytes(const Message& m) {
+    size_t bytes = m.function.size() + m.payload.size();
+    for (const Tensor& t : m.tensors) bytes += t.nbytes();
+    return bytes;
+  }
+
+  // Counts a message to (`sent`) or from worker `peer` (not this one).
+  void count(int peer, const Message& m, bool sent) {
+    if (peer == rank) return;
+    if (sent) {
+      peers[peer]->sent(wire_bytes(m));
+    } else {
+      peers[peer]->received(wire_bytes(m));
     }
   }
 
@@ -392,6 +417,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
     SB_REQUIRE(duplicates.empty(), "rpc worker names must be unique: {}",
                fmt::join(duplicates, "; "));
     for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
+    for (const auto& w : workers) {
+      peers.push_back(w.id == rank ? nullptr : metrics->peer(w.id, w.name));
+    }
   }
 
   void start(RequestHandler h) { calls.start(std::move(h)); }
@@ -474,6 +502,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     }
     request.id = call.id;
     const std::string function = request.function;
+    count(dst, request, /*sent=*/true);
     if (!target || !target->calls.accept(target->incoming(rank, std::move(request)))) {
       calls.fail(call.id, connection_error(dst, function));
     }
@@ -483,6 +512,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // The answer to call `response.id` came from `from` (any thread).
   void complete_call(int from, Message response) {
     const uint64_t id = response.id;
+    count(from, response, /*sent=*/false);
     if (!calls.complete(id, std::move(response), from)) {
       spdlog::debug(
           "rpc agent \"{}\": dropping a response from \"{}\" to call {}, which is no "
@@ -493,6 +523,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
 
   // Worker `peer` left the fabric (shut down): fail every call to it.
   void peer_left(int peer) {
+    peers[peer]->set_state(rpc::ConnectionState::kClosed);
     const size_t lost = calls.fail_if(
         [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
         [&](const rpc::CallTable::Call& call) { return connection_error(peer, call.function); });
@@ -507,6 +538,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // A request from the worker of rank `from`, for this agent's call table:
   // its reply goes straight back to the caller's table.
   rpc::CallTable::Request incoming(int from, Message request) {
+    count(from, request, /*sent=*/false);
     return {std::move(request), workers[from], nullptr,
             rpc::CallTable::reply_via(weak_from_this(), &Impl::respond, from)};
   }
@@ -521,6 +553,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     copy_tensors(reply);
     std::shared_ptr<Impl> caller = calls.closed() ? nullptr : fabric->peer(to);
     if (caller) {
+      count(to, reply, /*sent=*/true);
       caller->complete_call(rank, std::move(reply));
     } else {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
@@ -585,6 +618,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
     if (fabric) {
       for (const auto& peer : fabric->leave(rank)) peer->peer_left(rank);
     }
+    for (const auto& peer : peers) {
+      if (peer) peer->set_state(rpc::ConnectionState::kClosed);
+    }
     pool->shutdown();
   }
 };
@@ -596,7 +632,7 @@ class LocalAgent final : public rpc::RpcAgent {
  public:
   LocalAgent(std::string name, int rank, int world_size, size_t num_worker_threads)
       : RpcAgent(WorkerInfo{name, rank}, num_worker_threads),
-        impl_(std::make_shared<Impl>(std::move(name), rank, world_size, pool())) {}
+        impl_(std::make_shared<Impl>(std::move(name), rank, world_size, pool(), metrics())) {}
 
   ~LocalAgent() override {
     try {

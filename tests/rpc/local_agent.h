@@ -42,6 +42,13 @@
 // Error(kFailedPrecondition) when the store names a fabric that is gone (a
 // store reused from an earlier group: use a fresh store or PrefixStore).
 //
+// Metrics: the call table counts calls and requests (rpc/metrics.h); the
+// "transport" reports every other worker as a peer (rpc::PeerMetrics from
+// RpcAgent::metrics()): connected once the group formed, closed when it or
+// this worker shut down, and the bytes a wire would carry (function name,
+// body and tensor bytes) and messages, both ways. Self-sends are not
+// counted as peer traffic.
+//
 // Threads: per agent, one pool (RpcAgent::pool()) runs handlers and the
 // callbacks of the futures send() returns, and one timer thread fails
 // expired calls. Both are joined by shutdown().

@@ -572,6 +572,69 @@ TEST_CASE("the process-wide free functions use the global context", "[rpc]") {
   CHECK(rpc::get_worker_info("global0").id == 0);
   CHECK(rpc::rpc_sync<int64_t>("global0", "triple", int64_t{5}) == 15);
   CHECK(rpc::rpc_async<int64_t>("global0", "triple", int64_t{2}).value() == 6);
+  CHECK(rpc::get_metrics().at("switchboard_rpc_calls_sent_total{function=\"triple\"}") == 2);
+  CHECK(rpc::get_metrics_snapshot().functions.at("triple").requests_served == 2);
+  CHECK_FALSE(rpc::metrics_port().has_value());
   rpc::shutdown();
   CHECK_FALSE(RpcContext::global().initialized());
+}
+
+// Every agent keeps its calls in rpc::CallTable, which counts them: the
+// same numbers over every backend, with nothing written in the agent.
+TEST_CASE("get_metrics counts calls sent, answered and failed, and requests served",
+          "[rpc][metrics]") {
+  auto gate = std::make_shared<Gate>(kGuard);
+  auto cluster = common_cluster(2, gate);
+  RpcContext& w0 = (*cluster)[0];
+  RpcContext& w1 = (*cluster)[1];
+  for (int64_t i = 0; i < 3; ++i) CHECK(w0.rpc_sync<int64_t>("w1", "add", i, int64_t{1}) == i + 1);
+  CHECK_THROWS_AS(w0.rpc_sync<int64_t>("w1", "fail", std::string("no")), rpc::RemoteError);
+  // Held by the gate: in flight on w0, in progress on w1.
+  Future<int64_t> held = w0.rpc_async<int64_t>("w1", "block", int64_t{7});
+  REQUIRE(gate->wait_arrived(1));
+  const rpc::RpcMetrics m0 = w0.get_metrics_snapshot();
+  const rpc::RpcMetrics m1 = w1.get_metrics_snapshot();
+  CHECK(m0.worker == "w0");
+  const rpc::FunctionMetrics& add = m0.functions.at("add");
+  CHECK(add.calls_sent == 3);
+  CHECK(add.calls_succeeded == 3);
+  CHECK(add.latency.count == 3);
+  CHECK(add.latency.quantile(0.99) > 0.0);
+  CHECK(add.failures() == 0);
+  const rpc::FunctionMetrics& fail = m0.functions.at("fail");
+  CHECK(fail.calls_sent == 1);
+  CHECK(fail.calls_succeeded == 0);
+  CHECK(fail.failures(rpc::FailureKind::kRemoteError) == 1);
+  CHECK(m0.functions.at("block").calls_sent == 1);
+  CHECK(m0.calls_in_flight == 1);
+  CHECK(m1.functions.at("add").requests_served == 3);
+  CHECK(m1.functions.at("add").requests_failed == 0);
+  CHECK(m1.functions.at("add").calls_sent == 0);
+  CHECK(m1.functions.at("fail").requests_served == 1);
+  CHECK(m1.functions.at("fail").requests_failed == 1);
+  CHECK(m1.requests_in_progress == 1);
+  CHECK(m1.pool.busy >= 1);  // the held handler
+  const auto flat = w0.get_metrics();
+  CHECK(flat.at("switchboard_rpc_calls_sent_total{function=\"add\"}") == 3);
+  CHECK(flat.at("switchboard_rpc_calls_failed_total{function=\"fail\",kind=\"remote_error\"}") ==
+        1);
+  CHECK(flat.at("switchboard_rpc_calls_in_flight") == 1);
+  gate->open();
+  CHECK(held.value() == 7);
+}
+
+TEST_CASE("get_metrics counts a timed-out call as a timeout, without a latency",
+          "[rpc][metrics]") {
+  auto gate = std::make_shared<Gate>(kGuard);
+  auto cluster = common_cluster(2, gate);
+  RpcContext& w0 = (*cluster)[0];
+  CHECK_THROWS_AS(w0.rpc_sync<int64_t>("w1", "block", with_timeout(100ms), int64_t{1}),
+                  TimeoutError);
+  const rpc::FunctionMetrics block = w0.get_metrics_snapshot().functions.at("block");
+  CHECK(block.calls_sent == 1);
+  CHECK(block.failures(rpc::FailureKind::kTimeout) == 1);
+  CHECK(block.latency.count == 0);
+  CHECK(w0.get_metrics().at(
+            "switchboard_rpc_calls_failed_total{function=\"block\",kind=\"timeout\"}") == 1);
+  gate->open();
 }

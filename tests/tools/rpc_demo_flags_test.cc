@@ -31,6 +31,7 @@ TEST_CASE("demo flags: no flags keep the defaults", "[rpc_demo][cli]") {
   CHECK(p.flags.late_joiner == -1);
   CHECK(p.flags.leaver == -1);
   CHECK(p.flags.listen_address == "127.0.0.1");
+  CHECK(p.flags.metrics_port == -1);
   CHECK_FALSE(p.flags.quick);
 }
 
@@ -76,7 +77,9 @@ TEST_CASE("demo flags: every flag is parsed", "[rpc_demo][cli]") {
                     "--seed",
                     "0",
                     "--listen-address",
-                    "::1"});
+                    "::1",
+                    "--metrics-port",
+                    "9400"});
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
   CHECK(p.flags.steps == 50);
@@ -92,6 +95,7 @@ TEST_CASE("demo flags: every flag is parsed", "[rpc_demo][cli]") {
   CHECK(p.flags.leaver == 2);
   CHECK(p.flags.seed == 0);
   CHECK(p.flags.listen_address == "::1");
+  CHECK(p.flags.metrics_port == 9400);
 }
 
 TEST_CASE("demo flags: refusals name the flag and the value", "[rpc_demo][cli]") {
@@ -103,6 +107,7 @@ TEST_CASE("demo flags: refusals name the flag and the value", "[rpc_demo][cli]")
       {{"--lr", "inf"}, "--lr: 'inf' is not a positive number"},
       {{"--late-joiner", "-1"}, "--late-joiner: '-1' is not an integer >= 0"},
       {{"--listen-address="}, "--listen-address needs a value"},
+      {{"--metrics-port", "-1"}, "--metrics-port: '-1' is not an integer from 0 to 61439"},
       {{"--steps"}, "--steps needs a value"},
       {{"--bogus", "1"}, "unknown flag '--bogus'; unexpected argument '1'"},
       {{"extra"}, "unexpected argument 'extra'"},

@@ -74,6 +74,10 @@ void add_demo_flags(CLI::App& app, DemoFlags* flags) {
   app.add_option("--listen-address", flags->listen_address, "address PIPE and Gloo bind")
       ->type_name("A")
       ->check(cli::non_empty("an address"));
+  app.add_option("--metrics-port", flags->metrics_port,
+                 "serve Prometheus metrics: 0 on ports the kernel picks, P on P + rank")
+      ->type_name("P")
+      ->check(cli::in_range(0, 65535 - 4096));
   app.add_flag("--quick", flags->quick, "a run of about a second, for tests");
   app.callback([&app, flags] {
     if (!flags->quick) return;

@@ -26,7 +26,12 @@ struct DemoFlags {
   int64_t seed = 1;               // w*, every shard and the held-out set
   int64_t late_joiner = -1;       // trainer that joins mid-run; 0 none, -1 auto
   int64_t leaver = -1;            // trainer that leaves early; 0 none, -1 auto
-  std::string listen_address = "127.0.0.1";  // PIPE and the trainers' Gloo group
+  // The Prometheus endpoint of every worker: -1 off (unless
+  // SWITCHBOARD_METRICS_PORT says otherwise); 0 a port the kernel picks;
+  // P > 0: worker of rank r on P + r. The ps prints part of a scrape of
+  // its own endpoint in its report.
+  int64_t metrics_port = -1;
+  std::string listen_address = "127.0.0.1";  // PIPE, Gloo and the metrics endpoint
   bool quick = false;                        // about a second, for tests
 };
 

@@ -34,10 +34,15 @@
 
 namespace switchboard::rpc_demo {
 
-std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags) {
-  return rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), kRpcTimeout,
-                                            "env://",
-                                            {{"listen_address", flags.listen_address}});
+std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags, int rank) {
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), kRpcTimeout, "env://",
+      {{"listen_address", flags.listen_address}});
+  if (flags.metrics_port >= 0) {
+    options->metrics_port = flags.metrics_port == 0 ? 0 : flags.metrics_port + rank;
+    options->metrics_address = flags.listen_address;
+  }
+  return options;
 }
 
 void say_line(const std::string& who, const std::string& text) {

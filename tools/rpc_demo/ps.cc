@@ -217,7 +217,7 @@ int run_ps(const DemoFlags& flags, int world_size) {
 
   // Functions first: requests may arrive as soon as init_rpc returns.
   register_functions(ps);
-  rpc::init_rpc("ps", 0, rpc::kDynamicGroup, demo_rpc_options(flags));
+  rpc::init_rpc("ps", 0, rpc::kDynamicGroup, demo_rpc_options(flags, 0));
   const Clock::time_point training_start = Clock::now();
   say("ps",
       "serving {} trainers: dim {}, lr {}, one update per {} pushes "
@@ -226,6 +226,8 @@ int run_ps(const DemoFlags& flags, int world_size) {
 
   const Tensor final_params = wait_for_trainers(*ps);
   const bool ok = report(*ps, initial_loss, final_params, seconds_since(training_start));
+  report_metrics("ps");
+  print_scrape("ps", "switchboard_rpc_requests_served_total");
   rpc::shutdown();  // leaves the group; the trainers finish their check alone
   say("ps", "wall time {:.2f} s", seconds_since(ps->start));
   return ok ? 0 : 1;

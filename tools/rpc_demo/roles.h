@@ -51,8 +51,17 @@ inline uint64_t minibatch_seed(const DemoFlags& flags, int k) {
   return data_seed(flags, k) ^ 0x5eed5eed5eed5eedull;
 }
 
-// PIPE over env:// (the launcher's store), bound to --listen-address.
-std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags);
+// PIPE over env:// (the launcher's store), bound to --listen-address; the
+// metrics endpoint of worker `rank` as --metrics-port says.
+std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags, int rank);
+
+// Prints what this worker's metrics say (rpc::get_metrics_snapshot()): per
+// function, the calls it sent (count, p50, p99, failures) and the requests
+// it served; its pool and its store client. Call before shutdown.
+void report_metrics(const std::string& who);
+// With the endpoint on: scrapes it over HTTP and prints the samples of
+// `metric` from the page, as Prometheus would read them.
+void print_scrape(const std::string& who, const std::string& metric);
 
 // Prints "<who>: <text>" as one line and flushes it (the launcher relays
 // whole lines, prefixed "[rank N] "). Thread-safe.

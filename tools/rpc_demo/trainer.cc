@@ -161,7 +161,7 @@ int run_trainer(const DemoFlags& flags, int rank, int world_size) {
                                     std::chrono::minutes(10)));
   }
   MemberWatch ps("ps");
-  rpc::init_rpc(name, rank, rpc::kDynamicGroup, demo_rpc_options(flags));
+  rpc::init_rpc(name, rank, rpc::kDynamicGroup, demo_rpc_options(flags, rank));
   ps.wait();
   if (late) {
     rpc::rpc_sync("ps", "join_training", int64_t{rank});
@@ -194,6 +194,7 @@ int run_trainer(const DemoFlags& flags, int rank, int world_size) {
   const double deviation = max_deviation(final_params);
   col::destroy_collective_group("trainers");
   const bool agree = deviation <= kAgreementTolerance;
+  report_metrics(name);
   say(name,
       "{} on the final parameters: max |w_i - mean| = {:g} over {} values and {} "
       "trainer{} (allreduce in group \"trainers\"); distance to w* {:.6f}",
