@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "rpc/agent.h"
 #include "rpc/metrics_exporter.h"
 #include "rpc/rendezvous.h"
@@ -117,15 +118,15 @@ std::shared_ptr<Store> generation_store(const std::shared_ptr<Store>& store,
 }  // namespace
 
 struct RpcContext::Callbacks {
-  std::mutex mu;
-  std::vector<std::function<void(const WorkerInfo&)>> on_join;   // GUARDED_BY(mu)
-  std::vector<std::function<void(const WorkerInfo&)>> on_leave;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<std::function<void(const WorkerInfo&)>> on_join SB_GUARDED_BY(mu);
+  std::vector<std::function<void(const WorkerInfo&)>> on_leave SB_GUARDED_BY(mu);
 
   // Runs on the agent's pool, one change at a time per call.
   void dispatch(const MembershipChange& change) {
     std::vector<std::function<void(const WorkerInfo&)>> targets;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       targets = change.kind == MembershipChange::Kind::kJoined ? on_join : on_leave;
     }
     for (const auto& callback : targets) {
@@ -148,13 +149,13 @@ RpcContext::RpcContext()
 
 void RpcContext::on_join(std::function<void(const WorkerInfo&)> callback) {
   SB_REQUIRE(callback != nullptr, "on_join() with an empty callback");
-  std::lock_guard lock(callbacks_->mu);
+  MutexLock lock(callbacks_->mu);
   callbacks_->on_join.push_back(std::move(callback));
 }
 
 void RpcContext::on_leave(std::function<void(const WorkerInfo&)> callback) {
   SB_REQUIRE(callback != nullptr, "on_leave() with an empty callback");
-  std::lock_guard lock(callbacks_->mu);
+  MutexLock lock(callbacks_->mu);
   callbacks_->on_leave.push_back(std::move(callback));
 }
 
@@ -192,9 +193,9 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
                           std::optional<int> world_size,
                           std::shared_ptr<RpcBackendOptions> options,
                           std::shared_ptr<Store> store) {
-  std::lock_guard lifecycle(lifecycle_mu_);
+  MutexLock lifecycle(lifecycle_mu_);
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     SB_REQUIRE(state_ == nullptr,
                "init_rpc(\"{}\"): worker \"{}\" is already initialized; call shutdown() "
                "first",
@@ -250,17 +251,17 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   state->agent->start([functions](Message request, const WorkerInfo& from) {
     return functions->call(request, from);
   });
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   state_ = std::move(state);
 }
 
 bool RpcContext::initialized() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return state_ != nullptr;
 }
 
 std::shared_ptr<RpcContext::State> RpcContext::state() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (state_ == nullptr) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "RPC is not initialized on this worker: call init_rpc() first");
@@ -323,10 +324,10 @@ RpcMetrics RpcContext::get_metrics_snapshot() const { return state()->metrics();
 std::optional<uint16_t> RpcContext::metrics_port() const { return state()->metrics_port; }
 
 void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds> timeout) {
-  std::lock_guard lifecycle(lifecycle_mu_);
+  MutexLock lifecycle(lifecycle_mu_);
   std::shared_ptr<State> state;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     state = state_;
   }
   if (state == nullptr) return;
@@ -341,7 +342,7 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
   {
     // From here on, new calls fail with "not initialized"; calls that
     // already hold the state fail with Error(kCancelled) from the agent.
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     state_ = nullptr;
   }
   {

@@ -7,107 +7,11 @@
 //   rpc::Future<Tensor> f = rpc::rpc_async<Tensor>("worker1", "scale", t, 2.0);
 //   rpc::shutdown();  // graceful: waits for every worker's outstanding work
 //
-// The free functions act on RpcContext::global(), the process's worker.
-// A process may also own further RpcContexts (one worker each; tests run
-// several workers as threads of one process this way).
-//
-// init_rpc(name, backend, rank, world_size, options, store):
-//   - `name`: 1 to 128 letters, digits, '_', '-' or ':'; unique in the group
-//     (the backend checks that at rendezvous: a duplicate is an error on
-//     every worker that has it).
-//   - `backend`: a BackendType or a registered name (rpc/backend_registry.h;
-//     built-ins PIPE and PROCESS_GROUP); the overload without one uses
-//     kDefaultBackend, "PIPE" (PyTorch's default is TensorPipe).
-//   - `rank`, `world_size`: -1 and nullopt take them from the environment
-//     (env://: RANK/WORLD_SIZE, SLURM, Open MPI; see rpc/rendezvous.h).
-//     A world size makes a static group; none (nullopt where the init
-//     method knows none either, or kDynamicGroup), a dynamic one: workers
-//     join and leave while the others run (PIPE; backends without dynamic
-//     groups refuse it). A dynamic worker's rank is its id, unique for the
-//     life of the group. One store hosts one kind of group: a static and a
-//     dynamic worker meeting in one store is std::invalid_argument naming
-//     both kinds.
-//   - `options`: from construct_rpc_backend_options(backend, ...); null
-//     takes the backend's defaults (rpc_timeout 60 s, init_method env://).
-//   - `store`: an explicit rendezvous Store; null resolves
-//     options->init_method. In a static group, each init_rpc over the same
-//     store gets its own key space (a generation counted in the store), so a
-//     long-lived store server may host many runs one after another.
-//   Errors: std::invalid_argument (a bad name, rank or option; init_rpc on
-//   an initialized context: "init_rpc: worker "w0" is already initialized;
-//   call shutdown() first"), RegistryError (unknown backend), and whatever
-//   the store and the backend throw (TimeoutError naming the missing ranks,
-//   a duplicate worker name). A failed init_rpc leaves the context
-//   uninitialized, as before the call.
-//
-// register_function(name, callable): see rpc/function_registry.h. Allowed
-// before init_rpc and at any time after; functions stay registered across
-// shutdown() and a later init_rpc. Throws RegistryError for a taken name.
-//
-// rpc_sync<R>(to, function, [with_timeout(t),] args...) → R
-// rpc_async<R>(to, function, [with_timeout(t),] args...) → Future<R>
-//   - `to`: a worker name, a WorkerInfo, or a worker id.
-//   - the timeout: with_timeout(t) for this call, else options.rpc_timeout;
-//     0 means none (as in PyTorch).
-//   - Tensors in `args` are not copied: the agent reads their bytes while
-//     the call is under way (PIPE may do so from its I/O thread), so the
-//     caller must not write to them until the future completes. Likewise a
-//     handler must not write to a tensor it returned.
-//   - R is what the remote function returns (void by default). A result of
-//     another type fails the call with SerializationError naming the
-//     function and both types.
-//   Thrown synchronously (API misuse or a local problem): Error
-//   (kFailedPrecondition) before init_rpc or after shutdown; NotFoundError
-//   for an unknown worker; std::invalid_argument for arguments that cannot
-//   be encoded (an undefined Tensor). Through the future (rpc_sync throws
-//   them):
-//     RemoteError      the remote function threw (or is unknown, or the
-//                      arguments did not match): its worker, type, message
-//     TimeoutError     `rpc to "w1" function "add": timed out after 200 ms`
-//     ConnectionError  the worker went away
-//     Error(kCancelled) this worker shut down with the call pending
-//   Future callbacks (then, add_callback) run on the agent's pool, never on
-//   an I/O thread. Dropping a future cancels nothing.
-//
-// Threads and nesting: handlers run on the agent's pool
-// (options.num_worker_threads threads). A handler may call rpc_sync on any
-// worker, itself or its caller included: a pool thread that blocks on a
-// Future marks itself blocked, and the pool starts another thread when
-// every thread is blocked (rpc/thread_pool.h), so nested calls never
-// starve the pool. The pool shrinks back once the nested calls finish.
-// Handlers that do not want to hold a thread return a Future (async
-// handlers, PyTorch's @async_execution).
-//
-// on_join(callback), on_leave(callback): dynamic groups call them on the
-// pool with the worker that joined or left (not for the workers present at
-// init_rpc, nor for this worker). Kept across shutdown and re-init; any
-// number may be registered. get_worker_infos() lists the members now.
-//
-// shutdown(graceful = true, timeout): in a dynamic group, graceful is
-// leaving: this worker takes the membership token, says goodbye (the
-// others fail new calls to it at once), finishes its calls in flight and
-// the requests it is handling, and leaves the group's member list. In a
-// static group graceful first waits (the agent's join(): a barrier) until
-// every worker called shutdown and no worker has calls outstanding, then
-// stops this worker; a failing barrier
-// (TimeoutError after `timeout`, default options.rpc_timeout) still stops
-// this worker and then rethrows. Ungraceful stops at once and fails this
-// worker's pending futures with Error(kCancelled). Either way the context is
-// uninitialized afterwards and may init_rpc again. On an uninitialized
-// context (never initialized, after a failed init_rpc, or already shut down)
-// shutdown() returns at once. Shutdown never waits without a bound, except
-// for handlers that are running and never return.
-//
-// Metrics: get_metrics() is torch's get_metrics(): this worker's counters
-// now, one key per series (`switchboard_rpc_calls_sent_total{function="add"}`
-// → 3); get_metrics_snapshot() is the same as a structure (rpc/metrics.h).
-// Both include the store client's counters when the rendezvous store counts
-// (TcpStore). Error(kFailedPrecondition) before init_rpc or after shutdown.
-// With options->metrics_port (or SWITCHBOARD_METRICS_PORT) set, init_rpc
-// also serves them in Prometheus' text format at
-// http://ADDRESS:PORT/metrics until shutdown (metrics_port() tells the
-// port); init_rpc fails with Error(kUnavailable) when it cannot listen.
-// Every metric is listed in docs/operations.md.
+// The free functions act on RpcContext::global(), the process's worker; a
+// process may own further RpcContexts (one worker each). docs/api.md is the
+// reference for users, docs/thread_model.md says which thread runs what
+// (handlers and future callbacks on the agent's pool, which grows while
+// its threads wait on nested calls).
 //
 // Thread safety: every function may be called from any thread. init_rpc
 // and shutdown are serialized; calls racing with shutdown either complete
@@ -118,7 +22,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -127,6 +30,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/mutex.h"
 #include "rpc/backend_registry.h"
 #include "rpc/function_registry.h"
 #include "rpc/future.h"
@@ -186,6 +90,21 @@ class RpcContext {
   // main when it was initialized.
   static RpcContext& global();
 
+  // Makes this context worker `name` (1 to 128 letters, digits, '_', '-',
+  // ':'; unique in the group) of a group over `backend` (a BackendType or a
+  // registered name). rank -1 and world_size nullopt come from the
+  // environment (env://: RANK/WORLD_SIZE, SLURM, Open MPI; rpc/rendezvous.h).
+  // A world size makes a static group; none (or kDynamicGroup) a dynamic
+  // one, where workers join and leave while the others run and a rank is an
+  // id never reused. `options` null takes the backend's defaults; `store`
+  // null resolves options->init_method, and each static init over one store
+  // gets its own key space. With options->metrics_port (or
+  // SWITCHBOARD_METRICS_PORT) it also serves the metrics (below).
+  // Throws std::invalid_argument (a bad name, rank or option; already
+  // initialized; a static and a dynamic worker in one store), RegistryError
+  // (unknown backend), Error(kUnavailable) (the metrics port), and what the
+  // store and backend throw (TimeoutError naming the missing ranks, a
+  // duplicate name). A failed init_rpc leaves the context uninitialized.
   void init_rpc(const std::string& name, const BackendType& backend, int rank = -1,
                 std::optional<int> world_size = std::nullopt,
                 std::shared_ptr<RpcBackendOptions> options = nullptr,
@@ -201,12 +120,27 @@ class RpcContext {
                 std::shared_ptr<Store> store = nullptr);
   bool initialized() const;
 
+  // Registers `f` under `name` (rpc/function_registry.h): before init_rpc
+  // or at any time after; kept across shutdown and re-init. RegistryError
+  // for a taken name.
   template <typename F>
   void register_function(std::string name, F&& f) {
     functions_->register_function(std::move(name), std::forward<F>(f));
   }
   const FunctionRegistry& functions() const { return *functions_; }
 
+  // Calls `function` on `to` (a name, WorkerInfo or id) with `args`,
+  // optionally led by with_timeout(t) (else options.rpc_timeout; 0: none).
+  // R is the remote result's type (a mismatch: SerializationError naming
+  // both). Tensors in `args` are read while the call is under way: do not
+  // write to them until the future completes. Throws Error
+  // (kFailedPrecondition) when not initialized, NotFoundError for an unknown
+  // worker, std::invalid_argument for arguments that cannot be encoded.
+  // The future fails with RemoteError (the function threw, is unknown, or
+  // its arguments did not match), TimeoutError, ConnectionError (the worker
+  // went away) or Error(kCancelled) (this worker shut down). Its callbacks
+  // run on the pool; dropping it cancels nothing. rpc_sync waits and
+  // throws those.
   template <typename R = void, typename... Args>
   Future<R> rpc_async(const WorkerRef& to, const std::string& function,
                       const Args&... args);
@@ -218,25 +152,40 @@ class RpcContext {
   WorkerInfo get_worker_info() const;
   WorkerInfo get_worker_info(const std::string& name) const;
   std::vector<WorkerInfo> get_worker_infos() const;
-  // Membership callbacks (see the top of this file).
+  // Dynamic groups: called on the pool with each worker that joins or
+  // leaves (not for those present at init_rpc, nor for this worker). Kept
+  // across shutdown and re-init; any number may be registered.
   void on_join(std::function<void(const WorkerInfo&)> callback);
   void on_leave(std::function<void(const WorkerInfo&)> callback);
   // The options init_rpc used (Error(kFailedPrecondition) before init_rpc).
   std::shared_ptr<const RpcBackendOptions> options() const;
 
-  // This worker's metrics (see the top of this file).
+  // This worker's metrics now: torch's get_metrics() form, one key per
+  // series (`switchboard_rpc_calls_sent_total{function="add"}` -> 3), or
+  // as a structure (rpc/metrics.h); the store client's counters included
+  // when the store counts (TcpStore). docs/operations.md lists every
+  // metric. Error(kFailedPrecondition) before init_rpc or after shutdown.
   std::map<std::string, double> get_metrics() const;
   RpcMetrics get_metrics_snapshot() const;
   // The port of the Prometheus endpoint; nullopt when it is off.
   // Error(kFailedPrecondition) before init_rpc.
   std::optional<uint16_t> metrics_port() const;
 
+  // Graceful, static group: waits (the agent's join(), a barrier) until
+  // every worker called shutdown and none has calls outstanding, then stops;
+  // a failing barrier (TimeoutError after `timeout`, default
+  // options.rpc_timeout) still stops this worker, then rethrows. Graceful,
+  // dynamic group: leaves (takes the membership token, says goodbye,
+  // finishes its calls in flight). Ungraceful: stops at once, failing
+  // pending futures with Error(kCancelled). Afterwards the context may
+  // init_rpc again; uninitialized, returns at once. Waits for handlers that
+  // are running.
   void shutdown(bool graceful = true,
                 std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
   // Sends an encoded request (type kRequest, function and payload set);
   // `timeout` nullopt means options.rpc_timeout. What rpc_async uses;
-  // throws and fails as described at the top.
+  // throws and fails as rpc_async.
   Future<Message> send(const WorkerRef& to, Message request,
                        std::optional<std::chrono::milliseconds> timeout);
 
@@ -252,9 +201,9 @@ class RpcContext {
 
   const std::shared_ptr<FunctionRegistry> functions_;
   const std::shared_ptr<Callbacks> callbacks_;
-  std::mutex lifecycle_mu_;  // serializes init_rpc and shutdown
-  mutable std::mutex mu_;
-  std::shared_ptr<State> state_;  // GUARDED_BY(mu_); null when uninitialized
+  Mutex lifecycle_mu_;  // serializes init_rpc and shutdown
+  mutable Mutex mu_;
+  std::shared_ptr<State> state_ SB_GUARDED_BY(mu_);  // null when uninitialized
 };
 
 // ---------------------------------------------------------------------------
