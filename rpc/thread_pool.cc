@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -16,6 +14,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 
 namespace switchboard::rpc {
 
@@ -32,34 +31,34 @@ struct ThreadPool::Impl {
   const size_t max_threads;
   std::atomic<ThreadPool*> owner{nullptr};  // nullptr once the shell is destroyed
 
-  mutable std::mutex mu;
-  std::condition_variable work_cv;
-  std::deque<std::function<void()>> queue;  // GUARDED_BY(mu)
-  std::vector<std::thread> threads;         // GUARDED_BY(mu)
-  std::vector<std::thread> retired;         // GUARDED_BY(mu): exited when idle
-  size_t live = 0;                          // GUARDED_BY(mu)
-  size_t idle = 0;                          // GUARDED_BY(mu)
-  size_t blocked = 0;                       // GUARDED_BY(mu)
+  mutable Mutex mu;
+  CondVar work_cv;
+  std::deque<std::function<void()>> queue SB_GUARDED_BY(mu);
+  std::vector<std::thread> threads SB_GUARDED_BY(mu);
+  std::vector<std::thread> retired SB_GUARDED_BY(mu);  // exited when idle
+  size_t live SB_GUARDED_BY(mu) = 0;
+  size_t idle SB_GUARDED_BY(mu) = 0;
+  size_t blocked SB_GUARDED_BY(mu) = 0;
   // Idle threads signaled and not yet back from their wait. A post() wakes
   // a thread only when none is on its way; a woken thread that finds more
   // work queued wakes the next one before running its task (so a burst of
   // posts costs one wake-up per thread actually needed, not one per task,
   // and a task that blocks never holds back the ones queued behind it).
-  size_t waking = 0;                        // GUARDED_BY(mu)
-  bool closed = false;                      // GUARDED_BY(mu)
-  std::chrono::milliseconds idle_timeout = kDefaultIdleTimeout;  // GUARDED_BY(mu)
-  std::shared_ptr<AgentMetrics> agent_metrics;                   // GUARDED_BY(mu)
+  size_t waking SB_GUARDED_BY(mu) = 0;
+  bool closed SB_GUARDED_BY(mu) = false;
+  std::chrono::milliseconds idle_timeout SB_GUARDED_BY(mu) = kDefaultIdleTimeout;
+  std::shared_ptr<AgentMetrics> agent_metrics SB_GUARDED_BY(mu);
 
-  std::mutex join_mu;  // one join_all() at a time
+  Mutex join_mu;  // one join_all() at a time
 
-  void start_thread();  // REQUIRES(mu)
-  void maybe_grow();    // REQUIRES(mu)
-  void wake_one();      // REQUIRES(mu)
-  void retire_self();   // REQUIRES(mu)
-  void run();
-  void run_task(std::function<void()>& task);
-  void close();
-  void join_all();
+  void start_thread() SB_REQUIRES(mu);
+  void maybe_grow() SB_REQUIRES(mu);
+  void wake_one() SB_REQUIRES(mu);
+  void retire_self() SB_REQUIRES(mu);
+  void run() SB_EXCLUDES(mu);
+  void run_task(std::function<void()>& task) SB_EXCLUDES(mu);
+  void close() SB_EXCLUDES(mu);
+  void join_all() SB_EXCLUDES(mu, join_mu);
 };
 
 namespace {
@@ -82,28 +81,30 @@ class Reaper {
     return reaper;
   }
 
-  void adopt(std::shared_ptr<ThreadPool::Impl> pool) {
-    std::lock_guard lock(mu_);
+  void adopt(std::shared_ptr<ThreadPool::Impl> pool) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     pending_.push_back(std::move(pool));
     cv_.notify_one();
   }
 
-  ~Reaper() {
+  ~Reaper() SB_EXCLUDES(mu_) {
+    std::thread thread;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
+      thread = std::move(thread_);  // joined below, outside the lock
     }
     cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
+    if (thread.joinable()) thread.join();
   }
 
  private:
-  void loop() {
+  void loop() SB_EXCLUDES(mu_) {
     pthread_setname_np(pthread_self(), "sb-pool-reaper");
-    std::unique_lock lock(mu_);
+    MutexLock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return !pending_.empty() || stopping_; });
+      cv_.wait(mu_, [&]() SB_REQUIRES(mu_) { return !pending_.empty() || stopping_; });
       if (pending_.empty()) return;
       auto pool = std::move(pending_.front());
       pending_.pop_front();
@@ -114,11 +115,11 @@ class Reaper {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<ThreadPool::Impl>> pending_;  // GUARDED_BY(mu_)
-  bool stopping_ = false;                                  // GUARDED_BY(mu_)
-  std::thread thread_;                                     // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<ThreadPool::Impl>> pending_ SB_GUARDED_BY(mu_);
+  bool stopping_ SB_GUARDED_BY(mu_) = false;
+  std::thread thread_ SB_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -179,7 +180,7 @@ void ThreadPool::Impl::run_task(std::function<void()>& task) {
 void ThreadPool::Impl::run() {
   tl_pool = this;
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
-  std::unique_lock lock(mu);
+  MutexLock lock(mu);
   for (;;) {
     if (!queue.empty()) {
       auto task = std::move(queue.front());
@@ -203,7 +204,7 @@ void ThreadPool::Impl::run() {
     const auto deadline = std::chrono::steady_clock::now() + idle_timeout;
     bool woken = true;
     while (queue.empty() && !closed) {
-      const bool timed_out = work_cv.wait_until(lock, deadline) == std::cv_status::timeout;
+      const bool timed_out = work_cv.wait_until(mu, deadline) == std::cv_status::timeout;
       // Every return from the wait uses up one signal (a spurious or timed
       // out one as well: the count then errs low, which costs at most an
       // extra wake-up, never a missed one).
@@ -224,7 +225,7 @@ void ThreadPool::Impl::run() {
 
 void ThreadPool::Impl::close() {
   {
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     closed = true;
   }
   work_cv.notify_all();
@@ -233,11 +234,11 @@ void ThreadPool::Impl::close() {
 // Called after close(), never on one of this pool's threads. Threads may
 // still be started while the queue drains (growth), hence the loop.
 void ThreadPool::Impl::join_all() {
-  std::lock_guard join_lock(join_mu);
+  MutexLock join_lock(join_mu);
   for (;;) {
     std::vector<std::thread> batch;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       batch = std::move(threads);
       threads.clear();
       for (auto& t : retired) batch.push_back(std::move(t));
@@ -257,7 +258,7 @@ ThreadPool::ThreadPool(size_t num_threads, std::string name, size_t max_threads)
   impl_ = std::make_shared<Impl>(num_threads, std::move(name), max_threads);
   impl_->owner.store(this);
   try {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     for (size_t i = 0; i < num_threads; ++i) impl_->start_thread();
   } catch (...) {
     impl_->close();
@@ -290,7 +291,7 @@ void ThreadPool::post(std::function<void()> task) {
   SB_REQUIRE(task != nullptr, "ThreadPool \"{}\": post() of an empty task", impl_->name);
   std::vector<std::thread> done;
   {
-    std::lock_guard lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     if (impl_->closed) {
       throw Error(ErrorCode::kCancelled,
                   fmt::format("ThreadPool \"{}\" is shut down: post() rejected the task",
@@ -311,32 +312,32 @@ void ThreadPool::shutdown() {
 }
 
 size_t ThreadPool::size() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->live;
 }
 
 const std::string& ThreadPool::name() const { return impl_->name; }
 
 ThreadPool::Stats ThreadPool::stats() const {
-  std::lock_guard lock(impl_->mu);
   const Impl& p = *impl_;
+  MutexLock lock(p.mu);
   return Stats{p.live, p.live - p.idle, p.blocked, p.queue.size()};
 }
 
 void ThreadPool::set_agent_metrics(std::shared_ptr<AgentMetrics> metrics) {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->agent_metrics = std::move(metrics);
 }
 
 std::shared_ptr<AgentMetrics> ThreadPool::agent_metrics() const {
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->agent_metrics;
 }
 
 void ThreadPool::set_idle_timeout(std::chrono::milliseconds timeout) {
   SB_REQUIRE(timeout.count() > 0, "ThreadPool \"{}\": idle timeout must be positive",
              impl_->name);
-  std::lock_guard lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   impl_->idle_timeout = timeout;
 }
 
@@ -346,14 +347,14 @@ ThreadPool* ThreadPool::current() {
 
 ThreadPool::BlockedScope::BlockedScope() {
   if (tl_pool == nullptr || tl_blocked_depth++ > 0) return;
-  std::lock_guard lock(tl_pool->mu);
+  MutexLock lock(tl_pool->mu);
   ++tl_pool->blocked;
   tl_pool->maybe_grow();
 }
 
 ThreadPool::BlockedScope::~BlockedScope() {
   if (tl_pool == nullptr || --tl_blocked_depth > 0) return;
-  std::lock_guard lock(tl_pool->mu);
+  MutexLock lock(tl_pool->mu);
   --tl_pool->blocked;
 }
 

@@ -4,10 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <mutex>
 #include <thread>
 
 #include "common/error.h"
+#include "common/mutex.h"
 #include "store/tcp_client_connection.h"
 #include "store/tcp_protocol.h"
 #include "store/tcp_store_server.h"
@@ -37,13 +37,13 @@ constexpr const char* kInitKey = "init/";
 }  // namespace
 
 // The connection and what the client learned about the server. Every
-// method expects `mutex` to be held by the caller.
+// method requires `mutex`.
 class TcpStore::Connection {
  public:
   Connection(std::string host, uint16_t port) : socket(std::move(host), port) {}
 
   // Encodes and writes `request` (reconnecting first if needed).
-  void send(const Request& request, Deadline deadline) {
+  void send(const Request& request, Deadline deadline) SB_REQUIRES(mutex) {
     socket.ensure_open(deadline);
     out.clear();
     tcpstore::encode_request(out, request);
@@ -52,7 +52,7 @@ class TcpStore::Connection {
 
   // Sends CANCEL_WAIT on a connection with no pending wait: our server (and
   // PyTorch 2.x) answers WAIT_CANCELED; PyTorch 1.13 closes the connection.
-  bool probe_extensions(Deadline deadline) {
+  bool probe_extensions(Deadline deadline) SB_REQUIRES(mutex) {
     if (has_extensions) return *has_extensions;
     try {
       send(Request{QueryType::kCancelWait, {}, {}, 0}, deadline);
@@ -67,7 +67,7 @@ class TcpStore::Connection {
 
   // After a WAIT timed out: cancel it so no late STOP_WAITING is left on
   // the connection, or drop the connection when the server cannot cancel.
-  void abandon_wait(Deadline deadline) {
+  void abandon_wait(Deadline deadline) SB_REQUIRES(mutex) {
     if (has_extensions.value_or(true) == false) {
       socket.close();
       return;
@@ -89,10 +89,10 @@ class TcpStore::Connection {
     }
   }
 
-  std::mutex mutex;
-  tcpstore::ClientConnection socket;   // GUARDED_BY(mutex)
-  std::optional<bool> has_extensions;  // GUARDED_BY(mutex); unknown until seen
-  Bytes out;                           // GUARDED_BY(mutex); reused buffer
+  Mutex mutex;
+  tcpstore::ClientConnection socket SB_GUARDED_BY(mutex);
+  std::optional<bool> has_extensions SB_GUARDED_BY(mutex);  // unknown until seen
+  Bytes out SB_GUARDED_BY(mutex);                           // reused buffer
 };
 
 TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
@@ -107,7 +107,7 @@ TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
   }
   connection_ = std::make_unique<Connection>(host_, port_);
   {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     connection_->socket.ensure_open(tcpstore::deadline_after(options.timeout));
   }
   if (options.world_size) {
@@ -131,7 +131,7 @@ Deadline TcpStore::request_deadline() const {
 }
 
 int64_t TcpStore::call_i64(const Request& request) {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
+  MutexLock lock(connection_->mutex);
   Deadline deadline = request_deadline();
   connection_->send(request, deadline);
   return connection_->socket.read_i64(deadline);
@@ -155,48 +155,23 @@ void TcpStore::wait_for_workers(int world_size) {
 }
 
 bool TcpStore::server_has_extensions() {
-  std::lock_guard<std::mutex> lock(connection_->mutex);
+  MutexLock lock(connection_->mutex);
   return connection_->probe_extensions(request_deadline());
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
   return counted(StoreOp::kSet, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     connection_->send(Request{QueryType::kSet, {wire_key(key)}, {value}, 0},
                       request_deadline());
   });
 }
 
-void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
-                           const char* op) {
-  Deadline deadline = tcpstore::deadline_after(timeout);
-  Connection& c = *connection_;
-  c.send(Request{QueryType::kWait, wire_keys(keys), {}, 0}, deadline);
-  // A worker that hangs in a rendezvous shows here, at debug level, which
-  // keys (whose ranks) it waits for.
-  const bool debug = spdlog::should_log(spdlog::level::debug);
-  if (debug) {
-    spdlog::debug("TcpStore {} at {}:{}: waiting up to {} ms for keys {}", op, host_,
-                  port_, timeout.count(), format_keys(keys));
-  }
-  const auto began = Clock::now();
-  const bool ready = c.socket.wait_readable(deadline);
-  metrics_->waited(Clock::now() - began, /*timed_out=*/!ready);
-  if (ready) {
-    c.socket.read_u8(deadline);  // STOP_WAITING
-    if (debug) {
-      spdlog::debug("TcpStore {} at {}:{}: keys {} are set", op, host_, port_,
-                    format_keys(keys));
-    }
-  } else {
-    c.abandon_wait(request_deadline());
-    throw TimeoutError(fmt::format(
-        "TcpStore {} at {}:{}: keys {} still missing after {} ms", op, host_, port_,
-        format_keys(missing_locked(keys)), timeout.count()));
-  }
-}
-
-std::vector<std::string> TcpStore::missing_locked(const std::vector<std::string>& keys) {
+// The *_locked methods require connection_->mutex. Their declarations in
+// tcp_store.h cannot say so (Connection is incomplete there), so the
+// definitions carry SB_REQUIRES and come before their first use.
+std::vector<std::string> TcpStore::missing_locked(const std::vector<std::string>& keys)
+    SB_REQUIRES(connection_->mutex) {
   // Only used to write a precise error; a failure here keeps the full list.
   std::vector<std::string> missing;
   try {
@@ -211,40 +186,8 @@ std::vector<std::string> TcpStore::missing_locked(const std::vector<std::string>
   return missing;
 }
 
-Bytes TcpStore::get(const std::string& key) {
-  return counted(StoreOp::kGet, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
-    wait_locked({key}, timeout(), "get");
-    Deadline deadline = request_deadline();
-    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
-    try {
-      return connection_->socket.read_bytes(deadline);
-    } catch (const ConnectionError&) {
-      if (!connection_->socket.peer_closed()) throw;
-      // The server closes the connection on GET of a missing key.
-      throw NotFoundError(fmt::format(
-          "TcpStore get(\"{}\") at {}:{}: the key was deleted between WAIT and GET",
-          key, host_, port_));
-    }
-  });
-}
-
-int64_t TcpStore::add(const std::string& key, int64_t delta) {
-  return counted(StoreOp::kAdd, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
-    Deadline deadline = request_deadline();
-    connection_->send(Request{QueryType::kAdd, {wire_key(key)}, {}, delta}, deadline);
-    try {
-      return connection_->socket.read_i64(deadline);
-    } catch (const ConnectionError&) {
-      if (!connection_->socket.peer_closed()) throw;
-      explain_failed_add_locked(key, delta);
-      throw;
-    }
-  });
-}
-
-void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta) {
+void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta)
+    SB_REQUIRES(connection_->mutex) {
   // The protocol has no error reply: the server closes the connection when
   // the value is not an integer. Look once (no reconnect retries: the server
   // may be gone) and, if that is the reason, say so precisely.
@@ -267,10 +210,71 @@ void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta) 
                           key, delta, host_, port_, to_string(value)));
 }
 
+void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
+                           const char* op) SB_REQUIRES(connection_->mutex) {
+  Deadline deadline = tcpstore::deadline_after(timeout);
+  connection_->send(Request{QueryType::kWait, wire_keys(keys), {}, 0}, deadline);
+  // A worker that hangs in a rendezvous shows here, at debug level, which
+  // keys (whose ranks) it waits for.
+  const bool debug = spdlog::should_log(spdlog::level::debug);
+  if (debug) {
+    spdlog::debug("TcpStore {} at {}:{}: waiting up to {} ms for keys {}", op, host_,
+                  port_, timeout.count(), format_keys(keys));
+  }
+  const auto began = Clock::now();
+  const bool ready = connection_->socket.wait_readable(deadline);
+  metrics_->waited(Clock::now() - began, /*timed_out=*/!ready);
+  if (ready) {
+    connection_->socket.read_u8(deadline);  // STOP_WAITING
+    if (debug) {
+      spdlog::debug("TcpStore {} at {}:{}: keys {} are set", op, host_, port_,
+                    format_keys(keys));
+    }
+  } else {
+    connection_->abandon_wait(request_deadline());
+    throw TimeoutError(fmt::format(
+        "TcpStore {} at {}:{}: keys {} still missing after {} ms", op, host_, port_,
+        format_keys(missing_locked(keys)), timeout.count()));
+  }
+}
+
+Bytes TcpStore::get(const std::string& key) {
+  return counted(StoreOp::kGet, [&] {
+    MutexLock lock(connection_->mutex);
+    wait_locked({key}, timeout(), "get");
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kGet, {wire_key(key)}, {}, 0}, deadline);
+    try {
+      return connection_->socket.read_bytes(deadline);
+    } catch (const ConnectionError&) {
+      if (!connection_->socket.peer_closed()) throw;
+      // The server closes the connection on GET of a missing key.
+      throw NotFoundError(fmt::format(
+          "TcpStore get(\"{}\") at {}:{}: the key was deleted between WAIT and GET",
+          key, host_, port_));
+    }
+  });
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  return counted(StoreOp::kAdd, [&] {
+    MutexLock lock(connection_->mutex);
+    Deadline deadline = request_deadline();
+    connection_->send(Request{QueryType::kAdd, {wire_key(key)}, {}, delta}, deadline);
+    try {
+      return connection_->socket.read_i64(deadline);
+    } catch (const ConnectionError&) {
+      if (!connection_->socket.peer_closed()) throw;
+      explain_failed_add_locked(key, delta);
+      throw;
+    }
+  });
+}
+
 Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected,
                             const Bytes& desired) {
   return counted(StoreOp::kCompareSet, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     Deadline deadline = request_deadline();
     connection_->send(Request{QueryType::kCompareSet, {wire_key(key)}, {expected, desired}, 0},
                       deadline);
@@ -280,14 +284,14 @@ Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected,
 
 void TcpStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
   return counted(StoreOp::kWait, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     wait_locked(keys, timeout, "wait");
   });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   return counted(StoreOp::kCheck, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     Deadline deadline = request_deadline();
     connection_->send(Request{QueryType::kCheck, wire_keys(keys), {}, 0}, deadline);
     return connection_->socket.read_u8(deadline) ==
@@ -309,24 +313,26 @@ int64_t TcpStore::num_keys() {
 
 std::vector<Bytes> TcpStore::multi_get(const std::vector<std::string>& keys) {
   return counted(StoreOp::kMultiGet, [&] {
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     wait_locked(keys, timeout(), "multi_get");
     Deadline deadline = request_deadline();
-    Connection& c = *connection_;
-    if (c.probe_extensions(deadline)) {
-      c.send(Request{QueryType::kMultiGet, wire_keys(keys), {}, 0}, deadline);
+    if (connection_->probe_extensions(deadline)) {
+      connection_->send(Request{QueryType::kMultiGet, wire_keys(keys), {}, 0}, deadline);
     } else {
       // PyTorch 1.13: pipeline one GET per key.
-      c.socket.ensure_open(deadline);
-      c.out.clear();
+      connection_->socket.ensure_open(deadline);
+      connection_->out.clear();
       for (const auto& key : keys) {
-        tcpstore::encode_request(c.out, Request{QueryType::kGet, {wire_key(key)}, {}, 0});
+        tcpstore::encode_request(connection_->out,
+                                 Request{QueryType::kGet, {wire_key(key)}, {}, 0});
       }
-      c.socket.write(c.out, deadline);
+      connection_->socket.write(connection_->out, deadline);
     }
     std::vector<Bytes> values;
     values.reserve(keys.size());
-    for (size_t i = 0; i < keys.size(); ++i) values.push_back(c.socket.read_bytes(deadline));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      values.push_back(connection_->socket.read_bytes(deadline));
+    }
     return values;
   });
 }
@@ -338,27 +344,27 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
       throw std::invalid_argument(fmt::format(
           "multi_set: {} keys but {} values", keys.size(), values.size()));
     }
-    std::lock_guard<std::mutex> lock(connection_->mutex);
+    MutexLock lock(connection_->mutex);
     Deadline deadline = request_deadline();
-    Connection& c = *connection_;
-    if (c.probe_extensions(deadline)) {
-      c.send(Request{QueryType::kMultiSet, wire_keys(keys), values, 0}, deadline);
+    if (connection_->probe_extensions(deadline)) {
+      connection_->send(Request{QueryType::kMultiSet, wire_keys(keys), values, 0}, deadline);
       return;
     }
     // PyTorch 1.13: one SET per key in a single write (not atomic as a whole).
-    c.socket.ensure_open(deadline);
-    c.out.clear();
+    connection_->socket.ensure_open(deadline);
+    connection_->out.clear();
     for (size_t i = 0; i < keys.size(); ++i) {
-      tcpstore::encode_request(c.out, Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
+      tcpstore::encode_request(connection_->out,
+                               Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
     }
-    c.socket.write(c.out, deadline);
+    connection_->socket.write(connection_->out, deadline);
   });
 }
 
 void TcpStore::append(const std::string& key, const Bytes& value) {
   return counted(StoreOp::kAppend, [&] {
     {
-      std::lock_guard<std::mutex> lock(connection_->mutex);
+      MutexLock lock(connection_->mutex);
       Deadline deadline = request_deadline();
       if (connection_->probe_extensions(deadline)) {
         connection_->send(Request{QueryType::kAppend, {wire_key(key)}, {value}, 0}, deadline);

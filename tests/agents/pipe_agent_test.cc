@@ -44,6 +44,7 @@
 #include "agents/pipe_frame.h"
 #include "collective/tensor.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/backend_registry.h"
 #include "rpc/remote_error.h"
 #include "rpc/rpc.h"
@@ -314,7 +315,7 @@ struct AgentPair {
     for (auto& agent : agents) {
       agent->start([this](Message m, const WorkerInfo&) {
         {
-          std::lock_guard lock(mu);
+          MutexLock lock(mu);
           served.push_back(m.function);
         }
         Message reply;
@@ -337,14 +338,14 @@ struct AgentPair {
     }
   }
 
-  bool served_function(const std::string& function) {
-    std::lock_guard lock(mu);
+  bool served_function(const std::string& function) SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
     return std::find(served.begin(), served.end(), function) != served.end();
   }
 
   std::vector<std::unique_ptr<PipeAgent>> agents;
-  std::mutex mu;
-  std::vector<std::string> served;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<std::string> served SB_GUARDED_BY(mu);
 };
 
 }  // namespace

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <map>
@@ -26,6 +25,7 @@
 #include "collective/tensor.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/message.h"
 #include "rpc/call_table.h"
 #include "store/store.h"
@@ -106,8 +106,8 @@ class Fabric {
   // Makes `agent` the worker of `rank` in a group of `world_size`.
   // std::invalid_argument when the rank is taken or the world sizes differ.
   void enter(int rank, int world_size, const std::string& name,
-             const std::shared_ptr<Impl>& agent) {
-    std::lock_guard lock(mu_);
+             const std::shared_ptr<Impl>& agent) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (world_size_ < 0) {
       world_size_ = world_size;
       slots_.resize(world_size);
@@ -131,13 +131,14 @@ class Fabric {
 
   // Blocks until every rank entered (or the deadline passed: then returns
   // the ranks still missing).
-  std::vector<int> wait_entered(Clock::time_point deadline, bool bounded) {
-    std::unique_lock lock(mu_);
-    auto all = [&] { return num_entered_ == world_size_; };
+  std::vector<int> wait_entered(Clock::time_point deadline, bool bounded)
+      SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    auto all = [&]() SB_REQUIRES(mu_) { return num_entered_ == world_size_; };
     if (bounded) {
-      cv_.wait_until(lock, deadline, all);
+      cv_.wait_until(mu_, deadline, all);
     } else {
-      cv_.wait(lock, all);
+      cv_.wait(mu_, all);
     }
     std::vector<int> missing;
     for (int r = 0; r < world_size_; ++r) {
@@ -147,17 +148,17 @@ class Fabric {
   }
 
   // The agent of `rank`, or null when it left (or never came).
-  std::shared_ptr<Impl> peer(int rank) {
-    std::lock_guard lock(mu_);
+  std::shared_ptr<Impl> peer(int rank) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     if (rank < 0 || rank >= world_size_ || left_[rank]) return nullptr;
     return slots_[rank].lock();
   }
 
   // Takes `rank` out of the group; returns the agents still in it (to be
   // told, outside the lock). Wakes barrier waiters.
-  std::vector<std::shared_ptr<Impl>> leave(int rank) {
+  std::vector<std::shared_ptr<Impl>> leave(int rank) SB_EXCLUDES(mu_) {
     std::vector<std::shared_ptr<Impl>> others;
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (rank < 0 || rank >= world_size_ || left_[rank]) return others;
     left_[rank] = true;
     slots_[rank].reset();
@@ -174,14 +175,14 @@ class Fabric {
   // that did not arrive (kTimedOut) or that left without arriving
   // (kPeerLeft). kSelfLeft: `rank` left (shut down) while waiting.
   BarrierResult barrier(int rank, uint64_t generation, Clock::time_point deadline,
-                        bool bounded, std::vector<int>& missing) {
-    std::unique_lock lock(mu_);
+                        bool bounded, std::vector<int>& missing) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
     // std::map: the reference stays valid until this entry is erased, which
     // happens only after every rank arrived and returned.
     Arrivals& arrivals = barriers_[generation];
     arrivals.ranks.insert(rank);
     cv_.notify_all();
-    auto finish = [&](BarrierResult result) {
+    auto finish = [&](BarrierResult result) SB_REQUIRES(mu_) {
       if (++arrivals.returned == world_size_) barriers_.erase(generation);
       return result;
     };
@@ -196,8 +197,8 @@ class Fabric {
       }
       if (!missing.empty()) return finish(BarrierResult::kPeerLeft);
       if (!bounded) {
-        cv_.wait(lock);
-      } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        cv_.wait(mu_);
+      } else if (cv_.wait_until(mu_, deadline) == std::cv_status::timeout &&
                  static_cast<int>(arrivals.ranks.size()) != world_size_) {
         for (int r = 0; r < world_size_; ++r) {
           if (arrivals.ranks.count(r) == 0) missing.push_back(r);
@@ -214,23 +215,23 @@ class Fabric {
   };
 
   const std::string id_;
-  std::mutex mu_;
-  std::condition_variable cv_;              // entries, departures, arrivals
-  int world_size_ = -1;                     // GUARDED_BY(mu_): set by the first enter
-  std::vector<std::weak_ptr<Impl>> slots_;  // GUARDED_BY(mu_): by rank
-  std::vector<std::string> names_;          // GUARDED_BY(mu_)
-  std::vector<bool> entered_;               // GUARDED_BY(mu_)
-  std::vector<bool> left_;                  // GUARDED_BY(mu_)
-  int num_entered_ = 0;                     // GUARDED_BY(mu_)
-  std::map<uint64_t, Arrivals> barriers_;   // GUARDED_BY(mu_): by generation
+  Mutex mu_;
+  CondVar cv_;  // entries, departures, arrivals
+  int world_size_ SB_GUARDED_BY(mu_) = -1;  // set by the first enter
+  std::vector<std::weak_ptr<Impl>> slots_ SB_GUARDED_BY(mu_);  // by rank
+  std::vector<std::string> names_ SB_GUARDED_BY(mu_);
+  std::vector<bool> entered_ SB_GUARDED_BY(mu_);
+  std::vector<bool> left_ SB_GUARDED_BY(mu_);
+  int num_entered_ SB_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, Arrivals> barriers_ SB_GUARDED_BY(mu_);  // by generation
 };
 
 // The process-global table of fabrics by id. Holds them weakly: a fabric
 // lives as long as one of its agents (or a rendezvous in progress) does.
 // Never destroyed, so agents destroyed during static destruction are safe.
 struct FabricTable {
-  std::mutex mu;
-  std::map<std::string, std::weak_ptr<Fabric>> fabrics;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::map<std::string, std::weak_ptr<Fabric>> fabrics SB_GUARDED_BY(mu);
 
   static FabricTable& instance() {
     static auto* table = new FabricTable;
@@ -239,12 +240,12 @@ struct FabricTable {
 
   // A new fabric under a fresh id "<pid>:<counter>:<steady clock ns>":
   // unique in this process, and unlikely to match a stale one of another.
-  std::shared_ptr<Fabric> create() {
+  std::shared_ptr<Fabric> create() SB_EXCLUDES(mu) {
     static std::atomic<uint64_t> counter{0};
     const std::string id = fmt::format("{}:{}:{}", ::getpid(), counter.fetch_add(1),
                                        Clock::now().time_since_epoch().count());
     auto fabric = std::make_shared<Fabric>(id);
-    std::lock_guard lock(mu);
+    MutexLock lock(mu);
     for (auto it = fabrics.begin(); it != fabrics.end();) {
       it = it->second.expired() ? fabrics.erase(it) : std::next(it);
     }
@@ -252,13 +253,13 @@ struct FabricTable {
     return fabric;
   }
 
-  void forget(const std::string& id) {
-    std::lock_guard lock(mu);
+  void forget(const std::string& id) SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
     fabrics.erase(id);
   }
 
-  std::shared_ptr<Fabric> find(const std::string& id) {
-    std::lock_guard lock(mu);
+  std::shared_ptr<Fabric> find(const std::string& id) SB_EXCLUDES(mu) {
+    MutexLock lock(mu);
     auto it = fabrics.find(id);
     return it == fabrics.end() ? nullptr : it->second.lock();
   }
@@ -306,8 +307,8 @@ struct Impl : std::enable_shared_from_this<Impl> {
 
   // Calls made and requests served: ids, deadlines, handlers, draining.
   rpc::CallTable calls;
-  std::mutex mu;
-  uint64_t join_generation = 0;  // GUARDED_BY(mu)
+  Mutex mu;
+  uint64_t join_generation SB_GUARDED_BY(mu) = 0;
   std::atomic<bool> shut_down{false};
 
 
@@ -585,7 +586,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     }
     uint64_t generation = 0;
     {
-      std::lock_guard lock(mu);
+      MutexLock lock(mu);
       generation = join_generation++;
     }
     std::vector<int> missing;
