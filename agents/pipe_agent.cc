@@ -74,7 +74,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       options(options),
       device_count(options.device_count >= 0 ? options.device_count
                                              : registered_cuda_device_count()),
-      peers(this->name, capacity, dynamic),
+      peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
   TcpTransportOptions tcp;
   tcp.agent_name = this->name;
@@ -136,10 +136,12 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
       }
       return true;
     case pipe::FrameKind::kRequest:
+      count_received(from, frame.message);
       accept_request(from, std::move(frame));
       return true;
     case pipe::FrameKind::kResponse:
     case pipe::FrameKind::kError:
+      count_received(from, frame.message);
       complete(std::move(frame));
       return true;
     default:
@@ -248,7 +250,21 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
   if (!connection || !connection->enqueue(reply, wire, alone)) {
     spdlog::debug("rpc agent \"{}\": reply {} to \"{}\" dropped: no connection", name,
                   reply.id, peers.name_of(to));
+    return;
   }
+  count_sent(to, reply);
+}
+
+// Per-peer metrics: the peer's counters were looked up when it was
+// published (PeerTable), so this is two relaxed atomic adds. Calls and
+// replies only (not hellos, heartbeats or goodbyes).
+void PipeAgent::Impl::count_sent(int to, const Message& m) const {
+  if (const auto& metrics = peers.info(to).metrics) metrics->sent(pipe::frame_size(m));
+}
+
+void PipeAgent::Impl::count_received(int from, const Message& m) const {
+  if (const auto& metrics = peers.info(from).metrics)
+    metrics->received(pipe::frame_size(m));
 }
 
 // A response whose tensors go to CUDA devices is placed there on the pool
@@ -453,6 +469,8 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
       s.calls.fail(id, std::make_exception_ptr(ConnectionError(fmt::format(
                            "{}: the connection to worker \"{}\" is closed",
                            rpc::call_prefix(to.name, request.function), to.name))));
+    } else {
+      s.count_sent(dst, request);
     }
     return future;
   } catch (...) {

@@ -67,6 +67,11 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // The device each tensor of `m` to `to` lands on (empty: all CPU).
   std::vector<Device> wire_devices(const rpc::Message& m, int to, bool reply) const;
 
+  // Counts a call or reply frame `m` to / from a peer into its
+  // rpc::PeerMetrics (PeerTable::PeerInfo::metrics; lock-free).
+  void count_sent(int to, const rpc::Message& m) const;
+  void count_received(int from, const rpc::Message& m) const;
+
   // A heartbeat to every peer up, and the silence check (on a transport
   // timer); false once stopping.
   bool heartbeat();

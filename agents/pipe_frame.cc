@@ -161,6 +161,15 @@ std::string kind_name(FrameKind kind) {
   return fmt::format("kind {}", static_cast<int>(kind));
 }
 
+size_t frame_size(const rpc::Message& m) {
+  size_t bytes = kHeaderSize + m.function.size() + m.payload.size();
+  for (const Tensor& t : m.tensors) {
+    if (!t.defined()) continue;
+    bytes += descriptor_size(static_cast<size_t>(t.dim())) + t.nbytes();
+  }
+  return bytes;
+}
+
 size_t FrameHeader::body_size() const {
   return size_t{function_length} + payload_length + descriptors_length;
 }

@@ -117,6 +117,10 @@ FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits);
 void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
                   const std::vector<Device>& devices = {});
 
+// The bytes append_frame() and the tensors after it put on the wire for
+// `m` (header, body, tensor bytes), for metrics. Does not validate `m`.
+size_t frame_size(const rpc::Message& m);
+
 // Appends a hello, heartbeat or goodbye frame (header and payload) to
 // `out`. `payload` (not retained) is allowed for kHello only.
 // std::invalid_argument for another kind or a payload where none is allowed.

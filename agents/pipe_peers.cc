@@ -16,8 +16,12 @@ rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
 
 }  // namespace
 
-PeerTable::PeerTable(std::string self_name, int capacity, bool dynamic)
-    : self_name_(std::move(self_name)), dynamic_(dynamic), infos_(capacity) {
+PeerTable::PeerTable(std::string self_name, int capacity, bool dynamic,
+                     std::shared_ptr<rpc::AgentMetrics> metrics)
+    : self_name_(std::move(self_name)),
+      dynamic_(dynamic),
+      metrics_(std::move(metrics)),
+      infos_(capacity) {
   MutexLock lock(mu_);
   status_.resize(capacity);
   for (Status& s : status_) s.state = dynamic ? State::kAbsent : State::kConnecting;
@@ -31,7 +35,8 @@ void PeerTable::fill_static(const std::vector<WorkerAnnouncement>& all, int self
   {
     MutexLock lock(mu_);
     for (size_t r = 0; r < infos_.size(); ++r) {
-      infos_[r] = PeerInfo{rpc::WorkerInfo{all[r].name, static_cast<int>(r)}, all[r]};
+      infos_[r] = publish_locked(static_cast<int>(r), all[r].name, all[r],
+                                 static_cast<int>(r) == self);
     }
     routes_ = std::move(routes);
     status_[self].state = State::kUp;
@@ -47,10 +52,10 @@ void PeerTable::fill_members(const std::vector<Member>& members, int self,
     MutexLock lock(mu_);
     routes_ = std::move(routes);
     for (const Member& m : members) {
-      infos_[m.rank] = PeerInfo{rpc::WorkerInfo{m.announcement.name, m.rank}, m.announcement};
+      infos_[m.rank] = publish_locked(m.rank, m.announcement.name, m.announcement, false);
       status_[m.rank].state = State::kConnecting;
     }
-    infos_[self] = PeerInfo{rpc::WorkerInfo{mine.name, self}, mine};
+    infos_[self] = publish_locked(self, mine.name, mine, true);
     status_[self].state = State::kUp;
     early = ready_locked();
   }
@@ -58,6 +63,18 @@ void PeerTable::fill_members(const std::vector<Member>& members, int self,
   // static group, or a stray joiner whose token lease ended while this
   // worker held it.
   replay(std::move(early));
+}
+
+PeerTable::PeerInfo PeerTable::publish_locked(int rank, const std::string& name,
+                                              const WorkerAnnouncement& announcement,
+                                              bool self) {
+  PeerInfo p{rpc::WorkerInfo{name, rank}, announcement, nullptr};
+  if (metrics_ && !self) p.metrics = metrics_->peer(rank, name);
+  return p;
+}
+
+void PeerTable::set_metrics_state(int peer, rpc::ConnectionState state) const {
+  if (const auto& m = infos_[peer].metrics) m->set_state(state);
 }
 
 void PeerTable::replay(std::vector<EarlyHello> early) {
@@ -107,6 +124,7 @@ void PeerTable::connect(int peer, PipeTransport& transport,
     MutexLock lock(mu_);
     status_[peer].connection = connection;
     status_[peer].state = State::kUp;
+    set_metrics_state(peer, rpc::ConnectionState::kConnected);
     changed_.notify_all();
   }
   connection->start_reading();
@@ -120,6 +138,7 @@ bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection
   std::erase(unidentified_, connection);
   s.connection = connection;
   s.state = State::kUp;
+  set_metrics_state(peer, rpc::ConnectionState::kConnected);
   changed_.notify_all();
   return true;
 }
@@ -155,9 +174,10 @@ std::string PeerTable::admit(int r, const std::string& hello_name,
   } catch (const std::exception& e) {
     return e.what();
   }
-  infos_[r] = PeerInfo{rpc::WorkerInfo{joiner.name, r}, joiner};
+  infos_[r] = publish_locked(r, joiner.name, joiner, false);
   status_[r].connection = connection;
   status_[r].state = State::kUp;
+  set_metrics_state(r, rpc::ConnectionState::kConnected);
   connection->peer = r;
   return std::string();
 }
@@ -178,6 +198,9 @@ PeerTable::Loss PeerTable::lose(const std::shared_ptr<Connection>& connection,
   } else if (s.state != State::kLost) {
     s.state = State::kLost;
     s.reason = fmt::format("lost its connection ({})", reason);
+    // Losses while stopping are this worker closing its connections.
+    set_metrics_state(
+        peer, stopping_ ? rpc::ConnectionState::kClosed : rpc::ConnectionState::kFailed);
   }
   loss.why = s.reason;
   return loss;
@@ -189,6 +212,7 @@ bool PeerTable::mark_left(int peer) {
   if (s.state != State::kUp) return false;
   s.state = State::kLeft;
   s.reason = "left the group";
+  set_metrics_state(peer, rpc::ConnectionState::kClosed);
   return true;
 }
 
@@ -196,6 +220,7 @@ void PeerTable::mark_lost(int peer, const std::string& reason) {
   MutexLock lock(mu_);
   status_[peer].state = State::kLost;
   status_[peer].reason = reason;
+  set_metrics_state(peer, rpc::ConnectionState::kFailed);
 }
 
 std::vector<std::shared_ptr<Connection>> PeerTable::close_to_newcomers() {
@@ -212,8 +237,13 @@ std::vector<std::shared_ptr<Connection>> PeerTable::stop() {
   MutexLock lock(mu_);
   stopping_ = true;
   std::vector<std::shared_ptr<Connection>> all;
-  for (const Status& s : status_) {
+  for (size_t r = 0; r < status_.size(); ++r) {
+    const Status& s = status_[r];
     if (s.connection) all.push_back(s.connection);
+    // A peer lost stays kFailed, one that left kClosed.
+    if (s.state == State::kUp || s.state == State::kConnecting) {
+      set_metrics_state(static_cast<int>(r), rpc::ConnectionState::kClosed);
+    }
   }
   all.insert(all.end(), unidentified_.begin(), unidentified_.end());
   changed_.notify_all();

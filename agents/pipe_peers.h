@@ -11,9 +11,17 @@
 // peer is first published (state beyond kAbsent), and never change after
 // (ranks are never reused); info() reads them without the lock.
 //
+// Metrics: with an rpc::AgentMetrics, each peer other than this worker gets
+// its rpc::PeerMetrics when it is published (in PeerInfo, write-once like
+// the rest), and the table keeps their state: kConnected when the peer's
+// connection is made or identified (or a joiner admitted), kClosed when it
+// says goodbye or at stop(), kFailed when its connection is lost (or it
+// could not be reached while joining). The agent counts bytes into them.
+//
 // Thread safety: every member function is thread-safe; each takes mu_ once
 // and calls nothing outside the table while holding it, except
-// connect()'s transport call, which runs without it.
+// connect()'s transport call, which runs without it, and
+// AgentMetrics::peer() (a leaf lock) when a peer is published.
 #pragma once
 
 #include <chrono>
@@ -31,6 +39,7 @@
 #include "rpc/agent.h"
 #include "rpc/device_map.h"
 #include "rpc/message.h"
+#include "rpc/metrics.h"
 
 namespace switchboard::agents {
 
@@ -42,6 +51,8 @@ class PeerTable {
   struct PeerInfo {
     rpc::WorkerInfo info;
     WorkerAnnouncement announcement;
+    // Null for this worker, and without AgentMetrics.
+    std::shared_ptr<rpc::PeerMetrics> metrics;
   };
 
   // Where this worker's tensors go: responses along the inverse of each
@@ -73,8 +84,10 @@ class PeerTable {
   };
 
   // `self_name` names this worker in errors; `capacity` ranks, each kAbsent
-  // (dynamic) or kConnecting (static).
-  PeerTable(std::string self_name, int capacity, bool dynamic);
+  // (dynamic) or kConnecting (static). `metrics` (may be null: none
+  // counted) hands out each peer's counters.
+  PeerTable(std::string self_name, int capacity, bool dynamic,
+            std::shared_ptr<rpc::AgentMetrics> metrics = nullptr);
   PeerTable(const PeerTable&) = delete;
   PeerTable& operator=(const PeerTable&) = delete;
 
@@ -181,12 +194,21 @@ class PeerTable {
     std::string reason;  // why it is down
   };
 
+  // Who `rank` (`info`, `announcement`) is, with its counters unless it is
+  // this worker (`self`).
+  PeerInfo publish_locked(int rank, const std::string& name,
+                          const WorkerAnnouncement& announcement, bool self)
+      SB_REQUIRES(mu_);
+  // Sets the state of `peer`'s counters, when it has them.
+  void set_metrics_state(int peer, rpc::ConnectionState state) const SB_REQUIRES(mu_);
+
   // Marks the table ready; returns the deferred hellos.
   std::vector<EarlyHello> ready_locked() SB_REQUIRES(mu_);
   static void replay(std::vector<EarlyHello> early);
 
   const std::string self_name_;
   const bool dynamic_;
+  const std::shared_ptr<rpc::AgentMetrics> metrics_;
   std::vector<PeerInfo> infos_;  // sized at construction; write-once entries
 
   mutable Mutex mu_;

@@ -110,19 +110,24 @@ void check_arguments(const std::shared_ptr<Store>& store, const std::string& nam
 // rendezvous and join(). Its own lock guards only whether it started or is
 // stopping and join()'s generation; every part guards its own state.
 struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<Impl> {
-  // One remote worker: its sender and its listener (null for this rank).
+  // One remote worker: its sender, its listener and its counters (null
+  // for this rank). The counters' state: kConnected once the group formed,
+  // kFailed when the link to the peer failed, kClosed at shutdown.
   struct Peer {
     std::unique_ptr<PeerSender> sender;
     std::unique_ptr<PeerListener> listener;
+    std::shared_ptr<rpc::PeerMetrics> metrics;
   };
 
   Impl(std::shared_ptr<Store> store_in, std::string name_in, int rank_in, int world_in,
-       std::shared_ptr<rpc::ThreadPool> pool_in)
+       std::shared_ptr<rpc::ThreadPool> pool_in,
+       std::shared_ptr<rpc::AgentMetrics> metrics_in)
       : store(std::move(store_in)),
         name(std::move(name_in)),
         rank(rank_in),
         world_size(world_in),
         pool(std::move(pool_in)),
+        metrics(std::move(metrics_in)),
         calls(name, pool) {}
 
   // Immutable after construction.
@@ -131,7 +136,8 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   const int rank;
   const int world_size;
   const std::shared_ptr<rpc::ThreadPool> pool;
-  std::vector<WorkerInfo> workers;  // by rank
+  const std::shared_ptr<rpc::AgentMetrics> metrics;  // the agent's (may be null)
+  std::vector<WorkerInfo> workers;                   // by rank
   std::unordered_map<std::string, int> ranks_by_name;
   // The Gloo group, shared by the senders and listeners (set by the
   // rendezvous); `peers` by rank, filled by the rendezvous.
@@ -175,8 +181,14 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     peers.resize(world_size);
     for (int r = 0; r < world_size; ++r) {
       if (r == rank) continue;
-      peers[r].sender = std::make_unique<PeerSender>(r, *link, *this);
-      peers[r].listener = std::make_unique<PeerListener>(r, *link, *this);
+      // Looked up once: the sender and listener count without a lock.
+      if (metrics) {
+        peers[r].metrics = metrics->peer(r, workers[r].name);
+        peers[r].metrics->set_state(rpc::ConnectionState::kConnected);  // group formed
+      }
+      peers[r].sender = std::make_unique<PeerSender>(r, *link, *this, peers[r].metrics);
+      peers[r].listener =
+          std::make_unique<PeerListener>(r, *link, *this, peers[r].metrics);
     }
   }
 
@@ -365,6 +377,8 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   // (nothing when the agent is stopping: its shutdown closed the link).
   void on_peer_failed(int peer, const std::string& reason) override {
     if (is_stopping() || !peers[peer].sender->fail(reason)) return;
+    if (peers[peer].metrics)
+      peers[peer].metrics->set_state(rpc::ConnectionState::kFailed);
     const size_t lost = calls.fail_if(
         [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
         [&](const rpc::CallTable::Call& call) {
@@ -458,6 +472,11 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     }
     for (Peer& peer : peers) {
       if (peer.sender) peer.sender->stop();
+      // A peer that failed stays kFailed.
+      if (peer.metrics && peer.metrics->state.load(std::memory_order_relaxed) !=
+                              rpc::ConnectionState::kFailed) {
+        peer.metrics->set_state(rpc::ConnectionState::kClosed);
+      }
     }
     calls.close();
     // Aborts every posted Gloo send and recv: the threads waiting on them
@@ -479,8 +498,8 @@ ProcessGroupAgent::ProcessGroupAgent(std::shared_ptr<Store> store, std::string n
     : RpcAgent(WorkerInfo{name, rank},
                (check_arguments(store, name, rank, world_size, options),
                 options.num_worker_threads)) {
-  impl_ =
-      std::make_shared<Impl>(std::move(store), std::move(name), rank, world_size, pool());
+  impl_ = std::make_shared<Impl>(std::move(store), std::move(name), rank, world_size,
+                                 pool(), metrics());
   impl_->rendezvous(options);
 }
 

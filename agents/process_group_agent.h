@@ -5,6 +5,11 @@
 // serves as a reference agent. Inside: a PeerSender and a PeerListener per
 // peer over one ProcessGroupLink (agents/process_group_{sender,listener,link}.h).
 //
+// Per-peer metrics (rpc/metrics.h): bytes and messages each way, counted by
+// the sender and listener; the state is connected once the group formed,
+// failed when the link to the peer failed (a peer that shut down closed its
+// Gloo group, so it reads failed), closed at this worker's shutdown.
+//
 // docs/pipe.md ("PROCESS_GROUP") describes its behaviour for users,
 // docs/wire_formats.md its frames, docs/thread_model.md its threads.
 //

@@ -28,16 +28,19 @@ ProcessGroupLink::ProcessGroupLink(std::string agent_name,
 
 ProcessGroupLink::~ProcessGroupLink() = default;
 
-void ProcessGroupLink::send(int peer, const rpc::Message& m) {
+size_t ProcessGroupLink::send(int peer, const rpc::Message& m) {
   auto [header, body] = pg_frame::encode_frame(m);
   std::vector<Tensor> data;
   if (body.defined()) data.push_back(body);
   data.insert(data.end(), m.tensors.begin(), m.tensors.end());
   exchange(peer, /*sending=*/true, {header}, wire::kHeaderTag);
   exchange(peer, /*sending=*/true, data, wire::kDataTag);
+  size_t bytes = header.nbytes();
+  for (const Tensor& part : data) bytes += part.nbytes();
+  return bytes;
 }
 
-rpc::Message ProcessGroupLink::receive(int peer) {
+rpc::Message ProcessGroupLink::receive(int peer, size_t* bytes) {
   Tensor header = Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
   exchange(peer, /*sending=*/false, {header}, wire::kHeaderTag);
   const pg_frame::Header h = pg_frame::decode_header(header);
@@ -51,6 +54,10 @@ rpc::Message ProcessGroupLink::receive(int peer) {
   m.id = h.id;
   pg_frame::decode_body(h, body, m);
   exchange(peer, /*sending=*/false, m.tensors, wire::kDataTag);
+  if (bytes != nullptr) {
+    *bytes = header.nbytes() + (body.defined() ? body.nbytes() : 0);
+    for (const Tensor& t : m.tensors) *bytes += t.nbytes();
+  }
   return m;
 }
 

@@ -50,12 +50,14 @@ class ProcessGroupLink {
   ProcessGroupLink(const ProcessGroupLink&) = delete;
   ProcessGroupLink& operator=(const ProcessGroupLink&) = delete;
 
-  // Sends every part of `m` to `peer`; returns when all went out. Throws
-  // Error(kCancelled) once closed, what Gloo throws otherwise.
-  void send(int peer, const rpc::Message& m) SB_EXCLUDES(mu_);
-  // Receives one whole message from `peer`. Throws ProtocolError (common/error.h)
-  // for bad bytes, else as send().
-  rpc::Message receive(int peer) SB_EXCLUDES(mu_);
+  // Sends every part of `m` to `peer`; returns when all went out, with the
+  // bytes sent (header, body, tensors). Throws Error(kCancelled) once
+  // closed, what Gloo throws otherwise.
+  size_t send(int peer, const rpc::Message& m) SB_EXCLUDES(mu_);
+  // Receives one whole message from `peer`; `bytes` (when not null) gets
+  // the bytes received for it. Throws ProtocolError (common/error.h) for
+  // bad bytes, else as send().
+  rpc::Message receive(int peer, size_t* bytes = nullptr) SB_EXCLUDES(mu_);
   // Destroys the group (see above). Idempotent.
   void close() SB_EXCLUDES(mu_);
 

@@ -8,8 +8,9 @@
 
 namespace switchboard::agents {
 
-PeerListener::PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events)
-    : peer_(peer), link_(link), events_(events) {}
+PeerListener::PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events,
+                           std::shared_ptr<rpc::PeerMetrics> metrics)
+    : peer_(peer), link_(link), events_(events), metrics_(std::move(metrics)) {}
 
 void PeerListener::start(std::shared_ptr<const void> owner) {
   thread_.start(fmt::format("sb-pg-recv-{}", peer_), std::move(owner), [this] { run(); });
@@ -20,8 +21,9 @@ void PeerListener::join() { thread_.join(); }
 void PeerListener::run() {
   for (;;) {
     rpc::Message m;
+    size_t bytes = 0;
     try {
-      m = link_.receive(peer_);
+      m = link_.receive(peer_, &bytes);
     } catch (const ProtocolError& e) {
       events_.on_peer_failed(peer_, fmt::format("protocol error: {}", e.what()));
       return;
@@ -29,6 +31,7 @@ void PeerListener::run() {
       events_.on_peer_failed(peer_, what_of(std::current_exception()));
       return;
     }
+    if (metrics_) metrics_->received(bytes);
     events_.on_message(peer_, std::move(m));
   }
 }

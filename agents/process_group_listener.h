@@ -9,18 +9,23 @@
 // shared with other threads but the link's.
 // Ownership: the link and the events are the agent's; the thread keeps
 // the agent alive through start()'s `owner`.
+// Metrics: each message received counts into the peer's rpc::PeerMetrics
+// (relaxed atomic adds, no lock).
 #pragma once
 
 #include <memory>
 
 #include "agents/process_group_link.h"
+#include "rpc/metrics.h"
 
 namespace switchboard::agents {
 
 class PeerListener {
  public:
-  // Receives from `peer` over `link`; reports to `events`.
-  PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events);
+  // Receives from `peer` over `link`; reports to `events`; counts what
+  // came in into `metrics` (may be null).
+  PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events,
+               std::shared_ptr<rpc::PeerMetrics> metrics = nullptr);
   PeerListener(const PeerListener&) = delete;
   PeerListener& operator=(const PeerListener&) = delete;
 
@@ -36,6 +41,7 @@ class PeerListener {
   const int peer_;
   ProcessGroupLink& link_;
   PeerEvents& events_;
+  const std::shared_ptr<rpc::PeerMetrics> metrics_;
   PeerThread thread_;  // last: joined before the rest goes
 };
 

@@ -7,8 +7,9 @@
 
 namespace switchboard::agents {
 
-PeerSender::PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events)
-    : peer_(peer), link_(link), events_(events) {}
+PeerSender::PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events,
+                       std::shared_ptr<rpc::PeerMetrics> metrics)
+    : peer_(peer), link_(link), events_(events), metrics_(std::move(metrics)) {}
 
 void PeerSender::start(std::shared_ptr<const void> owner) {
   thread_.start(fmt::format("sb-pg-send-{}", peer_), std::move(owner), [this] { run(); });
@@ -56,7 +57,8 @@ void PeerSender::run() {
       outbox_.pop_front();
     }
     try {
-      link_.send(peer_, m);
+      const size_t bytes = link_.send(peer_, m);
+      if (metrics_) metrics_->sent(bytes);
     } catch (...) {
       events_.on_peer_failed(peer_, what_of(std::current_exception()));
       return;

@@ -9,6 +9,8 @@
 // the outbox and the failure; it is not held while sending.
 // Ownership: the link and the events are the agent's; the sender's thread
 // keeps the agent alive through start()'s `owner`.
+// Metrics: each message the link sent counts into the peer's
+// rpc::PeerMetrics (relaxed atomic adds, no lock).
 #pragma once
 
 #include <deque>
@@ -18,13 +20,16 @@
 #include "agents/process_group_link.h"
 #include "common/mutex.h"
 #include "rpc/message.h"
+#include "rpc/metrics.h"
 
 namespace switchboard::agents {
 
 class PeerSender {
  public:
-  // Sends to `peer` over `link`; reports a failed send to `events`.
-  PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events);
+  // Sends to `peer` over `link`; reports a failed send to `events`;
+  // counts what went out into `metrics` (may be null).
+  PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events,
+             std::shared_ptr<rpc::PeerMetrics> metrics = nullptr);
   PeerSender(const PeerSender&) = delete;
   PeerSender& operator=(const PeerSender&) = delete;
 
@@ -50,6 +55,7 @@ class PeerSender {
   const int peer_;
   ProcessGroupLink& link_;
   PeerEvents& events_;
+  const std::shared_ptr<rpc::PeerMetrics> metrics_;
 
   Mutex mu_;
   CondVar wake_;  // a message queued, failed or stopped

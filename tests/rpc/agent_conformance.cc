@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -196,6 +197,79 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+// ====================================================================== metrics
+
+namespace {
+
+// `agent`'s metrics entry for peer `id`, once `done` holds for it (polled:
+// a transport may count a message a moment after the call completed);
+// the last entry seen (or a default one) at kGuard.
+rpc::PeerMetricsSnapshot peer_entry(
+    const RpcAgent& agent, int id,
+    const std::function<bool(const rpc::PeerMetricsSnapshot&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kGuard;
+  rpc::PeerMetricsSnapshot last;
+  for (;;) {
+    for (const rpc::PeerMetricsSnapshot& p : agent.metrics_snapshot().peers) {
+      if (p.id == id) last = p;
+    }
+    if ((last.id == id && done(last)) || std::chrono::steady_clock::now() >= deadline) {
+      return last;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("per-peer metrics count an echo both ways, connected, then closed at shutdown",
+          "[agent][metrics]") {
+  if (skipped_unless_workers(2)) return;
+  Agents agents = make_group({"w0", "w1"});
+  agents[0]->start(echo_handler());
+  agents[1]->start(echo_handler());
+  const std::string payload(300, 'p');
+  const Tensor tensor = patterned({16, 16}, DType::kFloat32, 1);  // 1 KiB
+  const uint64_t least = payload.size() + tensor.nbytes();
+  Message got = get(send(*agents[0], "w1", request("echo", payload, {tensor})));
+  REQUIRE(text(got.payload) == payload);
+  REQUIRE(got.tensors.size() == 1);
+
+  // Each side sent one message (the request, the reply) carrying the
+  // payload and the tensor, and received one.
+  auto counted = [&](const rpc::PeerMetricsSnapshot& p) {
+    return p.messages_sent >= 1 && p.messages_received >= 1 && p.bytes_sent >= least &&
+           p.bytes_received >= least;
+  };
+  for (int self = 0; self < 2; ++self) {
+    const int other = 1 - self;
+    INFO(agent_factory().name() << ": w" << self << "'s entry for w" << other);
+    const rpc::PeerMetricsSnapshot p = peer_entry(*agents[self], other, counted);
+    REQUIRE(p.id == other);
+    CHECK(p.name == fmt::format("w{}", other));
+    CHECK(p.messages_sent >= 1);
+    CHECK(p.bytes_sent >= least);
+    CHECK(p.messages_received >= 1);
+    CHECK(p.bytes_received >= least);
+    CHECK(rpc::connection_state_name(p.state) == "connected");
+    // No entry for the worker itself.
+    for (const auto& q : agents[self]->metrics_snapshot().peers) CHECK(q.id != self);
+  }
+  join_all(agents);
+
+  // w1 shuts down: its own entry for w0 is closed; w0 sees w1 go.
+  agents[1]->shutdown();
+  const rpc::PeerMetricsSnapshot own = peer_entry(*agents[1], 0, [](const auto& p) {
+    return p.state != rpc::ConnectionState::kConnected;
+  });
+  CHECK(rpc::connection_state_name(own.state) == "closed");
+  if (skipped_for(Limitation::kPeerMetricsSeePeerShutdown)) return;
+  const rpc::ConnectionState expected = agent_factory().shut_down_peer_state();
+  const rpc::PeerMetricsSnapshot seen = peer_entry(
+      *agents[0], 1, [&](const rpc::PeerMetricsSnapshot& p) { return p.state == expected; });
+  CHECK(rpc::connection_state_name(seen.state) == rpc::connection_state_name(expected));
+}
 
 // ====================================================================== echo
 

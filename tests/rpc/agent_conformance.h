@@ -36,6 +36,7 @@
 
 #include "rpc/agent.h"
 #include "rpc/backend_registry.h"
+#include "rpc/metrics.h"
 #include "store/store.h"
 
 namespace switchboard::agent_conformance {
@@ -52,6 +53,9 @@ enum class Limitation {
   // until its timeout (the cases "join fails at once with ConnectionError
   // when a worker shut down without joining" and the one naming them).
   kJoinSeesWorkersThatShutDown,
+  // The per-peer metrics cannot tell that a peer shut down: its entry
+  // stays "connected" (case "per-peer metrics count an echo ...").
+  kPeerMetricsSeePeerShutdown,
 };
 
 // Which worker of which group an AgentFactory makes.
@@ -96,6 +100,13 @@ class AgentFactory {
   // call's "rpc to "w1" function "f": " prefix. The default is the wording
   // of LOCAL and PROCESS_GROUP.
   virtual std::string shut_down_peer_phrase(const std::string& worker) const;
+
+  // The state of a worker's per-peer metrics entry for a peer that shut
+  // down cleanly (rpc/metrics.h). The default, kClosed, is LOCAL's and
+  // PIPE's (a goodbye); see kPeerMetricsSeePeerShutdown.
+  virtual rpc::ConnectionState shut_down_peer_state() const {
+    return rpc::ConnectionState::kClosed;
+  }
 };
 
 // An AgentFactory for a backend registered with rpc::register_backend: it

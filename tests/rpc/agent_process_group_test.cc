@@ -18,6 +18,13 @@ class ProcessGroupFactory final : public RegistryAgentFactory {
     }
     return std::nullopt;
   }
+
+  // A PROCESS_GROUP worker that shuts down closes its Gloo group: its
+  // peers' listeners see the link fail, so their metrics entry for it
+  // reads "failed" (agents/process_group_agent.h).
+  rpc::ConnectionState shut_down_peer_state() const override {
+    return rpc::ConnectionState::kFailed;
+  }
 };
 
 }  // namespace
