@@ -507,20 +507,7 @@ void PipeAgent::join(Timeout timeout) {
     return;
   }
   const auto deadline = Clock::now() + timeout;
-  switch (s.calls.wait_idle(timeout.count() > 0 ? std::optional(deadline) : std::nullopt)) {
-    case rpc::CallTable::Idle::kIdle:
-      break;
-    case rpc::CallTable::Idle::kClosed:
-      throw Error(ErrorCode::kCancelled,
-                  fmt::format("join: rpc agent \"{}\" shut down", s.name));
-    case rpc::CallTable::Idle::kTimedOut: {
-      const auto load = s.calls.load();
-      throw TimeoutError(fmt::format(
-          "join on rpc agent \"{}\": {} call(s) still in flight and {} request(s) being "
-          "handled after {} ms",
-          s.name, load.calls_in_flight, load.handling, timeout.count()));
-    }
-  }
+  s.calls.drain(timeout, fmt::format("join on rpc worker \"{}\"", s.name));
   s.rendezvous->barrier(timeout.count() > 0 ? std::optional(deadline) : std::nullopt);
 }
 

@@ -426,20 +426,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     const bool bounded = timeout.count() > 0;
     const auto deadline = Clock::now() + timeout;
     const std::string who = fmt::format("join on rpc worker \"{}\"", name);
-    switch (calls.wait_idle(bounded ? std::optional(deadline) : std::nullopt)) {
-      case rpc::CallTable::Idle::kIdle:
-        break;
-      case rpc::CallTable::Idle::kTimedOut: {
-        const auto load = calls.load();
-        throw TimeoutError(fmt::format(
-            "{}: timed out after {} ms with {} calls in flight and {} requests being "
-            "handled",
-            who, timeout.count(), load.calls_in_flight, load.handling));
-      }
-      case rpc::CallTable::Idle::kClosed:
-        throw Error(ErrorCode::kCancelled,
-                    fmt::format("{}: rpc agent \"{}\" shut down", who, name));
-    }
+    calls.drain(timeout, who);
     uint64_t generation = 0;
     {
       MutexLock lock(mu);

@@ -500,6 +500,23 @@ CallTable::Idle CallTable::wait_idle(std::optional<Clock::time_point> deadline) 
   return Idle::kTimedOut;
 }
 
+void CallTable::drain(std::chrono::milliseconds timeout, const std::string& who) {
+  const bool bounded = timeout.count() > 0;
+  switch (wait_idle(bounded ? std::optional(Clock::now() + timeout) : std::nullopt)) {
+    case Idle::kIdle:
+      return;
+    case Idle::kTimedOut: {
+      const Load now = load();
+      throw TimeoutError(fmt::format(
+          "{}: timed out after {} ms with {} calls in flight and {} requests being handled",
+          who, timeout.count(), now.calls_in_flight, now.handling));
+    }
+    case Idle::kClosed:
+      throw Error(ErrorCode::kCancelled,
+                  fmt::format("{}: rpc agent \"{}\" shut down", who, agent_name()));
+  }
+}
+
 CallTable::Load CallTable::load() const {
   MutexLock lock(state_->mu);
   return Load{state_->in_flight, state_->handling};

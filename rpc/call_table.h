@@ -170,6 +170,11 @@ class CallTable {
   // (kIdle), `deadline` passes (kTimedOut; none: waits for ever) or the
   // table is closed (kClosed).
   Idle wait_idle(std::optional<Clock::time_point> deadline);
+  // wait_idle() as join() needs it: returns once idle; throws TimeoutError
+  // after `timeout` (0: waits for ever) naming the calls in flight and the
+  // requests being handled, or Error(kCancelled) once closed. `who` starts
+  // both messages, e.g. `join on rpc worker "w0"`.
+  void drain(std::chrono::milliseconds timeout, const std::string& who);
   Load load() const;
 
   // Fails every pending call with Error(kCancelled) (see add()), refuses new

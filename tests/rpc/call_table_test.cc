@@ -409,6 +409,33 @@ TEST_CASE("at debug level, wait_idle() logs whom it waits on", "[call_table]") {
         std::string::npos);
 }
 
+TEST_CASE("drain() returns when idle, names what is in flight at its timeout, and "
+          "is cancelled by close()",
+          "[call_table]") {
+  Fixture fx;
+  fx.table.drain(10ms, "join on rpc worker \"w0\"");
+  auto a = fx.table.add(call_to(1, "f"));
+  try {
+    fx.table.drain(10ms, "join on rpc worker \"w0\"");
+    FAIL("drain() returned with a call in flight");
+  } catch (const TimeoutError& e) {
+    CHECK(std::string(e.what()) ==
+          "join on rpc worker \"w0\": timed out after 10 ms with 1 calls in flight and 0 "
+          "requests being handled");
+  }
+  std::thread closer([&] { fx.table.close(); });
+  try {
+    fx.table.drain(0ms, "join on rpc worker \"w0\"");
+    FAIL("drain() returned on a closed table");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kCancelled);
+    CHECK(std::string(e.what()) ==
+          "join on rpc worker \"w0\": rpc agent \"w0\" shut down");
+  }
+  closer.join();
+  (void)a;
+}
+
 TEST_CASE("close() wakes a wait_idle() that waits for ever", "[call_table]") {
   Fixture fx;
   fx.table.add(call_to(1, "f"));
