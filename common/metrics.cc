@@ -18,13 +18,22 @@ constexpr auto kBoundsNs = bounds_ns();
 
 }  // namespace
 
+size_t latency_bucket(int64_t ns) {
+  return static_cast<size_t>(std::lower_bound(kBoundsNs.begin(), kBoundsNs.end(), ns) -
+                             kBoundsNs.begin());
+}
+
 void LatencyHistogram::record(std::chrono::nanoseconds latency) {
   const int64_t ns = std::max<int64_t>(latency.count(), 0);
-  // The first bound >= ns (a sample equal to a bound belongs to its bucket).
-  const size_t bucket = static_cast<size_t>(
-      std::lower_bound(kBoundsNs.begin(), kBoundsNs.end(), ns) - kBoundsNs.begin());
-  counts_[bucket].fetch_add(1, std::memory_order_relaxed);
+  counts_[latency_bucket(ns)].fetch_add(1, std::memory_order_relaxed);
   sum_ns_.fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+}
+
+void HistogramSnapshot::record(std::chrono::nanoseconds latency) {
+  const int64_t ns = std::max<int64_t>(latency.count(), 0);
+  ++counts[latency_bucket(ns)];
+  ++count;
+  sum_seconds += static_cast<double>(ns) / 1e9;
 }
 
 HistogramSnapshot LatencyHistogram::snapshot() const {

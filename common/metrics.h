@@ -1,7 +1,9 @@
 // The metrics core: a monotonic Counter and a LatencyHistogram with fixed
 // buckets that reports quantiles (p50, p99). Both are updated with relaxed
 // atomic adds (no lock, no allocation), so they are cheap on a call path;
-// readers take a snapshot, which is a plain value.
+// readers take a snapshot, which is a plain value. Code that already holds
+// a lock where it counts keeps a HistogramSnapshot under that lock and
+// record()s into it instead (no atomic at all).
 //
 //   LatencyHistogram h;
 //   h.record(std::chrono::microseconds(120));
@@ -54,7 +56,14 @@ struct HistogramSnapshot {
   double quantile(double q) const;
   // Adds `other`'s samples to these (same buckets everywhere).
   void merge(const HistogramSnapshot& other);
+  // Adds one sample (negative durations count as 0). Not atomic: for a
+  // histogram its owner keeps under a lock.
+  void record(std::chrono::nanoseconds latency);
 };
+
+// The bucket of a sample of `ns` nanoseconds (>= 0): the first bound at or
+// above it (a sample equal to a bound belongs to its bucket).
+size_t latency_bucket(int64_t ns);
 
 class LatencyHistogram {
  public:

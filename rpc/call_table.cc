@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <set>
 #include <thread>
@@ -33,37 +34,41 @@ using Clock = CallTable::Clock;
 constexpr size_t kMaxFunctions = 1024;
 constexpr const char* kOtherFunctions = "(other)";
 
-// What the table counts per function (see rpc/metrics.h). Updated without
-// the table's lock, read under it only to find the entries.
+// What the table counts per function (see rpc/metrics.h). The calls this
+// worker makes are counted under the table's lock, which add() and
+// complete() hold anyway (plain adds: no atomic, no cache line of their
+// own to bounce between the caller and the thread that completes); the
+// requests it serves are counted with atomic adds, outside the lock.
 struct FunctionStats {
-  Counter sent;
-  Counter succeeded;
-  std::array<Counter, kNumFailureKinds> failed;
-  LatencyHistogram latency;
+  // Guarded by State::mu.
+  uint64_t sent = 0;
+  uint64_t succeeded = 0;
+  std::array<uint64_t, kNumFailureKinds> failed{};
+  HistogramSnapshot latency;
+  // Lock-free.
   Counter served;
   Counter served_failed;
 
-  void failure(FailureKind kind) { failed[static_cast<size_t>(kind)].add(); }
+  void failure(FailureKind kind) { ++failed[static_cast<size_t>(kind)]; }
 
+  // With State::mu held.
   FunctionMetrics snapshot() const {
     FunctionMetrics m;
-    m.calls_sent = sent.value();
-    m.calls_succeeded = succeeded.value();
-    for (size_t i = 0; i < kNumFailureKinds; ++i) m.calls_failed[i] = failed[i].value();
-    m.latency = latency.snapshot();
+    m.calls_sent = sent;
+    m.calls_succeeded = succeeded;
+    m.calls_failed = failed;
+    m.latency = latency;
     m.requests_served = served.value();
     m.requests_failed = served_failed.value();
     return m;
   }
 };
 
-// A call taken out of the table to be failed (outside the lock). `kind` is
-// found from `error` when not known.
+// A call taken out of the table (and counted as failed) to be failed
+// outside the lock.
 struct Failure {
   Promise<Message> promise;
   std::exception_ptr error;
-  FunctionStats* stats;
-  std::optional<FailureKind> kind;
 };
 
 std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Call& call) {
@@ -105,20 +110,40 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
   // costs no wake-ups.
   Clock::time_point armed SB_GUARDED_BY(mu) = Clock::time_point::max();
   // Calls added whose future has not been completed yet (>= pending.size():
-  // a call leaves `pending` just before its future completes).
-  size_t in_flight SB_GUARDED_BY(mu) = 0;
-  size_t handling SB_GUARDED_BY(mu) = 0;
+  // a call leaves `pending` just before its future completes), and requests
+  // accepted whose reply has not been given yet. Atomic, so that a call or
+  // request that ends takes the lock only when it leaves the table idle
+  // with someone in wait_idle() (see wake_idle_waiters()).
+  std::atomic<size_t> in_flight{0};
+  std::atomic<size_t> handling{0};
+  // Threads in wait_idle(); changed under `mu`.
+  std::atomic<int> idle_waiters{0};
   std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
-  bool started SB_GUARDED_BY(mu) = false;  // stays true after close()
+  // Set under `mu` (with `handler`); read without it by started(), which
+  // PIPE asks on every call. Stays true after close().
+  std::atomic<bool> started{false};
   std::deque<Request> early SB_GUARDED_BY(mu);  // accepted before start()
   // Never erased: Pending and the serving path keep pointers to entries.
   std::unordered_map<std::string, FunctionStats> functions SB_GUARDED_BY(mu);
+  // The entry stats_for() found last (calls in a row mostly name one
+  // function: a string compare instead of a hash lookup).
+  const std::string* last_function SB_GUARDED_BY(mu) = nullptr;
+  FunctionStats* last_stats SB_GUARDED_BY(mu) = nullptr;
 
   FunctionStats& stats_for(const std::string& function) SB_REQUIRES(mu) {
+    if (last_function != nullptr && *last_function == function) return *last_stats;
     auto it = functions.find(function);
-    if (it != functions.end()) return it->second;
-    const std::string& key = functions.size() < kMaxFunctions ? function : kOtherFunctions;
-    return functions.try_emplace(key).first->second;
+    if (it == functions.end()) {
+      const std::string& key = functions.size() < kMaxFunctions ? function : kOtherFunctions;
+      it = functions.try_emplace(key).first;
+    }
+    // A name counted as kOtherFunctions is not cached: it would compare
+    // unequal to the key it is counted under.
+    if (it->first == function) {
+      last_function = &it->first;
+      last_stats = &it->second;
+    }
+    return it->second;
   }
 
   void collect(RpcMetrics& out) const override SB_EXCLUDES(mu) {
@@ -130,10 +155,10 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     // futures complete (in_flight drops only after), so a caller whose call
     // just returned never sees it still counted.
     out.calls_in_flight += pending.size();
-    out.requests_in_progress += handling;
+    out.requests_in_progress += handling.load();
   }
 
-  bool idle() const SB_REQUIRES(mu) { return in_flight == 0 && handling == 0; }
+  bool idle() const { return in_flight.load() == 0 && handling.load() == 0; }
 
   // Who this table waits on, for debug logs of a worker that does not
   // drain: "2 calls in flight (to "w1": "slow" (id 7), ...) and 1 request
@@ -151,10 +176,12 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
                            p.call.dst_name, p.call.function, id);
       ++listed;
     }
-    return fmt::format("{} call{} in flight{} and {} request{} being handled", in_flight,
-                       in_flight == 1 ? "" : "s",
-                       calls.empty() ? "" : fmt::format(" ({})", calls), handling,
-                       handling == 1 ? "" : "s");
+    const size_t calls_now = in_flight.load();
+    const size_t handling_now = handling.load();
+    return fmt::format("{} call{} in flight{} and {} request{} being handled", calls_now,
+                       calls_now == 1 ? "" : "s",
+                       calls.empty() ? "" : fmt::format(" ({})", calls), handling_now,
+                       handling_now == 1 ? "" : "s");
   }
 
   // Removes call `id` from `pending` (and its deadline); null when absent.
@@ -167,28 +194,43 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     return p;
   }
 
-  // Completes calls taken out of `pending`, outside the lock, then counts
-  // them out of `in_flight`. Each failure is counted (by kind) before its
-  // future completes.
+  // Takes call `id` out of `pending` to be failed with `error` of `kind`,
+  // and counts it; false when it is not pending.
+  bool take_failed(uint64_t id, std::exception_ptr error, FailureKind kind,
+                   std::vector<Failure>& out) SB_REQUIRES(mu) {
+    std::optional<Pending> p = take(id);
+    if (!p) return false;
+    p->stats->failure(kind);
+    out.push_back({std::move(p->promise), std::move(error)});
+    return true;
+  }
+
+  // Completes calls taken out of `pending` (and counted), outside the lock,
+  // then counts them out of `in_flight`.
   void settle(std::vector<Failure> failures) SB_EXCLUDES(mu) {
     if (failures.empty()) return;
-    for (Failure& f : failures) {
-      f.stats->failure(f.kind ? *f.kind : classify_failure(f.error));
-      f.promise.set_error(f.error);
-    }
+    for (Failure& f : failures) f.promise.set_error(std::move(f.error));
     calls_done(failures.size());
   }
 
   void calls_done(size_t n) SB_EXCLUDES(mu) {
-    MutexLock lock(mu);
-    in_flight -= n;
-    if (idle()) idle_cv.notify_all();
+    if (in_flight.fetch_sub(n) == n) wake_idle_waiters();
   }
 
   void handling_done() SB_EXCLUDES(mu) {
+    if (handling.fetch_sub(1) == 1) wake_idle_waiters();
+  }
+
+  // A count reached 0: wakes wait_idle(), if anyone waits. The waiter adds
+  // itself to idle_waiters before it reads the counts, and this reads
+  // idle_waiters after the count dropped (all sequentially consistent), so
+  // either the waiter sees the count at 0 or this sees the waiter; taking
+  // `mu` to notify means the waiter is either not yet checking or already
+  // waiting.
+  void wake_idle_waiters() SB_EXCLUDES(mu) {
+    if (idle_waiters.load() == 0) return;
     MutexLock lock(mu);
-    --handling;
-    if (idle()) idle_cv.notify_all();
+    idle_cv.notify_all();
   }
 
   void run_timer() SB_EXCLUDES(mu) {
@@ -209,13 +251,14 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       std::vector<Failure> expired;
       const auto now = Clock::now();
       while (!deadlines.empty() && deadlines.begin()->first <= now) {
-        std::optional<Pending> p = take(deadlines.begin()->second);
-        expired.push_back({std::move(p->promise),
-                           std::make_exception_ptr(TimeoutError(fmt::format(
-                               "{}: timed out after {} ms",
-                               call_prefix(p->call.dst_name, p->call.function),
-                               p->call.timeout.count()))),
-                           p->stats, FailureKind::kTimeout});
+        const uint64_t id = deadlines.begin()->second;
+        const Call& call = pending.at(id).call;
+        take_failed(id,
+                    std::make_exception_ptr(TimeoutError(
+                        fmt::format("{}: timed out after {} ms",
+                                    call_prefix(call.dst_name, call.function),
+                                    call.timeout.count()))),
+                    FailureKind::kTimeout, expired);
       }
       lock.unlock();
       settle(std::move(expired));
@@ -360,7 +403,7 @@ CallTable::Added CallTable::add(Call call) {
   MutexLock lock(s.mu);
   if (s.closed) std::rethrow_exception(shut_down_error(s.name, call));
   FunctionStats& stats = s.stats_for(call.function);
-  stats.sent.add();
+  ++stats.sent;
   added.id = s.next_id++;
   if (timed) {
     s.deadlines.emplace(deadline, added.id);
@@ -372,7 +415,10 @@ CallTable::Added CallTable::add(Call call) {
   }
   s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline,
                                              now, &stats});
-  added.in_flight = ++s.in_flight;
+  s.in_flight.fetch_add(1);
+  // Calls still in the table: not the one whose future is completing
+  // while its caller adds the next (see Added::in_flight).
+  added.in_flight = s.pending.size();
   return added;
 }
 
@@ -383,19 +429,20 @@ void CallTable::start_timer_locked() {
 
 bool CallTable::complete(uint64_t id, Message response, std::optional<int> from) {
   State& s = *state_;
+  const auto now = Clock::now();
   std::optional<State::Pending> p;
   {
     MutexLock lock(s.mu);
     auto it = s.pending.find(id);
-    if (it != s.pending.end() && (!from || it->second.call.dst == *from)) p = s.take(id);
+    if (it == s.pending.end() || (from && it->second.call.dst != *from)) return false;
+    p = s.take(id);
+    if (response.type == MessageType::kError) {
+      p->stats->failure(FailureKind::kRemoteError);
+    } else {
+      ++p->stats->succeeded;
+    }
+    p->stats->latency.record(now - p->sent_at);
   }
-  if (!p) return false;
-  if (response.type == MessageType::kError) {
-    p->stats->failure(FailureKind::kRemoteError);
-  } else {
-    p->stats->succeeded.add();
-  }
-  p->stats->latency.record(Clock::now() - p->sent_at);
   p->promise.set_value(std::move(response));
   s.calls_done(1);
   return true;
@@ -403,14 +450,13 @@ bool CallTable::complete(uint64_t id, Message response, std::optional<int> from)
 
 bool CallTable::fail(uint64_t id, std::exception_ptr error) {
   State& s = *state_;
+  const FailureKind kind = classify_failure(error);
   std::vector<Failure> failed;
+  bool found = false;
   {
     MutexLock lock(s.mu);
-    if (auto p = s.take(id)) {
-      failed.push_back({std::move(p->promise), std::move(error), p->stats, std::nullopt});
-    }
+    found = s.take_failed(id, std::move(error), kind, failed);
   }
-  const bool found = !failed.empty();
   s.settle(std::move(failed));
   return found;
 }
@@ -426,9 +472,9 @@ size_t CallTable::fail_if(const std::function<bool(const Call&)>& which,
       if (which(p.call)) ids.push_back(id);
     }
     for (uint64_t id : ids) {
-      State::Pending p = *s.take(id);
-      std::exception_ptr e = error(p.call);
-      failed.push_back({std::move(p.promise), std::move(e), p.stats, std::nullopt});
+      std::exception_ptr e = error(s.pending.at(id).call);
+      const FailureKind kind = classify_failure(e);
+      s.take_failed(id, std::move(e), kind, failed);
     }
   }
   const size_t n = failed.size();
@@ -459,8 +505,7 @@ void CallTable::start(RpcAgent::RequestHandler handler) {
 }
 
 bool CallTable::started() const {
-  MutexLock lock(state_->mu);
-  return state_->started;
+  return state_->started.load();
 }
 
 bool CallTable::accept(Request request) {
@@ -485,6 +530,7 @@ CallTable::Idle CallTable::wait_idle(std::optional<Clock::time_point> deadline) 
   State& s = *state_;
   MutexLock lock(s.mu);
   auto done = [&]() SB_REQUIRES(s.mu) { return s.closed || s.idle(); };
+  ++s.idle_waiters;  // before done() reads the counts: see wake_idle_waiters()
   if (!done() && spdlog::should_log(spdlog::level::debug)) {
     spdlog::debug("rpc agent \"{}\": waiting for {}", s.name, s.describe_load());
   }
@@ -493,6 +539,7 @@ CallTable::Idle CallTable::wait_idle(std::optional<Clock::time_point> deadline) 
   } else {
     s.idle_cv.wait(s.mu, done);
   }
+  --s.idle_waiters;
   if (s.closed) return Idle::kClosed;
   if (s.idle()) return Idle::kIdle;
   spdlog::debug("rpc agent \"{}\": stopped waiting at the deadline for {}", s.name,
@@ -518,8 +565,7 @@ void CallTable::drain(std::chrono::milliseconds timeout, const std::string& who)
 }
 
 CallTable::Load CallTable::load() const {
-  MutexLock lock(state_->mu);
-  return Load{state_->in_flight, state_->handling};
+  return Load{state_->in_flight.load(), state_->handling.load()};
 }
 
 void CallTable::close() {
@@ -530,8 +576,8 @@ void CallTable::close() {
     if (s.closed) return;
     s.closed = true;
     for (auto& [id, p] : s.pending) {
-      cancelled.push_back({std::move(p.promise), shut_down_error(s.name, p.call), p.stats,
-                           FailureKind::kCancelled});
+      p.stats->failure(FailureKind::kCancelled);
+      cancelled.push_back({std::move(p.promise), shut_down_error(s.name, p.call)});
     }
     s.pending.clear();
     s.deadlines.clear();

@@ -37,8 +37,9 @@
 // given or, by default, the one attached to its executor when that is an
 // agent's pool (RpcAgent::pool()): every agent built on the table is
 // counted with nothing to write. Each count is made before the future (or
-// the reply) it is about completes; the cost is an atomic add or two per
-// call, and no lock the table does not already take.
+// the reply) it is about completes. The cost: calls made are counted under
+// the lock add() and complete() take anyway (plain adds, one clock read at
+// each end); a request served costs one atomic add; no lock is added.
 //
 // Ownership: the table shares the executor. Replies to handler futures
 // that complete after the table was closed (or destroyed) are dropped.
@@ -79,7 +80,11 @@ class CallTable {
   struct Added {
     uint64_t id = 0;           // the request's Message::id
     Future<Message> future;    // completes with the response, or fails
-    size_t in_flight = 0;      // calls in flight now, this one included
+    // Calls in the table now (sent, not yet answered or failed), this one
+    // included. A call leaves the table before its future completes, so a
+    // caller that adds its next call from its previous call's callback, or
+    // as soon as it wakes, is not counted twice: 1 means this call is alone.
+    size_t in_flight = 0;
   };
 
   // A request to serve.

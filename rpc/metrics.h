@@ -86,13 +86,14 @@ inline constexpr size_t kNumConnectionStates = 4;
 std::string_view connection_state_name(ConnectionState state);
 
 // The counters a transport keeps for one peer: bump them where bytes go in
-// and out. Lock-free.
+// and out. Lock-free. What is sent and what is received are counted on
+// different threads, so each pair has a cache line of its own.
 struct PeerMetrics {
-  std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<uint64_t> bytes_received{0};
+  alignas(64) std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> messages_sent{0};
+  alignas(64) std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> messages_received{0};
-  std::atomic<ConnectionState> state{ConnectionState::kConnecting};
+  alignas(64) std::atomic<ConnectionState> state{ConnectionState::kConnecting};
 
   // One message of `bytes` (everything that went on the wire for it).
   void sent(size_t bytes) {

@@ -47,6 +47,22 @@ TEST_CASE("histogram samples land in the bucket of the first bound at or above t
   CHECK(s.sum_seconds == Approx(0.00005 + 0.000051 + 0.001 + 61.0));
 }
 
+TEST_CASE("a histogram kept under a lock (HistogramSnapshot::record) buckets as the atomic one",
+          "[metrics]") {
+  LatencyHistogram atomic;
+  HistogramSnapshot plain;
+  for (std::chrono::nanoseconds sample : {0ns, 50000ns, 51000ns, 1000000ns, -5000000ns,
+                                          61000000000ns, 2500000ns}) {
+    atomic.record(sample);
+    plain.record(sample);
+  }
+  const HistogramSnapshot s = atomic.snapshot();
+  CHECK(plain.count == 7);
+  CHECK(plain.counts == s.counts);
+  CHECK(plain.sum_seconds == Approx(s.sum_seconds));
+  CHECK(plain.counts[5] == 1);  // 2.5 ms: equal to the bound of (1 ms, 2.5 ms]
+}
+
 TEST_CASE("quantiles interpolate within the bucket that holds the rank", "[metrics]") {
   LatencyHistogram h;
   HistogramSnapshot empty = h.snapshot();

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -120,6 +121,28 @@ Future<Message> echo_function(Message request, const WorkerInfo&) {
 }
 
 }  // namespace
+
+// Runs each task on the thread that posts it.
+struct InlineExecutor : switchboard::rpc::Executor {
+  void post(std::function<void()> task) override { task(); }
+};
+
+TEST_CASE("a call added while the previous one's future completes is alone in the table",
+          "[call_table]") {
+  // A sync caller wakes as soon as its future completes and may add its next
+  // call before complete() returns. Added::in_flight must not count the
+  // answered call then: PIPE sends a call that is alone from the caller's
+  // thread instead of handing it to the I/O thread.
+  CallTable table{"w0", std::make_shared<InlineExecutor>()};
+  auto a = table.add(call_to(1, "f"));
+  std::optional<CallTable::Added> next;
+  a.future.add_callback([&](const Future<Message>&) { next = table.add(call_to(1, "g")); });
+  CHECK(table.complete(a.id, response("one")));
+  REQUIRE(next.has_value());
+  CHECK(next->in_flight == 1);
+  CHECK(table.complete(next->id, response("two")));
+  CHECK(table.load().calls_in_flight == 0);
+}
 
 TEST_CASE("add() gives ids and futures that complete() fulfils once", "[call_table]") {
   Fixture fx;
