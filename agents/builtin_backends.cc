@@ -103,11 +103,6 @@ std::unique_ptr<rpc::RpcAgent> init_process_group(const rpc::BackendInit& init) 
     options.hostname = typed->hostname;
     options.iface = typed->iface;
   }
-  if (options.hostname.empty() && options.iface.empty()) {
-    if (const char* host = std::getenv("SWITCHBOARD_GLOO_HOSTNAME")) {
-      options.hostname = host;
-    }
-  }
   return std::make_unique<ProcessGroupAgent>(init.store, init.name, init.rank,
                                              *init.world_size, options);
 }

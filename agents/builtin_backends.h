@@ -26,7 +26,8 @@ namespace switchboard::agents {
 //   "num_worker_threads"  integer >= 1 (also a common field)
 //   "hostname"            the address Gloo binds (e.g. "127.0.0.1")
 //   "iface"               the network interface Gloo binds (e.g. "eth0")
-// Both empty: SWITCHBOARD_GLOO_HOSTNAME, then Gloo's own choice.
+// Both empty: the rule every listener follows (SWITCHBOARD_IFNAME, older
+// aliases, the address that routes to the store; docs/multi_host.md).
 struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
   std::string hostname;
   std::string iface;

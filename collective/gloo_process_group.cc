@@ -13,7 +13,6 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/device.h>
-#include <netdb.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -29,6 +28,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/listen_address.h"
 #include "common/mutex.h"
 #include "store/store.h"
 
@@ -77,43 +77,22 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-// True when `host` resolves to an address this process can bind.
-bool bindable(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &result) != 0) return false;
-  bool ok = false;
-  for (addrinfo* ai = result; ai != nullptr && !ok; ai = ai->ai_next) {
-    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-    if (fd < 0) continue;
-    ok = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
-    close(fd);
-  }
-  freeaddrinfo(result);
-  return ok;
-}
-
 gloo::transport::tcp::attr device_attr(const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   if (!options.iface.empty()) {
     attr.iface = options.iface;
-  } else if (!options.hostname.empty()) {
-    attr.hostname = options.hostname;
-  } else if (const char* env = std::getenv("SWITCHBOARD_GLOO_SOCKET_IFNAME");
-             env != nullptr && *env != '\0') {
-    attr.iface = env;
-  } else if (const char* env = std::getenv("GLOO_SOCKET_IFNAME");
-             env != nullptr && *env != '\0') {
-    attr.iface = env;
-  } else {
-    char name[256] = {};
-    if (gethostname(name, sizeof(name) - 1) == 0 && bindable(name)) {
-      attr.hostname = name;
-    } else {
-      attr.hostname = "127.0.0.1";
-    }
+    return attr;
   }
+  if (!options.hostname.empty()) {
+    attr.hostname = options.hostname;
+    return attr;
+  }
+  ListenAddressRequest request;
+  request.component = "Gloo";
+  request.aliases = {{"SWITCHBOARD_GLOO_SOCKET_IFNAME"},
+                     {"GLOO_SOCKET_IFNAME"},
+                     {"SWITCHBOARD_GLOO_HOSTNAME", /*host_name=*/true}};
+  attr.hostname = choose_listen_address(request).address;
   return attr;
 }
 

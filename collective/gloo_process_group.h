@@ -7,12 +7,13 @@
 //
 // Network interface (first that applies):
 //   1. GlooOptions::iface / GlooOptions::hostname when set;
-//   2. the SWITCHBOARD_GLOO_SOCKET_IFNAME environment variable, then
-//      GLOO_SOCKET_IFNAME (PyTorch's name) — an interface name like "eth0";
-//   3. this host's name when it resolves to an address that can be bound,
-//      else 127.0.0.1 (as c10d does).
+//   2. the rule every listener of a worker follows (common/listen_address.h):
+//      SWITCHBOARD_IFNAME; then the older SWITCHBOARD_GLOO_SOCKET_IFNAME,
+//      GLOO_SOCKET_IFNAME (PyTorch's name) and SWITCHBOARD_GLOO_HOSTNAME;
+//      then the local address that routes to the store (MASTER_ADDR),
+//      this host's name, the first interface that is up, 127.0.0.1.
 // Tests pass hostname = "127.0.0.1".
-//
+
 // Every op of ProcessGroup is supported on CPU tensors of every dtype
 // (reductions run Switchboard's element-wise kernels, so float16, bfloat16
 // and bool reduce too). Collectives run one at a time, in issue order, on

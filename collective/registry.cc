@@ -74,8 +74,6 @@ std::unique_ptr<ProcessGroup> create_gloo(const GroupInit& init) {
   GlooOptions options;
   options.group_name = init.group_name;
   options.timeout = init.timeout;
-  const char* hostname = std::getenv("SWITCHBOARD_GLOO_HOSTNAME");
-  if (hostname != nullptr && *hostname != '\0') options.hostname = hostname;
   return std::make_unique<GlooProcessGroup>(init.store, init.rank, init.size, options);
 }
 

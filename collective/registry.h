@@ -12,11 +12,10 @@
 // the functions below, registration included), without the user doing
 // anything; the list lives in one function in registry.cc:
 //   GLOO  CPU tensors; builds a GlooProcessGroup from the GroupInit's store,
-//         rank, size, group name and timeout. The address it binds: the
-//         SWITCHBOARD_GLOO_HOSTNAME environment variable (an address or host
-//         name, e.g. "127.0.0.1") when set and non-empty, otherwise
-//         GlooProcessGroup's own rules (SWITCHBOARD_GLOO_SOCKET_IFNAME /
-//         GLOO_SOCKET_IFNAME, then this host's name, else 127.0.0.1).
+//         rank, size, group name and timeout. The address it binds:
+//         GlooProcessGroup's rules (SWITCHBOARD_IFNAME, its older aliases,
+//         then the address that routes to the store; see
+//         collective/gloo_process_group.h).
 //         Always available.
 //   NCCL  CUDA tensors; delegates to detail::nccl_hook(), which
 //         //collective:nccl fills when it is linked into the binary. Without

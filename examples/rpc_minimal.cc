@@ -35,12 +35,10 @@ int main() {
   });
 
   // The default backend (PIPE), rendezvous through env:// (the launcher's
-  // store). 127.0.0.1 keeps the workers on the loopback interface; drop
-  // the extra for a multi-host group.
-  auto options = rpc::construct_rpc_backend_options(
-      rpc::backend_type("PIPE"), std::chrono::seconds(30), "env://",
-      {{"listen_address", "127.0.0.1"}});
-  rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size, options);
+  // store). No address is given: each worker listens on the address it
+  // reaches the store from (loopback when the store is on loopback), so the
+  // same binary runs on one host and on many. SWITCHBOARD_IFNAME overrides.
+  rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size);
 
   const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
   const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});

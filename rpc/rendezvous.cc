@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "common/check.h"
+#include "common/listen_address.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 
@@ -58,11 +59,25 @@ HostPort parse_host_port(std::string_view what, std::string_view text) {
   return {host, static_cast<uint16_t>(port)};
 }
 
-std::shared_ptr<Store> tcp_store(const HostPort& at, int rank,
+// `where` names the setting that gave `at` (e.g. "MASTER_ADDR").
+std::shared_ptr<Store> tcp_store(const HostPort& at, std::string_view where, int rank,
                                  std::optional<int> world_size,
                                  std::chrono::milliseconds timeout) {
   TcpStoreOptions options;
   options.is_master = rank == 0 && world_size.has_value() && !env("SWITCHBOARD_STORE");
+  // Rank 0 hosts the store at the address it was given: that address must
+  // be one of its own (binding it would fail with "cannot assign requested
+  // address", which says neither why nor what to do).
+  if (options.is_master && !is_local_address(at.host)) {
+    const std::string from = route_source_address(at.host);
+    throw std::invalid_argument(fmt::format(
+        "init_rpc: rank 0 hosts the store at {} {}:{}, but {} is not an address of this "
+        "host{}. Start rank 0 on the host that has {}, or run a store_server there and set "
+        "SWITCHBOARD_STORE=tcp://{}:{} on every worker",
+        where, at.host, at.port, at.host,
+        from.empty() ? "" : fmt::format(" (this host reaches it from {})", from), at.host,
+        at.host, at.port));
+  }
   options.world_size = world_size;
   options.wait_for_workers = false;
   options.timeout = timeout;
@@ -105,12 +120,12 @@ Rendezvous rendezvous(const std::string& init_method, int rank,
     const HostPort at{*addr, static_cast<uint16_t>(parse_int(
                                  "environment variable MASTER_PORT", *port, 0, 65535))};
     check_rank(out);
-    out.store = tcp_store(at, out.rank, out.world_size, timeout);
+    out.store = tcp_store(at, "MASTER_ADDR", out.rank, out.world_size, timeout);
   } else if (method.starts_with("tcp://")) {
     const HostPort at = parse_host_port(fmt::format("init_method \"{}\"", init_method),
                                         method.substr(6));
     check_rank(out);
-    out.store = tcp_store(at, out.rank, out.world_size, timeout);
+    out.store = tcp_store(at, "init_method", out.rank, out.world_size, timeout);
   } else if (method.starts_with("file://")) {
     const std::string path(method.substr(7));
     SB_REQUIRE(!path.empty(), "init_method \"{}\": the path is empty", init_method);

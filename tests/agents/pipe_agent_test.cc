@@ -51,6 +51,7 @@
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
+#include "tests/util/scoped_env.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/threads.h"
 
@@ -445,31 +446,7 @@ TEST_CASE("a connection that never says hello is closed after the heartbeat time
 
 namespace {
 
-// Sets (or unsets, for nullopt) an environment variable for one scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      ::setenv(name, value->c_str(), 1);
-    } else {
-      ::unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      ::setenv(name_, old_->c_str(), 1);
-    } else {
-      ::unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using sbtest::ScopedEnv;
 
 bool is_numeric_address(const std::string& text) {
   in_addr v4{};

@@ -21,6 +21,7 @@
 #include "agents/builtin_backends.h"
 #include "collective/tensor.h"
 #include "common/error.h"
+#include "common/logging.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
 #include "rpc/membership_token.h"
@@ -352,6 +353,9 @@ void say(const std::string& line) {
 // group, says "joined", serves "add", and stays until the store key
 // "release" is set (or it is killed).
 SB_CHILD_MAIN(dynamic_worker) {
+  // Logs to stderr, as in every Switchboard binary: stdout carries the
+  // lines the test reads.
+  switchboard::init_logging("dynamic_worker");
   const auto port = static_cast<uint16_t>(std::stoi(args.at(0)));
   auto store = std::make_shared<TcpStore>("127.0.0.1", port, client_options());
   RpcContext ctx;

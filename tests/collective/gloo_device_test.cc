@@ -8,6 +8,7 @@
 #include "collective/gloo_process_group.h"
 #include "common/error.h"
 #include "store/hash_store.h"
+#include "tests/util/scoped_env.h"
 
 namespace sb = switchboard;
 namespace col = switchboard::collective;
@@ -15,25 +16,7 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// Sets an environment variable for one scope and restores it after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = getenv(name)) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (old_.empty()) {
-      unsetenv(name_);
-    } else {
-      setenv(name_, old_.c_str(), 1);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-};
+using sbtest::ScopedEnv;
 
 col::GlooOptions named(const std::string& name) {
   col::GlooOptions options;

@@ -224,6 +224,24 @@ TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT names what is missing",
   }
 }
 
+TEST_CASE("rank 0 given a store address that is not its own says so and what to set",
+          "[rendezvous]") {
+  EnvGuard env;
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "2");
+  // In the benchmarking range: no host here has it (nothing is sent; rank 0
+  // only finds it cannot bind it).
+  env.set("MASTER_ADDR", "198.18.255.254");
+  env.set("MASTER_PORT", "29500");
+  require_invalid([] { rpc::rendezvous("env://", -1, std::nullopt, kTimeout); },
+                  {"rank 0 hosts the store at MASTER_ADDR 198.18.255.254:29500",
+                   "not an address of this host",
+                   "SWITCHBOARD_STORE=tcp://198.18.255.254:29500"});
+  require_invalid(
+      [] { rpc::rendezvous("tcp://198.18.255.254:29501", 0, 2, kTimeout); },
+      {"init_method 198.18.255.254:29501", "not an address of this host"});
+}
+
 TEST_CASE("unknown schemes and malformed tcp:// URLs are refused, naming the URL",
           "[rendezvous]") {
   EnvGuard env;

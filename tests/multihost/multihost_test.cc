@@ -1,0 +1,225 @@
+// Groups across hosts: each host a network namespace on one virtual switch
+// (tests/util/netns_cluster.h), every worker a process in its host, and no
+// network setting given: each worker must find the address its peers reach
+// it at by itself (the route to the store, common/listen_address.h).
+//
+// Where namespaces cannot be made (not root, no iproute2), every case
+// prints "skipped: <reason>".
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "collective/groups.h"
+#include "collective/tensor.h"
+#include "common/logging.h"
+#include "rpc/rpc.h"
+#include "tests/util/netns_cluster.h"
+#include "tests/util/subprocess.h"
+
+namespace {
+
+namespace rpc = switchboard::rpc;
+namespace col = switchboard::collective;
+using sbtest::NetnsCluster;
+using sbtest::Subprocess;
+using switchboard::Tensor;
+
+constexpr const char* kMasterPort = "29500";  // each cluster is a network of its own
+
+bool skipped() {
+  static const std::string why = NetnsCluster::unavailable();
+  if (why.empty()) return false;
+  WARN("skipped: " << why);
+  fmt::print("skipped: {}\n", why);
+  return true;
+}
+
+// The TCP sockets listening in this network namespace, as "address:port"
+// (from /proc/net/tcp; IPv4 only, which is all these hosts have).
+std::set<std::string> listening_sockets() {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  std::set<std::string> out;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state != "0A") continue;  // TCP_LISTEN
+    const unsigned long ip = std::stoul(local.substr(0, 8), nullptr, 16);
+    const unsigned long port = std::stoul(local.substr(9), nullptr, 16);
+    // /proc prints the address in host byte order of a little-endian load.
+    out.insert(fmt::format("{}.{}.{}.{}:{}", ip & 0xff, (ip >> 8) & 0xff, (ip >> 16) & 0xff,
+                           (ip >> 24) & 0xff, port));
+  }
+  return out;
+}
+
+// A worker on one host: init_rpc over `backend` with no network setting
+// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment; rank 0
+// hosts the store), asks every peer which host it runs on, allreduces its
+// rank + 1 over a named Gloo group, prints the sockets its host listens on,
+// and shuts down gracefully. Prints "listening <addr:port>..." and "ok".
+SB_CHILD_MAIN(host_worker) {
+  const std::string backend = args.at(0);
+  switchboard::init_logging("host_worker");
+  const int rank = std::atoi(std::getenv("RANK"));
+  const int world = std::atoi(std::getenv("WORLD_SIZE"));
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  rpc::register_function("where", [here]() { return here; });
+  rpc::init_rpc(fmt::format("w{}", rank), backend, rank, world);
+  for (int peer = 0; peer < world; ++peer) {
+    const std::string there = rpc::rpc_sync<std::string>(fmt::format("w{}", peer), "where");
+    fmt::print("w{} runs on {}\n", peer, there);
+  }
+  col::init_collective_group(world, rank, "GLOO", "across_hosts");
+  Tensor t = Tensor::from_vector(std::vector<float>{static_cast<float>(rank + 1)});
+  col::allreduce(t, "across_hosts");
+  fmt::print("allreduce {}\n", t.data_as<float>()[0]);
+  fmt::print("listening {}\n", fmt::join(listening_sockets(), " "));
+  std::fflush(stdout);
+  col::destroy_collective_group("across_hosts");
+  rpc::shutdown();
+  fmt::print("ok\n");
+  return 0;
+}
+
+std::map<std::string, std::string> worker_env(const NetnsCluster& cluster, int rank,
+                                              int world, const std::string& master) {
+  return {{"MASTER_ADDR", master},
+          {"MASTER_PORT", kMasterPort},
+          {"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"SB_TEST_HOST_ADDRESS", cluster.address(rank)}};
+}
+
+// Runs host_worker over `backend` on each host of a fresh cluster and checks
+// what every worker printed.
+void run_static_group(const std::string& backend, int hosts) {
+  NetnsCluster cluster({.hosts = hosts});
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < hosts; ++r) {
+    workers.push_back(cluster.spawn_child(r, "host_worker", {backend},
+                                          worker_env(cluster, r, hosts, cluster.address(0))));
+  }
+  for (int r = 0; r < hosts; ++r) {
+    INFO(backend << ": worker " << r);
+    const std::string out = workers[r].read_all();
+    INFO("it printed:\n" << out);
+    CHECK(workers[r].wait() == 0);
+    for (int peer = 0; peer < hosts; ++peer) {
+      CHECK_THAT(out, Catch::Contains(
+                          fmt::format("w{} runs on {}\n", peer, cluster.address(peer))));
+    }
+    CHECK_THAT(out, Catch::Contains(fmt::format("allreduce {}\n", hosts * (hosts + 1) / 2)));
+    CHECK_THAT(out, Catch::EndsWith("ok\n"));
+    // Every listener of the worker is on its host's address: none on
+    // loopback (peers could not reach it) or on every address. PIPE keeps
+    // one open; Gloo's (PROCESS_GROUP, the named group) may be closed once
+    // its mesh is connected.
+    const size_t at = out.find("listening ");
+    REQUIRE(at != std::string::npos);
+    std::istringstream listeners(out.substr(at + 10, out.find('\n', at) - at - 10));
+    int count = 0;
+    for (std::string socket; listeners >> socket; ++count) {
+      CHECK(socket.substr(0, socket.find(':')) == cluster.address(r));
+    }
+    if (backend == "PIPE" || r == 0) CHECK(count >= 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a static PIPE group on three hosts calls across them and allreduces, with no "
+          "network setting",
+          "[multihost]") {
+  if (skipped()) return;
+  run_static_group("PIPE", 3);
+}
+
+TEST_CASE("a static PROCESS_GROUP group on three hosts calls across them and allreduces, "
+          "with no network setting",
+          "[multihost]") {
+  if (skipped()) return;
+  run_static_group("PROCESS_GROUP", 3);
+}
+
+TEST_CASE("the minimal example runs unchanged on three hosts", "[multihost][examples]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  const std::string program = sbtest::runfile("examples/rpc_minimal");
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < 3; ++r) {
+    workers.push_back(
+        cluster.spawn(r, {program}, worker_env(cluster, r, 3, cluster.address(0))));
+  }
+  for (int r = 0; r < 3; ++r) {
+    const std::string out = workers[r].read_all();
+    INFO("worker " << r << " printed:\n" << out);
+    CHECK(workers[r].wait() == 0);
+    CHECK_THAT(out, Catch::Contains(fmt::format("worker{}: add on worker{} gave {}, scale gave "
+                                                "2.5",
+                                                r, (r + 1) % 3, r + 40)));
+  }
+}
+
+TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks the one "
+          "that reaches the store",
+          "[multihost][address]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 2, .second_network = true});
+  SECTION("the store on the second network: the default follows it") {
+    std::vector<Subprocess> workers;
+    for (int r = 0; r < 2; ++r) {
+      auto env = worker_env(cluster, r, 2, cluster.address2(0));
+      env["SB_TEST_HOST_ADDRESS"] = cluster.address2(r);
+      workers.push_back(cluster.spawn_child(r, "host_worker", {"PIPE"}, env));
+    }
+    for (int r = 0; r < 2; ++r) {
+      const std::string out = workers[r].read_all();
+      INFO("worker " << r << " printed:\n" << out);
+      CHECK(workers[r].wait() == 0);
+      CHECK_THAT(out, Catch::Contains("listening ") && Catch::Contains(cluster.address2(r) + ":"));
+      const size_t at = out.find("listening ");
+      REQUIRE(at != std::string::npos);
+      CHECK_THAT(out.substr(at), !Catch::Contains(cluster.address(r) + ":"));
+    }
+  }
+  SECTION("the store on the first network, SWITCHBOARD_IFNAME=eth1: every listener but "
+          "the store's on the second") {
+    std::vector<Subprocess> workers;
+    for (int r = 0; r < 2; ++r) {
+      auto env = worker_env(cluster, r, 2, cluster.address(0));
+      env["SWITCHBOARD_IFNAME"] = "eth1";
+      env["SB_TEST_HOST_ADDRESS"] = cluster.address2(r);
+      workers.push_back(cluster.spawn_child(r, "host_worker", {"PIPE"}, env));
+    }
+    for (int r = 0; r < 2; ++r) {
+      const std::string out = workers[r].read_all();
+      INFO("worker " << r << " printed:\n" << out);
+      CHECK(workers[r].wait() == 0);
+      const size_t at = out.find("listening ");
+      REQUIRE(at != std::string::npos);
+      std::string listeners = out.substr(at, out.find('\n', at) - at);
+      CHECK_THAT(listeners, Catch::Contains(cluster.address2(r) + ":"));
+      // Only rank 0's store server is on the first network (it binds
+      // MASTER_ADDR, which the workers were given).
+      const std::string store = fmt::format("{}:{}", cluster.address(0), kMasterPort);
+      if (r == 0) {
+        const size_t s = listeners.find(store);
+        REQUIRE(s != std::string::npos);
+        listeners.erase(s, store.size());
+      }
+      CHECK_THAT(listeners, !Catch::Contains(cluster.address(r) + ":"));
+    }
+  }
+}
