@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <mutex>  // std::once_flag
+#include <optional>
 #include <thread>
 
 #include "common/check.h"
@@ -153,6 +154,7 @@ struct GlooProcessGroup::Impl {
   struct Op {
     Work work;
     std::function<void()> run;
+    std::chrono::milliseconds timeout{0};  // the op's Gloo timeout, for its errors
   };
   Mutex mu;
   CondVar cv;
@@ -181,7 +183,7 @@ struct GlooProcessGroup::Impl {
 
   void run_worker() SB_EXCLUDES(mu) {
     for (;;) {
-      Op op{Work(Work::Info{}), nullptr};
+      Op op{Work(Work::Info{}), nullptr, op_timeout};
       {
         MutexLock lock(mu);
         cv.wait(mu, [&]() SB_REQUIRES(mu) { return stopping || !queue.empty(); });
@@ -193,17 +195,22 @@ struct GlooProcessGroup::Impl {
         op.run();
         op.work.complete();
       } catch (...) {
-        op.work.fail(translate(op.work.info().op, std::current_exception()));
+        op.work.fail(translate(op.work.info().op, std::current_exception(), op.timeout));
       }
     }
   }
 
-  std::exception_ptr translate(const std::string& op, std::exception_ptr error) const {
-    return translate_gloo_error(group.where(op), op_timeout, error);
+  std::exception_ptr translate(const std::string& op, std::exception_ptr error,
+                               std::optional<std::chrono::milliseconds> timeout =
+                                   std::nullopt) const {
+    return translate_gloo_error(group.where(op), timeout.value_or(op_timeout), error);
   }
 
   // Queues `run` (which receives the op's Gloo tag) and returns its Work.
-  Work enqueue(const std::string& op, std::function<void(uint32_t)> run) SB_EXCLUDES(mu) {
+  // `timeout`: what `run` gives Gloo (nullopt: op_timeout), for the errors.
+  Work enqueue(const std::string& op, std::function<void(uint32_t)> run,
+               std::optional<std::chrono::milliseconds> timeout = std::nullopt)
+      SB_EXCLUDES(mu) {
     Work work(group.work_info(op));
     {
       MutexLock lock(mu);
@@ -212,7 +219,8 @@ struct GlooProcessGroup::Impl {
                     fmt::format("{}: the group is shutting down", group.where(op)));
       }
       const uint32_t tag = next_tag++;
-      queue.push_back(Op{work, [run = std::move(run), tag] { run(tag); }});
+      queue.push_back(Op{work, [run = std::move(run), tag] { run(tag); },
+                         timeout.value_or(op_timeout)});
     }
     cv.notify_one();
     return work;
@@ -653,16 +661,22 @@ Work GlooProcessGroup::alltoall_single(Tensor& output, const Tensor& input) {
   });
 }
 
-Work GlooProcessGroup::barrier() {
+Work GlooProcessGroup::barrier() { return barrier(impl_->op_timeout); }
+
+Work GlooProcessGroup::barrier(std::chrono::milliseconds timeout) {
   if (size() == 1) return Work::done(work_info("barrier"));
+  SB_REQUIRE(timeout.count() > 0, "{}: barrier timeout must be positive, got {} ms",
+             where("barrier"), timeout.count());
   auto context = impl_->context;
-  const auto timeout = impl_->op_timeout;
-  return impl_->enqueue("barrier", [=](uint32_t tag) {
-    gloo::BarrierOptions opts(context);
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::barrier(opts);
-  });
+  return impl_->enqueue(
+      "barrier",
+      [=](uint32_t tag) {
+        gloo::BarrierOptions opts(context);
+        opts.setTag(tag);
+        opts.setTimeout(timeout);
+        gloo::barrier(opts);
+      },
+      timeout);
 }
 
 Work GlooProcessGroup::send(const Tensor& tensor, int dst_rank, int tag) {

@@ -77,6 +77,11 @@ class GlooProcessGroup final : public ProcessGroup {
   Work alltoall(std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) override;
   Work alltoall_single(Tensor& output, const Tensor& input) override;
   Work barrier() override;
+  // A barrier bounded by `timeout` (> 0) instead of the group's timeout: it
+  // fails with TimeoutError after `timeout`, and the group's thread is free
+  // again then (a Work::wait() that gives up earlier leaves the op running
+  // until its own timeout, and the destructor waits for it).
+  Work barrier(std::chrono::milliseconds timeout);
   Work send(const Tensor& tensor, int dst_rank, int tag = 0) override;
   Work recv(Tensor& tensor, int src_rank, int tag = 0) override;
 

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -21,7 +22,10 @@
 #include "collective/groups.h"
 #include "collective/tensor.h"
 #include "common/logging.h"
+#include "common/error.h"
+#include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
+#include "store/file_store.h"
 #include "tests/util/netns_cluster.h"
 #include "tests/util/subprocess.h"
 
@@ -90,6 +94,65 @@ SB_CHILD_MAIN(host_worker) {
   col::destroy_collective_group("across_hosts");
   rpc::shutdown();
   fmt::print("ok\n");
+  return 0;
+}
+
+// A worker of a static PIPE group of three for the partition case: calls
+// every peer, says "ready", waits for the "cut" key in the FileStore at
+// args[0] (the test cut host 2's link by then), and reports what it sees.
+// Workers 0 and 1 call the cut-off w2 (must fail with ConnectionError within
+// the heartbeat timeout), call each other, then shut down gracefully with a
+// bound. w2 calls w0 (must fail the same way) and stops.
+constexpr int kHeartbeatTimeoutMs = 1500;
+constexpr int kShutdownBoundMs = 5000;
+
+SB_CHILD_MAIN(partition_worker) {
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  switchboard::init_logging("partition_worker");
+  const int rank = std::atoi(std::getenv("RANK"));
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  rpc::register_function("where", [here]() { return here; });
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), std::chrono::seconds(30), "env://",
+      {{"heartbeat_timeout_ms", std::to_string(kHeartbeatTimeoutMs)}});
+  rpc::init_rpc(fmt::format("w{}", rank), rank, 3, options);
+  for (int peer = 0; peer < 3; ++peer) rpc::rpc_sync<std::string>(fmt::format("w{}", peer), "where");
+  fmt::print("ready\n");
+  std::fflush(stdout);
+  switchboard::FileStore control(args.at(0));
+  control.wait({"cut"}, milliseconds(120'000));
+
+  const std::string lost = rank == 2 ? "w0" : "w2";
+  auto start = Clock::now();
+  try {
+    rpc::rpc_sync<std::string>(lost, "where", rpc::with_timeout(std::chrono::seconds(60)));
+    fmt::print("{} answered across the cut\n", lost);
+  } catch (const switchboard::ConnectionError& e) {
+    const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+    fmt::print("{}: ConnectionError after {} ms: {}\n", lost, ms, e.what());
+  } catch (const std::exception& e) {
+    fmt::print("{}: unexpected error: {}\n", lost, e.what());
+  }
+  if (rank == 2) {
+    rpc::shutdown(false);
+    fmt::print("stopped\n");
+    return 0;
+  }
+  const std::string other = fmt::format("w{}", 1 - rank);
+  int answered = 0;
+  for (int i = 0; i < 20; ++i) answered += !rpc::rpc_sync<std::string>(other, "where").empty();
+  fmt::print("{} answered {} of 20\n", other, answered);
+  std::fflush(stdout);
+  start = Clock::now();
+  try {
+    rpc::shutdown(true, milliseconds(kShutdownBoundMs));
+    fmt::print("graceful shutdown returned");
+  } catch (const std::exception& e) {
+    fmt::print("graceful shutdown failed ({})", e.what());
+  }
+  fmt::print(" after {} ms\n",
+             std::chrono::duration_cast<milliseconds>(Clock::now() - start).count());
   return 0;
 }
 
@@ -222,4 +285,53 @@ TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks
       CHECK_THAT(listeners, !Catch::Contains(cluster.address(r) + ":"));
     }
   }
+}
+
+TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout, the others "
+          "keep calling each other and shut down within the bound",
+          "[multihost][partition]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  char dir_template[] = "/tmp/sb-partition-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string control_path = std::string(dir_template) + "/control";
+  std::vector<Subprocess> workers;
+  for (int r = 0; r < 3; ++r) {
+    workers.push_back(cluster.spawn_child(r, "partition_worker", {control_path},
+                                          worker_env(cluster, r, 3, cluster.address(0))));
+  }
+  for (int r = 0; r < 3; ++r) REQUIRE(workers[r].read_line() == "ready");
+  cluster.cut(2);
+  {
+    switchboard::FileStore control(control_path);
+    control.set("cut", {1});
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < 3; ++r) {
+    out.push_back(workers[r].read_all());
+    CHECK(workers[r].wait() == 0);
+  }
+  for (int r = 0; r < 3; ++r) {
+    INFO("worker " << r << " printed:\n" << out[r]);
+    const std::string lost = r == 2 ? "w0" : "w2";
+    const size_t at = out[r].find(lost + ": ConnectionError after ");
+    REQUIRE(at != std::string::npos);
+    const int ms = std::stoi(out[r].substr(at + lost.size() + 24));
+    CHECK(ms <= kHeartbeatTimeoutMs + 3000);  // detected by heartbeat, not by the call's 60 s
+    const std::string line = out[r].substr(at, out[r].find('\n', at) - at);
+    // The error names the worker that is gone.
+    CHECK_THAT(line.substr(line.find(" ms: ")), Catch::Contains("\"" + lost + "\""));
+  }
+  for (int r = 0; r < 2; ++r) {
+    INFO("worker " << r << " printed:\n" << out[r]);
+    CHECK_THAT(out[r], Catch::Contains(fmt::format("w{} answered 20 of 20", 1 - r)));
+    const size_t at = out[r].find("graceful shutdown ");
+    REQUIRE(at != std::string::npos);
+    const size_t after = out[r].rfind(" after ");
+    const int ms = std::stoi(out[r].substr(after + 7));
+    CHECK(ms <= kShutdownBoundMs + 3000);
+  }
+  CHECK_THAT(out[2], Catch::Contains("stopped"));
+  std::remove(control_path.c_str());
+  ::rmdir(dir_template);
 }
