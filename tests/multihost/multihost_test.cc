@@ -39,13 +39,7 @@ using switchboard::Tensor;
 
 constexpr const char* kMasterPort = "29500";  // each cluster is a network of its own
 
-bool skipped() {
-  static const std::string why = NetnsCluster::unavailable();
-  if (why.empty()) return false;
-  WARN("skipped: " << why);
-  fmt::print("skipped: {}\n", why);
-  return true;
-}
+bool skipped() { return NetnsCluster::skipped(); }
 
 // The TCP sockets listening in this network namespace, as "address:port"
 // (from /proc/net/tcp; IPv4 only, which is all these hosts have).

@@ -50,6 +50,39 @@ TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
   CHECK(p.flags.command == Args{"worker"});
 }
 
+TEST_CASE("launch flags: several nodes, torchrun's spelling", "[launch][cli]") {
+  Parsed p = parse({"--nnodes", "4", "--node-rank=3", "--nproc-per-node", "8",
+                    "--master-addr", "10.0.0.1", "--master-port", "29500", "--join-timeout",
+                    "2.5", "--job-id", "run7", "--", "worker"});
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.flags.nnodes == 4);
+  CHECK(p.flags.node_rank == 3);
+  CHECK(p.flags.nproc == 8);
+  CHECK(p.flags.master_addr == "10.0.0.1");
+  CHECK(p.flags.master_port == 29500);
+  CHECK(p.flags.join_timeout == std::chrono::milliseconds(2500));
+  CHECK(p.flags.job_id == "run7");
+  CHECK(p.flags.store.empty());
+}
+
+TEST_CASE("launch flags: --store names an existing store server, which is where the "
+          "workers go",
+          "[launch][cli]") {
+  auto [url, host, port] = GENERATE(table<std::string, std::string, int>({
+      {"tcp://10.0.0.5:29600", "10.0.0.5", 29600},
+      {"tcp://[fd00::1]:7", "fd00::1", 7},
+      {"node-0.cluster:29500", "node-0.cluster", 29500},
+  }));
+  Parsed p = parse({"--nnodes", "2", "--node-rank", "1", "--nproc", "1", "--store", url,
+                    "--", "worker"});
+  INFO(url << ": " << p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.flags.store == url);
+  CHECK(p.flags.master_addr == host);
+  CHECK(p.flags.master_port == port);
+}
+
 TEST_CASE("launch flags: the worker's command is kept as given, flags and -- included",
           "[launch][cli]") {
   auto [args, command] = GENERATE(table<Args, Args>({
@@ -89,6 +122,18 @@ TEST_CASE("launch flags: usage errors name the flag and the value", "[launch][cl
        "--master-addr: wants an address, not '--'"},
       {{"--nproc", "2", "--store-server=", "--", "true"},
        "--store-server: wants a path, not '--'"},
+      {{"--nproc", "2", "--nnodes", "2", "--node-rank", "2", "--master-port", "1", "--",
+        "true"},
+       "--node-rank 2 is not below --nnodes 2"},
+      {{"--nproc", "2", "--nnodes", "2", "--", "true"},
+       "--nnodes 2 needs --master-port (every node must know where node 0's store server "
+       "listens) or --store"},
+      {{"--nproc", "2", "--store", "tcp://host", "--", "true"},
+       "--store \"tcp://host\" is not tcp://HOST:PORT"},
+      {{"--nproc", "2", "--store", "tcp://host:0", "--", "true"},
+       "--store \"tcp://host:0\": the port must be 1 to 65535, got \"0\""},
+      {{"--nproc", "2", "--nnodes", "0", "--", "true"},
+       "--nnodes: '0' is not an integer from 1 to 4096"},
   }));
   Parsed p = parse(args);
   CHECK_FALSE(p.outcome.help);
@@ -111,7 +156,9 @@ TEST_CASE("launch flags: the help starts with the usage line and lists every fla
   INFO(help);
   CHECK(help.rfind("usage: launch --nproc N [flags] [--] PROGRAM [ARGS...]\n", 0) == 0);
   for (const char* flag : {"--nproc N", "--master-addr ADDR", "--master-port PORT",
-                           "--store-server PATH", "--timeout-stop S", "--no-prefix"}) {
+                           "--store-server PATH", "--timeout-stop S", "--no-prefix",
+                           "--nproc-per-node", "--nnodes N", "--node-rank R", "--store URL",
+                           "--join-timeout S", "--job-id ID"}) {
     CHECK_THAT(help, Catch::Contains(flag));
   }
   CHECK_THAT(help, Catch::Contains("(0 to 86400;") && Catch::Contains("default 5)"));

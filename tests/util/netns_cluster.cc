@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <climits>
 #include <cstring>
 #include <sstream>
@@ -153,6 +154,14 @@ std::string NetnsCluster::unavailable() {
   return {};
 }
 
+bool NetnsCluster::skipped() {
+  static const std::string why = unavailable();
+  if (why.empty()) return false;
+  fmt::print("skipped: {}\n", why);
+  std::fflush(stdout);
+  return true;
+}
+
 void NetnsCluster::ip(const std::vector<std::string>& args) {
   const Output out = run_ip(args);
   if (out.status != 0) {
@@ -233,6 +242,17 @@ Subprocess NetnsCluster::spawn_child(int host, const std::string& name,
   std::vector<std::string> argv = {self_exe(), "--sb-child", name};
   argv.insert(argv.end(), args.begin(), args.end());
   return spawn(host, argv, env);
+}
+
+std::vector<int> NetnsCluster::pids(int host) const {
+  std::vector<int> out;
+  for (const std::string& pid : words(run_ip({"netns", "pids", hosts_.at(host)}).text)) {
+    try {
+      out.push_back(std::stoi(pid));
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
 }
 
 void NetnsCluster::cut(int host) {

@@ -3,9 +3,7 @@
 // in a namespace of its own), so a multi-host test runs real TCP between
 // distinct addresses without touching the machine's own network.
 //
-//   if (auto why = sbtest::NetnsCluster::unavailable(); !why.empty()) {
-//     std::printf("skipped: %s\n", why.c_str()); return;
-//   }
+//   if (sbtest::NetnsCluster::skipped()) return;  // printed "skipped: <why>"
 //   sbtest::NetnsCluster cluster({.hosts = 3});
 //   Subprocess w = cluster.spawn_child(1, "worker", {"--rank", "1"},
 //                                      {{"MASTER_ADDR", cluster.address(0)}});
@@ -46,6 +44,9 @@ class NetnsCluster {
   // Why clusters cannot be made here (not root, no `ip`, namespaces
   // refused), for a test's `skipped:` line; empty when they can.
   static std::string unavailable();
+  // When unavailable(): prints "skipped: <reason>" on stdout (tools/test
+  // counts the case as skipped) and returns true.
+  static bool skipped();
 
   explicit NetnsCluster(Options options);
   ~NetnsCluster();
@@ -67,6 +68,9 @@ class NetnsCluster {
   // Starts `argv` in host `host`, with `env` added to the environment.
   Subprocess spawn(int host, const std::vector<std::string>& argv,
                    const std::map<std::string, std::string>& env = {}) const;
+
+  // The processes running in host `host` (`ip netns pids`).
+  std::vector<int> pids(int host) const;
 
   // Takes host `host`'s links down at the switch (it keeps its addresses,
   // and reaches no one), and brings them back.

@@ -3,6 +3,9 @@
 //
 //   launch --nproc N [--master-addr ADDR] [--master-port P] [--store-server PATH]
 //          [--timeout-stop S] [--no-prefix] [--] PROGRAM [ARGS...]
+//   launch --nnodes N --node-rank R --nproc-per-node P --master-addr ADDR
+//          --master-port PORT [--store tcp://HOST:PORT] [--join-timeout S]
+//          [--job-id ID] [--] PROGRAM [ARGS...]          (one per node)
 //
 // `launch --help` (options.cc) and launcher.h say what it does. Under `bazel
 // run`, relative paths (the program, --store-server) are taken from where the

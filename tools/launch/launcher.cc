@@ -13,12 +13,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
+#include "common/error.h"
+#include "store/tcp_store.h"
 #include "tools/launch/line_relay.h"
 #include "tools/launch/spawn.h"
 
@@ -70,6 +73,63 @@ std::string store_url(const std::string& addr, uint16_t port) {
   return fmt::format("tcp://{}:{}", addr, port);
 }
 
+// The launchers of a multi-node job, through the job's store: keys under
+// "launch/<job id>/". Each launcher announces its node, records the job's
+// first failure (compare_set, so one wins) and says when its workers are
+// done; node 0, which hosts the store, keeps it up until every node is.
+class NodeLink {
+ public:
+  NodeLink(const LaunchOptions& options, uint16_t port)
+      : store_(options.master_addr, port, store_options(options)),
+        prefix_(fmt::format("launch/{}/", options.job_id)),
+        node_rank_(options.node_rank),
+        nnodes_(options.nnodes) {}
+
+  void announce() { store_.set(node_key(node_rank_), to_bytes(host_name())); }
+
+  // Node ranks that have not announced themselves yet.
+  std::vector<int> missing() {
+    std::vector<int> out;
+    for (int node = 0; node < nnodes_; ++node) {
+      if (!store_.check({node_key(node)})) out.push_back(node);
+    }
+    return out;
+  }
+
+  std::optional<std::string> failure() {
+    if (!store_.check({prefix_ + "failed"})) return std::nullopt;
+    return to_string(store_.get(prefix_ + "failed"));
+  }
+
+  // Records `what` as the job's failure unless one is recorded; returns the
+  // one that is (the first).
+  std::string report_failure(const std::string& what) {
+    const Bytes now = store_.compare_set(prefix_ + "failed", {}, to_bytes(what));
+    return now.empty() ? what : to_string(now);
+  }
+
+  void report_done() { store_.add(prefix_ + "done", 1); }
+  int64_t nodes_done() { return store_.add(prefix_ + "done", 0); }
+
+ private:
+  static TcpStoreOptions store_options(const LaunchOptions& options) {
+    TcpStoreOptions o;
+    o.timeout = std::chrono::milliseconds(5000);  // each request; joining retries
+    return o;
+  }
+  static std::string host_name() {
+    char name[256] = {};
+    ::gethostname(name, sizeof(name) - 1);
+    return name;
+  }
+  std::string node_key(int node) const { return fmt::format("{}node/{}", prefix_, node); }
+
+  TcpStore store_;
+  const std::string prefix_;
+  const int node_rank_;
+  const int nnodes_;
+};
+
 // Runs one job; see launcher.h. Owns every child and descriptor it makes.
 class Supervisor {
  public:
@@ -79,6 +139,12 @@ class Supervisor {
   int run();
 
  private:
+  bool multi_node() const { return options_.nnodes > 1; }
+  bool hosts_store() const { return options_.store.empty() && options_.node_rank == 0; }
+  bool join_nodes();
+  bool wait_signals_for(std::chrono::milliseconds timeout);
+  void monitor_job(TimePoint now);
+  void report_failure(const std::string& what);
   void setup_signals();
   bool start_store_server();
   bool wait_for_port();
@@ -116,6 +182,13 @@ class Supervisor {
   std::optional<TimePoint> worker_kill_at_;  // SIGKILL the workers then
   std::optional<TimePoint> store_kill_at_;   // SIGKILL the store server then
   std::optional<TimePoint> drain_until_;     // stop waiting for output EOF
+  // Multi-node (see NodeLink): null on one node, or once the store is gone.
+  std::unique_ptr<NodeLink> link_;
+  std::string first_failure_;             // the job's, as recorded in the store
+  bool reported_done_ = false;            // this node's workers are all reaped
+  bool nodes_done_ = false;               // node 0: every node is (the store may go)
+  std::optional<TimePoint> next_monitor_;
+  std::optional<TimePoint> store_grace_until_;  // node 0 after a failure
 };
 
 Supervisor::~Supervisor() {
@@ -136,9 +209,152 @@ Supervisor::~Supervisor() {
 
 int Supervisor::run() {
   setup_signals();
-  if (start_store_server() && wait_for_port()) start_workers();
+  bool ready = true;
+  if (hosts_store()) {
+    ready = start_store_server() && wait_for_port();
+  } else {
+    port_ = options_.master_port;
+  }
+  if (ready && multi_node()) ready = join_nodes();
+  if (ready) start_workers();
   supervise();
+  if (!first_failure_.empty()) {
+    fmt::print(stderr, "launch: node {}: the job failed; first failure: {}\n",
+               options_.node_rank, first_failure_);
+  }
   return exit_code_;
+}
+
+// Waits up to `timeout` for a signal (handled); false once the job is
+// stopping.
+bool Supervisor::wait_signals_for(std::chrono::milliseconds timeout) {
+  pollfd fd{signal_fd_, POLLIN, 0};
+  const int rc = ::poll(&fd, 1, static_cast<int>(timeout.count()));
+  if (rc < 0 && errno != EINTR) throw_errno("poll");
+  if (rc > 0) read_signals();
+  return !stopping_;
+}
+
+// Connects to the job's store and waits until every node's launcher has
+// announced itself, --join-timeout at most; false (the job stopping) on a
+// timeout, a failure recorded by another node, or a signal.
+bool Supervisor::join_nodes() {
+  const TimePoint deadline = Clock::now() + options_.join_timeout;
+  const std::string at = fmt::format("{}:{}", options_.master_addr, port_);
+  std::string last_error;
+  while (!link_) {
+    try {
+      link_ = std::make_unique<NodeLink>(options_, port_);
+    } catch (const std::exception& e) {
+      last_error = e.what();
+      if (Clock::now() >= deadline) {
+        fmt::print(stderr,
+                   "launch: node {}: cannot reach the job's store at {} within {} ({})\n",
+                   options_.node_rank, at, seconds(options_.join_timeout), last_error);
+        begin_stop(SIGTERM, 1);
+        return false;
+      }
+      if (!wait_signals_for(options_.monitor_interval)) return false;
+    }
+  }
+  try {
+    link_->announce();
+    fmt::print(stderr, "launch: node {} of {}: waiting for the other nodes at {}\n",
+               options_.node_rank, options_.nnodes, at);
+    for (;;) {
+      if (auto failure = link_->failure()) {
+        first_failure_ = *failure;
+        fmt::print(stderr, "launch: node {}: the job failed before it started\n",
+                   options_.node_rank);
+        begin_stop(SIGTERM, 1);
+        return false;
+      }
+      const std::vector<int> missing = link_->missing();
+      if (missing.empty()) return true;
+      if (Clock::now() >= deadline) {
+        report_failure(fmt::format("node(s) {} did not arrive within {} (seen from node {})",
+                                   fmt::join(missing, ", "), seconds(options_.join_timeout),
+                                   options_.node_rank));
+        begin_stop(SIGTERM, 1);
+        return false;
+      }
+      if (!wait_signals_for(options_.monitor_interval)) return false;
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "launch: node {}: the job's store at {} failed: {}\n",
+               options_.node_rank, at, e.what());
+    link_.reset();
+    begin_stop(SIGTERM, 1);
+    return false;
+  }
+}
+
+// Records the job's first failure in the store (when this node's is first)
+// and remembers the one that is.
+void Supervisor::report_failure(const std::string& what) {
+  if (!link_) {
+    if (first_failure_.empty()) first_failure_ = what;
+    return;
+  }
+  try {
+    first_failure_ = link_->report_failure(what);
+  } catch (const std::exception& e) {
+    if (first_failure_.empty()) first_failure_ = what;
+    fmt::print(stderr, "launch: node {}: cannot record the failure in the store: {}\n",
+               options_.node_rank, e.what());
+    link_.reset();
+  }
+}
+
+// Multi-node, every monitor_interval while the job runs: another node's
+// failure stops this node's workers; when they are all reaped this node
+// says so; node 0 keeps the store up until every node is done (or, after
+// a failure, for the stop timeout and a little more).
+void Supervisor::monitor_job(TimePoint now) {
+  if (!link_ || (next_monitor_ && now < *next_monitor_)) return;
+  next_monitor_ = now + options_.monitor_interval;
+  try {
+    if (!stopping_) {
+      if (auto failure = link_->failure()) {
+        first_failure_ = *failure;
+        fmt::print(stderr, "launch: node {}: stopping: the job failed ({})\n",
+                   options_.node_rank, *failure);
+        begin_stop(SIGTERM, 1);
+      }
+    }
+    // Done: every worker reaped, or none started (the job failed first).
+    if ((workers_started_ || stopping_) && running_workers() == 0 && !reported_done_) {
+      link_->report_done();
+      reported_done_ = true;
+    }
+    if (hosts_store() && reported_done_ && !nodes_done_) {
+      const int64_t done = link_->nodes_done();
+      if (done >= options_.nnodes) {
+        nodes_done_ = true;
+      } else if (stopping_) {
+        // After a failure: nodes that never arrived will not say they are
+        // done; wait for those that did, the grace period at most.
+        const auto arrived =
+            static_cast<int64_t>(options_.nnodes) - static_cast<int64_t>(link_->missing().size());
+        if (done >= arrived) nodes_done_ = true;
+        if (!store_grace_until_) {
+          store_grace_until_ = now + options_.stop_timeout + std::chrono::seconds(2);
+        }
+        if (now >= *store_grace_until_) nodes_done_ = true;
+      }
+      if (nodes_done_) maybe_stop_store();
+    }
+  } catch (const std::exception& e) {
+    if (!stopping_) {
+      fmt::print(stderr, "launch: node {}: the job's store at {}:{} is gone ({}); stopping\n",
+                 options_.node_rank, options_.master_addr, port_, e.what());
+      report_failure(fmt::format("the store at {}:{} went away", options_.master_addr, port_));
+      begin_stop(SIGTERM, 1);
+    }
+    link_.reset();
+    nodes_done_ = true;
+    maybe_stop_store();
+  }
 }
 
 void Supervisor::setup_signals() {
@@ -247,11 +463,13 @@ bool Supervisor::parse_port_lines(std::string* pending) {
 }
 
 void Supervisor::start_workers() {
-  fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid,
-             store_url(options_.master_addr, port_));
+  if (hosts_store()) {
+    fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid,
+               store_url(options_.master_addr, port_));
+  }
   std::string path = resolve_program(options_.command[0]);
-  for (int rank = 0; rank < options_.nproc; ++rank) {
-    if (!start_worker(rank, path)) break;
+  for (int local = 0; local < options_.nproc; ++local) {
+    if (!start_worker(local, path)) break;
   }
   workers_started_ = true;
   if (stopping_) {
@@ -264,17 +482,21 @@ void Supervisor::start_workers() {
              fmt::join(pids, ", "));
 }
 
-// Starts one worker; false (stopping the job) when it cannot be executed.
-bool Supervisor::start_worker(int rank, const std::string& path) {
+// Starts the worker of local rank `local`; false (stopping the job) when it
+// cannot be executed.
+bool Supervisor::start_worker(int local, const std::string& path) {
   const std::string& addr = options_.master_addr;
+  const int rank = options_.node_rank * options_.nproc + local;
   SpawnOptions spawn_options;
   spawn_options.path = path;
   spawn_options.argv = options_.command;
   spawn_options.env = environment_with({
       fmt::format("RANK={}", rank),
-      fmt::format("LOCAL_RANK={}", rank),
-      fmt::format("WORLD_SIZE={}", options_.nproc),
+      fmt::format("LOCAL_RANK={}", local),
+      fmt::format("WORLD_SIZE={}", options_.nnodes * options_.nproc),
       fmt::format("LOCAL_WORLD_SIZE={}", options_.nproc),
+      fmt::format("GROUP_RANK={}", options_.node_rank),
+      fmt::format("NODE_RANK={}", options_.node_rank),
       fmt::format("MASTER_ADDR={}", addr),
       fmt::format("MASTER_PORT={}", port_),
       fmt::format("SWITCHBOARD_STORE={}", store_url(addr, port_)),
@@ -326,6 +548,7 @@ void Supervisor::supervise() {
     }
     if (rc > 0 && fds[0].revents != 0) read_signals();
     on_deadlines(Clock::now());
+    monitor_job(Clock::now());
   }
 }
 
@@ -346,6 +569,10 @@ void Supervisor::on_signal(int signo) {
   } else {
     fmt::print(stderr, "launch: got {}; forwarding it to {} workers\n",
                signal_name(signo), running_workers());
+    if (multi_node()) {
+      report_failure(fmt::format("node {}: the launcher got {}", options_.node_rank,
+                                 signal_name(signo)));
+    }
     begin_stop(signo, 128 + signo);
   }
 }
@@ -378,6 +605,10 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
     if (!stopping_ && failed(status)) {
       fmt::print(stderr, "launch: {} (pid {}) {}\n", worker->name, pid,
                  describe_status(status));
+      if (multi_node()) {
+        report_failure(fmt::format("node {} {} (pid {}) {}", options_.node_rank,
+                                   worker->name, pid, describe_status(status)));
+      }
       begin_stop(SIGTERM, 1);
     }
   }
@@ -407,10 +638,12 @@ void Supervisor::begin_stop(int signo, int exit_code) {
   maybe_stop_store();
 }
 
-// The store server goes last: SIGTERM once every worker has been reaped.
+// The store server goes last: SIGTERM once every worker has been reaped
+// (on several nodes: every node's, see monitor_job()).
 void Supervisor::maybe_stop_store() {
   if (!workers_started_ && !stopping_) return;
   if (running_workers() > 0 || !store_.running || store_signaled_) return;
+  if (link_ && !nodes_done_) return;
   store_signaled_ = true;
   ::kill(-store_.pid, SIGTERM);
   store_kill_at_ = Clock::now() + options_.stop_timeout;
@@ -464,7 +697,9 @@ void Supervisor::drain_and_close_relays() {
 
 int Supervisor::poll_timeout_ms(TimePoint now) const {
   std::optional<TimePoint> next;
-  for (const auto& deadline : {worker_kill_at_, store_kill_at_, drain_until_}) {
+  std::optional<TimePoint> monitor;
+  if (link_) monitor = next_monitor_.value_or(now);
+  for (const auto& deadline : {worker_kill_at_, store_kill_at_, drain_until_, monitor}) {
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
   if (!next) return -1;
@@ -480,6 +715,7 @@ int Supervisor::running_workers() const {
 
 bool Supervisor::done() const {
   if (store_.running || running_workers() > 0) return false;
+  if (link_ && !reported_done_) return false;  // say so first (monitor_job)
   return std::none_of(relays_.begin(), relays_.end(),
                       [](const LineRelay& relay) { return relay.open(); });
 }

@@ -26,6 +26,25 @@
 //     (a grandchild may hold a pipe open).
 //  All workers exiting 0 gives exit 0.
 //
+// Several nodes (--nnodes > 1): one launcher per node. Node 0 runs the store
+// server (step 2) unless --store names one; the others skip step 2. Then
+// every launcher connects to the store (retrying until --join-timeout),
+// announces its node under "launch/<job id>/node/<R>" and waits, watching
+// its signals, until every node has; one missing at --join-timeout records
+// the job's failure ("node(s) 2 did not arrive within 30 s") and stops. The
+// workers get global ranks (node_rank * nproc + local rank), WORLD_SIZE =
+// nnodes * nproc, GROUP_RANK and NODE_RANK. While they run, every
+// launcher looks at the store every 100 ms:
+//   - the first failure on any node (a worker failing, a signal to a
+//     launcher, a missing node) is recorded with compare_set, so one wins;
+//     every other node sees it and stops its workers as in step 4, and each
+//     launcher ends by naming it ("first failure: node 1 rank 3 (pid 77)
+//     exited with status 3"), exit 1 (128 + S for the launcher signalled);
+//   - a launcher whose workers are all reaped says so ("launch/<id>/done");
+//     node 0 stops its store server only once every node has (after a
+//     failure: every node that arrived, or the stop timeout plus 2 s);
+//   - a store that cannot be reached any more stops this node's workers.
+//
 // Thread safety: run_launcher() forks, so the process must have one thread.
 #pragma once
 

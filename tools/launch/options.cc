@@ -22,17 +22,27 @@ constexpr double kMaxStopSeconds = 24 * 3600;
 constexpr const char* kDescription =
     "Starts a store server and N local workers running PROGRAM ARGS, each with\n"
     "torchrun's environment: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
-    "MASTER_ADDR, MASTER_PORT, plus SWITCHBOARD_STORE=tcp://ADDR:PORT.\n"
+    "GROUP_RANK, NODE_RANK, MASTER_ADDR, MASTER_PORT, plus\n"
+    "SWITCHBOARD_STORE=tcp://ADDR:PORT. On several nodes, run one launch per\n"
+    "node with the same --nnodes, --master-addr and --master-port and its own\n"
+    "--node-rank: node 0 runs the store server, the launchers wait for each\n"
+    "other (--join-timeout) and the job runs and fails as one.\n"
     "Everything after \"--\" (or from the first argument that is not a flag)\n"
     "goes to the workers unchanged.";
 
 constexpr const char* kFooter =
     "When a worker exits non-zero or is killed by a signal, the others get\n"
-    "SIGTERM (SIGKILL after the timeout) and launch exits 1, naming the rank.\n"
-    "SIGINT, SIGTERM and SIGHUP are forwarded to every worker; launch then exits\n"
-    "128 + the signal number (a second signal kills the workers at once).\n"
-    "Exit status: 0 all workers exited 0; 1 a worker or the store server failed;\n"
-    "2 usage error; 128+S stopped by signal S.";
+    "SIGTERM (SIGKILL after the timeout) and launch exits 1, naming the rank;\n"
+    "on several nodes the workers of every node are stopped and every launcher\n"
+    "names the node and rank that failed first.\n"
+    "SIGINT, SIGTERM and SIGHUP are forwarded to every worker (on every node);\n"
+    "launch then exits 128 + the signal number (a second signal kills the\n"
+    "workers at once).\n"
+    "Exit status: 0 all workers exited 0; 1 a worker, a node or the store server\n"
+    "failed; 2 usage error; 128+S stopped by signal S.";
+
+constexpr int kMaxNodes = 4096;
+constexpr double kMaxJoinSeconds = 7 * 24 * 3600;
 
 bool is_executable_file(const std::string& path) {
   std::error_code error;
@@ -47,10 +57,35 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
   app.description(kDescription);
   app.footer(kFooter);
   cli::set_synopsis(app, "launch --nproc N [flags] [--] PROGRAM [ARGS...]");
-  app.add_option("--nproc", options->nproc, "number of workers")
+  app.add_option("--nproc,--nproc-per-node", options->nproc, "number of workers on this node")
       ->type_name("N")
       ->required()
       ->check(cli::in_range(1, kMaxProcesses));
+  app.add_option("--nnodes", options->nnodes, "number of nodes, one launch on each")
+      ->type_name("N")
+      ->check(cli::in_range(1, kMaxNodes));
+  app.add_option("--node-rank", options->node_rank, "this node's rank, 0 to --nnodes - 1")
+      ->type_name("R")
+      ->check(cli::in_range(0, kMaxNodes - 1));
+  app.add_option("--store", options->store,
+                 "tcp://HOST:PORT of a running store_server to use instead of starting "
+                 "one")
+      ->type_name("URL")
+      ->check(cli::non_empty("a URL"));
+  app.add_option("--job-id", options->job_id,
+                 "names this job's keys in the store; runs sharing one --store need "
+                 "different ids")
+      ->type_name("ID")
+      ->check(cli::non_empty("an id"));
+  app.add_option_function<double>(
+         "--join-timeout",
+         [options](double seconds) {
+           options->join_timeout = std::chrono::milliseconds(std::llround(seconds * 1000));
+         },
+         "seconds the launchers of several nodes wait for each other")
+      ->type_name("S")
+      ->default_str(fmt::format("{}", options->join_timeout.count() / 1000.0))
+      ->check(cli::number_in(0.001, kMaxJoinSeconds));
   app.add_option("--master-addr", options->master_addr,
                  "address the store server listens on and the workers connect to")
       ->type_name("ADDR")
@@ -87,6 +122,24 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
     if (options->command.empty() || options->command[0].empty()) {
       throw CLI::ValidationError("no program given (put it after --)");
     }
+    if (options->node_rank >= options->nnodes) {
+      throw CLI::ValidationError(fmt::format("--node-rank {} is not below --nnodes {}",
+                                             options->node_rank, options->nnodes));
+    }
+    if (!options->store.empty()) {
+      try {
+        const StoreAddress at = parse_store_url(options->store);
+        options->master_addr = at.host;
+        options->master_port = at.port;
+      } catch (const std::invalid_argument& e) {
+        throw CLI::ValidationError(e.what());
+      }
+    } else if (options->nnodes > 1 && options->master_port == 0) {
+      throw CLI::ValidationError(fmt::format(
+          "--nnodes {} needs --master-port (every node must know where node 0's store "
+          "server listens) or --store",
+          options->nnodes));
+    }
   });
 }
 
@@ -115,6 +168,31 @@ std::string find_store_server(const std::string& argv0) {
       "cannot find the store server (tried {}); pass --store-server PATH or set "
       "SWITCHBOARD_STORE_SERVER",
       fmt::join(candidates, ", ")));
+}
+
+StoreAddress parse_store_url(const std::string& url) {
+  constexpr std::string_view kScheme = "tcp://";
+  // "tcp://" may be left out; no other scheme is understood.
+  const bool tcp = url.rfind(kScheme, 0) == 0;
+  const std::string_view rest = std::string_view(url).substr(tcp ? kScheme.size() : 0);
+  const size_t colon = rest.rfind(':');
+  if ((!tcp && url.find("://") != std::string::npos) || rest.empty() ||
+      colon == std::string_view::npos || colon == 0 || colon + 1 == rest.size()) {
+    throw std::invalid_argument(
+        fmt::format("--store \"{}\" is not tcp://HOST:PORT", url));
+  }
+  std::string host(rest.substr(0, colon));
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  int port = 0;
+  const std::string digits(rest.substr(colon + 1));
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 5 ||
+      (port = std::stoi(digits)) < 1 || port > 65535) {
+    throw std::invalid_argument(fmt::format(
+        "--store \"{}\": the port must be 1 to 65535, got \"{}\"", url, digits));
+  }
+  return {host, static_cast<uint16_t>(port)};
 }
 
 std::string resolve_program(const std::string& name) {

@@ -16,10 +16,24 @@ class App;
 namespace switchboard::launch {
 
 struct LaunchOptions {
-  int nproc = 0;                          // workers to start (>= 1)
+  int nproc = 0;                          // workers to start on this node (>= 1)
+  // Several nodes (torchrun's --nnodes/--node-rank): one launcher per node;
+  // node 0 runs the store server unless `store` names one. Global ranks are
+  // node_rank * nproc + local rank.
+  int nnodes = 1;
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";  // where the store server listens
   uint16_t master_port = 0;               // 0: the store server picks one
+  // "tcp://HOST:PORT": an existing store server (no server is started).
+  std::string store;
   std::string store_server;               // empty: find_store_server()
+  // Multi-node: how long the launchers wait for each other, and how often a
+  // launcher looks at the job's state in the store while its workers run.
+  std::chrono::milliseconds join_timeout{300'000};
+  std::chrono::milliseconds monitor_interval{100};
+  // Names this job's keys in the store ("launch/<job_id>/..."): runs that
+  // share one store_server need different ids.
+  std::string job_id = "job";
   // How long stopped workers (and the store server) get between the first
   // signal and SIGKILL.
   std::chrono::milliseconds stop_timeout{5000};
@@ -32,7 +46,11 @@ struct LaunchOptions {
 // "--flag VALUE" or "--flag=VALUE"; "--" or the first argument that is not a
 // flag starts the worker command, which is kept as given. Parsing then fails
 // (cli::parse()'s error) on an unknown flag, a value out of range (naming the
-// flag and the value), a missing --nproc or a missing program.
+// flag and the value), a missing --nproc, a missing program, a --node-rank
+// not below --nnodes, several nodes without --master-port (or --store), or a
+// --store that is not tcp://HOST:PORT.
+//
+// --nproc-per-node is --nproc's torchrun spelling.
 void add_launch_flags(CLI::App& app, LaunchOptions* options);
 
 // The store server binary to start when --store-server is not given:
@@ -43,6 +61,14 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options);
 // absolute path when it can. Throws std::runtime_error listing what was
 // tried when nothing is executable.
 std::string find_store_server(const std::string& argv0);
+
+// "tcp://HOST:PORT" or "HOST:PORT" (HOST may be "[v6]") as host and port;
+// throws std::invalid_argument naming `url` otherwise.
+struct StoreAddress {
+  std::string host;
+  uint16_t port = 0;
+};
+StoreAddress parse_store_url(const std::string& url);
 
 // Resolves a program name the way execvp() would: a name with a '/' is
 // returned as is; otherwise the first executable file of that name in $PATH,

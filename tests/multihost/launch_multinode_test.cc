@@ -1,0 +1,163 @@
+// tools/launch across hosts (network namespaces): one launcher per node with
+// --nnodes/--node-rank/--master-addr/--master-port, as a user runs it. The
+// job runs as one (global ranks, torchrun's variables), fails as one (a
+// worker failing on one node stops every node, each launcher naming the
+// node and rank that failed first), waits for late nodes no longer than
+// --join-timeout (naming the missing ones), and stops everywhere on SIGINT
+// to one launcher. Afterwards no process is left in any host.
+#include <fmt/format.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <climits>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/util/netns_cluster.h"
+#include "tests/util/subprocess.h"
+
+namespace {
+
+using sbtest::NetnsCluster;
+using sbtest::Subprocess;
+
+constexpr const char* kMasterPort = "29400";  // each cluster is a network of its own
+
+std::string self_exe() {
+  char path[PATH_MAX] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof(path) - 1);
+  REQUIRE(n > 0);
+  return std::string(path, static_cast<size_t>(n));
+}
+
+// A launched worker: prints its variables, then per args[0]:
+//   "exit": exits 0;  "fail-rank R": exits 3 if RANK == R, else waits for a
+//   signal;  "wait": waits for a signal (the launcher's SIGTERM ends it).
+SB_CHILD_MAIN(launched) {
+  const auto var = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "-");
+  };
+  fmt::print("rank={} local_rank={} world={} local_world={} group_rank={} node_rank={} "
+             "master={}:{} store={}\n",
+             var("RANK"), var("LOCAL_RANK"), var("WORLD_SIZE"), var("LOCAL_WORLD_SIZE"),
+             var("GROUP_RANK"), var("NODE_RANK"), var("MASTER_ADDR"), var("MASTER_PORT"),
+             var("SWITCHBOARD_STORE"));
+  std::fflush(stdout);
+  const std::string mode = args.at(0);
+  if (mode == "exit") return 0;
+  if (mode == "fail-rank" && var("RANK") == args.at(1)) return 3;
+  for (;;) ::pause();  // until the launcher's SIGTERM
+}
+
+// Runs `launch` in host `node` with the flags of a job of `nnodes` nodes of
+// `nproc` workers each; stdout and stderr both come back on the pipe.
+Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc,
+                    const std::vector<std::string>& worker_args,
+                    const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv = {
+      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
+      "--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(node),
+      "--nproc-per-node", std::to_string(nproc), "--master-addr", cluster.address(0),
+      "--master-port", kMasterPort, "--timeout-stop", "5"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), {"--", self_exe(), "--sb-child", "launched"});
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return cluster.spawn(node, argv,
+                       {{"SWITCHBOARD_STORE_SERVER",
+                         sbtest::runfile("tools/store_server/store_server")}});
+}
+
+// No process is left in any host of the cluster.
+void check_nothing_left(const NetnsCluster& cluster) {
+  for (int host = 0; host < cluster.size(); ++host) {
+    INFO("host " << host);
+    CHECK(cluster.pids(host).empty());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("three nodes of two workers run as one job with global ranks", "[multihost][launch]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 3; ++node) launchers.push_back(launcher(cluster, node, 3, 2, {"exit"}));
+  for (int node = 0; node < 3; ++node) {
+    const std::string out = launchers[node].read_all();
+    INFO("node " << node << "'s launcher printed:\n" << out);
+    CHECK(launchers[node].wait() == 0);
+    for (int local = 0; local < 2; ++local) {
+      const int rank = node * 2 + local;
+      CHECK_THAT(out, Catch::Contains(fmt::format(
+                          "[rank {}] rank={} local_rank={} world=6 local_world=2 "
+                          "group_rank={} node_rank={} master={}:{} store=tcp://{}:{}",
+                          rank, rank, local, node, node, cluster.address(0), kMasterPort,
+                          cluster.address(0), kMasterPort)));
+    }
+  }
+  check_nothing_left(cluster);
+}
+
+TEST_CASE("a worker failing on one node stops the workers of every node, and every launcher "
+          "names it",
+          "[multihost][launch]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  std::vector<Subprocess> launchers;
+  // Rank 3 is node 1's second worker.
+  for (int node = 0; node < 3; ++node) {
+    launchers.push_back(launcher(cluster, node, 3, 2, {"fail-rank", "3"}));
+  }
+  for (int node = 0; node < 3; ++node) {
+    const std::string out = launchers[node].read_all();
+    INFO("node " << node << "'s launcher printed:\n" << out);
+    CHECK(launchers[node].wait() == 1);
+    CHECK_THAT(out, Catch::Contains("first failure: node 1 rank 3 (pid ") &&
+                        Catch::Contains("exited with status 3"));
+  }
+  check_nothing_left(cluster);
+}
+
+TEST_CASE("a node that does not arrive within --join-timeout fails every node, naming it",
+          "[multihost][launch]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) {  // node 2 never starts
+    launchers.push_back(launcher(cluster, node, 3, 1, {"exit"}, {"--join-timeout", "1"}));
+  }
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = launchers[node].read_all();
+    INFO("node " << node << "'s launcher printed:\n" << out);
+    CHECK(launchers[node].wait() == 1);
+    CHECK_THAT(out, Catch::Contains("node(s) 2 did not arrive within 1 s"));
+    CHECK_THAT(out, !Catch::Contains("rank="));  // no worker started
+  }
+  check_nothing_left(cluster);
+}
+
+TEST_CASE("SIGINT to one launcher stops the job on every node", "[multihost][launch]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) launchers.push_back(launcher(cluster, node, 2, 2, {"wait"}));
+  // Every worker is running once each launcher relayed its two lines.
+  for (int node = 0; node < 2; ++node) {
+    int started = 0;
+    while (started < 2) {
+      if (launchers[node].read_line().find("] rank=") != std::string::npos) ++started;
+    }
+  }
+  launchers[1].kill(SIGINT);
+  std::vector<std::string> out(2);
+  for (int node = 0; node < 2; ++node) out[node] = launchers[node].read_all();
+  INFO("node 0:\n" << out[0] << "\nnode 1:\n" << out[1]);
+  CHECK(launchers[1].wait() == 128 + SIGINT);
+  CHECK(launchers[0].wait() == 1);
+  CHECK_THAT(out[0], Catch::Contains("first failure: node 1: the launcher got SIGINT"));
+  check_nothing_left(cluster);
+}
