@@ -161,3 +161,52 @@ TEST_CASE("SIGINT to one launcher stops the job on every node", "[multihost][lau
   CHECK_THAT(out[0], Catch::Contains("first failure: node 1: the launcher got SIGINT"));
   check_nothing_left(cluster);
 }
+
+TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers on the "
+          "rest, one launcher per host and no network setting",
+          "[multihost][launch][rpc_demo]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 4});
+  const std::string store_port = "29600";
+  Subprocess store = cluster.spawn(
+      0, {sbtest::runfile("tools/store_server/store_server"), "--host", cluster.address(0),
+          "--port", store_port, "--quiet"});
+  REQUIRE(store.read_line() == "port=" + store_port);
+  const std::string url = fmt::format("tcp://{}:{}", cluster.address(0), store_port);
+  std::vector<Subprocess> launchers;
+  // Nodes 0..2 on hosts 1..3: rank 0 (the ps) on host 1, trainer-1 and the
+  // late joiner trainer-2 on hosts 2 and 3.
+  for (int node = 0; node < 3; ++node) {
+    launchers.push_back(cluster.spawn(
+        node + 1,
+        {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
+         "--nnodes", "3", "--node-rank", std::to_string(node), "--nproc-per-node", "1",
+         "--store", url, "--", sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
+         "--late-joiner", "2", "--leaver", "0"}));
+  }
+  std::vector<std::string> out;
+  for (int node = 0; node < 3; ++node) {
+    out.push_back(launchers[node].read_all());
+    INFO("node " << node << " (host " << node + 1 << ") printed:\n" << out.back());
+    CHECK(launchers[node].wait() == 0);
+    // Each worker listens on its own host's address, found from the route
+    // to the store.
+    CHECK_THAT(out.back(),
+               Catch::Contains(fmt::format("PIPE listens on {}: the address that routes to "
+                                           "the store at {}",
+                                           cluster.address(node + 1), cluster.address(0))));
+  }
+  INFO("ps:\n" << out[0] << "\ntrainer-1:\n" << out[1] << "\ntrainer-2:\n" << out[2]);
+  CHECK_THAT(out[0], Catch::Contains("[rank 0] ps: serving 2 trainers"));
+  CHECK_THAT(out[0], Catch::Contains("ps: trainer-2 joined the group"));
+  CHECK_THAT(out[0], Catch::Contains("[rank 0] ps: loss went down"));
+  CHECK_THAT(out[2], Catch::Contains("[rank 2] trainer-2: joined the group mid-run"));
+  for (int node = 1; node < 3; ++node) {
+    CHECK_THAT(out[node], Catch::Contains(fmt::format(
+                              "[rank {}] trainer-{}: trainers agree on the final parameters: "
+                              "max |w_i - mean| = 0 over 64 values and 2 trainers",
+                              node, node)));
+  }
+  store.kill(SIGTERM);
+  store.wait();
+}

@@ -71,7 +71,9 @@ void add_demo_flags(CLI::App& app, DemoFlags* flags) {
           "trainer R leaves the group after a third of its steps; 0: none", 0)
       ->default_str("trainer-2 when there are 3 or more");
   add_int("--seed", &flags->seed, "N", "seed of w*, the shards and the held-out set", 0);
-  app.add_option("--listen-address", flags->listen_address, "address PIPE and Gloo bind")
+  app.add_option("--listen-address", flags->listen_address,
+                 "address or interface PIPE, Gloo and the metrics endpoint bind (default: "
+                 "the address that routes to the store)")
       ->type_name("A")
       ->check(cli::non_empty("an address"));
   app.add_option("--metrics-port", flags->metrics_port,

@@ -31,8 +31,12 @@ struct DemoFlags {
   // P > 0: worker of rank r on P + r. The ps prints part of a scrape of
   // its own endpoint in its report.
   int64_t metrics_port = -1;
-  std::string listen_address = "127.0.0.1";  // PIPE, Gloo and the metrics endpoint
-  bool quick = false;                        // about a second, for tests
+  // PIPE, Gloo and the metrics endpoint bind it (it becomes
+  // SWITCHBOARD_IFNAME); empty: each worker picks the address that routes
+  // to the store (loopback when the store is on loopback), so the demo runs
+  // unchanged on one host and on many.
+  std::string listen_address;
+  bool quick = false;  // about a second, for tests
 };
 
 // Declares the demo's flags on `app` (its name, help and checks) and where

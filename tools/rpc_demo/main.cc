@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 
+#include "common/listen_address.h"
 #include "common/logging.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
@@ -35,12 +36,19 @@
 namespace switchboard::rpc_demo {
 
 std::shared_ptr<rpc::RpcBackendOptions> demo_rpc_options(const DemoFlags& flags, int rank) {
-  auto options = rpc::construct_rpc_backend_options(
-      rpc::backend_type("PIPE"), kRpcTimeout, "env://",
-      {{"listen_address", flags.listen_address}});
+  // No listen_address extra: --listen-address reaches PIPE and Gloo alike
+  // through SWITCHBOARD_IFNAME (main() sets it).
+  auto options =
+      rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), kRpcTimeout, "env://");
   if (flags.metrics_port >= 0) {
     options->metrics_port = flags.metrics_port == 0 ? 0 : flags.metrics_port + rank;
-    options->metrics_address = flags.listen_address;
+    // On --listen-address (an address or an interface), else on loopback:
+    // the ps scrapes its own endpoint there (metrics_report.cc).
+    options->metrics_address =
+        flags.listen_address.empty()
+            ? "127.0.0.1"
+            : choose_listen_address({.component = "metrics", .option = flags.listen_address})
+                  .address;
   }
   return options;
 }
@@ -110,11 +118,12 @@ int main(int argc, char** argv) {
                late, leaves, trainers);
     return 2;
   }
-  // The trainers' Gloo group binds what SWITCHBOARD_GLOO_HOSTNAME names
-  // (collective/registry.cc); keep it on the same address as PIPE unless
-  // the caller chose one. Set while this process has one thread.
-  ::setenv("SWITCHBOARD_GLOO_HOSTNAME", flags.listen_address.c_str(),
-           /*overwrite=*/0);
+  // --listen-address is the one network setting of every listener (PIPE,
+  // the trainers' Gloo group): SWITCHBOARD_IFNAME. Set while this process
+  // has one thread.
+  if (!flags.listen_address.empty()) {
+    ::setenv("SWITCHBOARD_IFNAME", flags.listen_address.c_str(), /*overwrite=*/1);
+  }
   try {
     return *rank == 0 ? run_ps(flags, *world_size)
                       : run_trainer(flags, *rank, *world_size);
