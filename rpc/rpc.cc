@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <exception>
@@ -105,14 +106,63 @@ void claim_group_kind(Store& store, const std::string& name, std::optional<int> 
       name, mine, world_size ? fmt::format(" (world_size {})", *world_size) : "", theirs));
 }
 
-// The store key space of one static group's incarnation: every rank adds 1
-// to a counter, so the ranks of the k-th init_rpc over this store read
-// values in [k*world_size + 1, (k+1)*world_size] and agree on k.
-std::shared_ptr<Store> generation_store(const std::shared_ptr<Store>& store,
-                                        int world_size) {
-  const int64_t arrival = store->add("rpc/inits", 1);
-  const int64_t generation = (arrival - 1) / world_size;
-  return std::make_shared<PrefixStore>(fmt::format("rpc/{}", generation), store);
+// One static group's incarnation on a store that may host many runs, of
+// any world sizes, one after the other (and runs that failed). Keys under
+// "rpc/gen/":
+//   open           the generation being formed (an integer; 0 at first)
+//   <g>/world      its world size (the first worker's, compare_set)
+//   <g>/rank/<r>   a counter: 1 for the worker that claimed rank r
+//   <g>/count      the workers that claimed a rank
+//   <g>/failed     set by a worker whose init failed there: the run is over
+// A worker claims its rank in the open generation. When the generation
+// failed, has another world size, or has its rank taken already, it
+// belongs to another run: the worker opens the next one (compare_set, so
+// racing workers open it once) and tries there. The worker that completes
+// a generation opens the next, for the run after. The group's keys live
+// under "rpc/<g>/".
+//
+// What it cannot tell apart: a run whose workers were killed before they
+// completed their generation (so nobody marked it failed) and the missing
+// worker of that run arriving late. A worker of the next run with that rank
+// that arrives before any of its peers joins the dead generation and times
+// out; its peers then form the next one without it.
+struct Generation {
+  int64_t number = 0;
+  std::shared_ptr<Store> store;  // PrefixStore "rpc/<number>/"
+};
+
+Generation join_generation(const std::shared_ptr<Store>& store, int rank, int world_size) {
+  constexpr const char* kOpen = "rpc/gen/open";
+  const std::string world = std::to_string(world_size);
+  int64_t g = store->add(kOpen, 0);
+  for (;;) {
+    const std::string at = fmt::format("rpc/gen/{}/", g);
+    bool ours = !store->check({at + "failed"});
+    if (ours) {
+      const Bytes found = store->compare_set(at + "world", {}, to_bytes(world));
+      ours = to_string(found) == world;
+    }
+    if (ours) ours = store->add(fmt::format("{}rank/{}", at, rank), 1) == 1;
+    if (ours) {
+      if (store->add(at + "count", 1) == world_size) {
+        store->compare_set(kOpen, to_bytes(std::to_string(g)), to_bytes(std::to_string(g + 1)));
+      }
+      return {g, std::make_shared<PrefixStore>(fmt::format("rpc/{}", g), store)};
+    }
+    // Another run's: open the next one (unless someone did) and try there.
+    store->compare_set(kOpen, to_bytes(std::to_string(g)), to_bytes(std::to_string(g + 1)));
+    g = std::max(g + 1, store->add(kOpen, 0));
+  }
+}
+
+// Marks generation `g` failed, so that later workers of the same ranks form
+// the next one instead of waiting for this run. Best effort.
+void mark_generation_failed(Store& store, int64_t g, const std::string& why) {
+  try {
+    store.set(fmt::format("rpc/gen/{}/failed", g), to_bytes(why));
+  } catch (const std::exception& e) {
+    spdlog::debug("cannot mark static generation {} failed: {}", g, e.what());
+  }
 }
 
 }  // namespace
@@ -227,12 +277,19 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   claim_group_kind(*state->store, name, world_size);
 
   BackendInit init;
-  init.store = world_size ? generation_store(state->store, *world_size) : state->store;
+  std::optional<Generation> generation;
+  if (world_size) generation = join_generation(state->store, rank, *world_size);
+  init.store = generation ? generation->store : state->store;
   init.name = name;
   init.rank = rank;
   init.world_size = world_size;
   init.options = options;
-  state->agent = init_backend(backend, init);
+  try {
+    state->agent = init_backend(backend, init);
+  } catch (const std::exception& e) {
+    if (generation) mark_generation_failed(*state->store, generation->number, e.what());
+    throw;
+  }
   if (auto port = metrics_port_of(name, *options)) {
     // On failure `state` goes, and the agent's destructor shuts it down.
     const State* s = state.get();

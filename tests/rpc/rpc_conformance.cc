@@ -562,6 +562,60 @@ TEST_CASE("the group can init again after a shutdown, over the same store", "[rp
   }
 }
 
+TEST_CASE("one store hosts runs of different sizes one after another, and a run that failed",
+          "[rpc][shutdown]") {
+  auto store = std::make_shared<HashStore>();
+  const auto backend = conformance::backend_under_test();
+  std::vector<std::unique_ptr<RpcContext>> contexts;
+  for (int rank = 0; rank < 3; ++rank) {
+    contexts.push_back(std::make_unique<RpcContext>());
+    contexts.back()->register_function("rank", [rank] { return int64_t{rank}; });
+  }
+  // A static run of `world` workers named "<run>w<rank>": everyone calls
+  // the last rank, then all shut down.
+  auto run = [&](const std::string& label, int world) {
+    INFO("run " << label << ", world " << world);
+    rethrow_first(on_threads(world, [&](int rank) {
+      contexts[rank]->init_rpc(fmt::format("{}w{}", label, rank), backend, rank, world,
+                               make_options(), store);
+    }));
+    for (int rank = 0; rank < world; ++rank) {
+      CHECK(contexts[rank]->rpc_sync<int64_t>(fmt::format("{}w{}", label, world - 1),
+                                              "rank") == world - 1);
+    }
+    rethrow_first(on_threads(world, [&](int rank) { contexts[rank]->shutdown(true, kGuard); }));
+  };
+  run("a", 3);
+  run("b", 2);  // before: the arrival counter split this run across two generations
+  run("c", 3);
+  // A run of 3 whose rank 2 never comes: ranks 0 and 1 time out.
+  auto errors = on_threads(2, [&](int rank) {
+    contexts[rank]->init_rpc(fmt::format("dw{}", rank), backend, rank, 3, make_options(300ms),
+                             store);
+  });
+  for (const auto& error : errors) CHECK(error != nullptr);
+  // The next run of 3, its rank 2 first: it must not join the failed run.
+  std::exception_ptr late_error;
+  std::thread rank2([&] {
+    try {
+      contexts[2]->init_rpc("ew2", backend, 2, 3, make_options(), store);
+    } catch (...) {
+      late_error = std::current_exception();
+    }
+  });
+  store->wait({"rpc/gen/4/rank/2"}, kGuard);  // rank 2 has claimed its place
+  rethrow_first(on_threads(2, [&](int rank) {
+    contexts[rank]->init_rpc(fmt::format("ew{}", rank), backend, rank, 3, make_options(),
+                             store);
+  }));
+  rank2.join();
+  if (late_error) std::rethrow_exception(late_error);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(contexts[rank]->rpc_sync<int64_t>("ew2", "rank") == 2);
+  }
+  rethrow_first(on_threads(3, [&](int rank) { contexts[rank]->shutdown(true, kGuard); }));
+}
+
 TEST_CASE("the process-wide free functions use the global context", "[rpc]") {
   rpc::register_function("triple", [](int64_t x) { return 3 * x; });
   auto options = make_options();  // sets the backend up
