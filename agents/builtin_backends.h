@@ -43,9 +43,11 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 // (Defaults: PipeAgentOptions', agents/pipe_options.h.)
 //   "device_count"           integer >= 0: the CUDA devices device maps are
 //                            validated against (default: ask CUDA)
-//   "membership_lease_ms"    integer > 0: how long a dynamic group's joiner
-//                            or leaver may hold the membership token
-//                            (default 10000; see agents/pipe_agent.h)
+//   "membership_lease_ms"    integer > 0: the lease on a dynamic group's
+//                            membership token: how long the others wait
+//                            for a joiner or leaver that holds it and stops
+//                            renewing (default 10000; see
+//                            rpc/membership_token.h)
 // Device maps are set on the options object, as in PyTorch:
 //   options->set_device_map("w1", {{"cuda:0", "cuda:1"}});
 //   options->set_devices({"cuda:0"});

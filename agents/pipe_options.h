@@ -32,7 +32,9 @@ struct PipeAgentOptions {
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
   // Dynamic groups: ranks are in [0, max_dynamic_ranks), and the
-  // membership token is held for at most `membership_lease` at a time.
+  // membership token is held on a lease of `membership_lease`: how long
+  // the others wait, from their first look, for a holder that stops
+  // renewing it (rpc/membership_token.h).
   int max_dynamic_ranks = 1024;
   std::chrono::milliseconds membership_lease{10'000};
   // CUDA devices of this machine as the maps are validated against; -1
