@@ -52,6 +52,7 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   options->num_io_threads =
       static_cast<int>(read_int(reader, "num_io_threads", 1, 64, options->num_io_threads));
   options->listen_address = reader.get("listen_address").value_or("");
+  options->port_range = reader.get("port_range").value_or("");
   options->heartbeat_interval = std::chrono::milliseconds(
       read_int(reader, "heartbeat_interval_ms", 1, 3'600'000,
                options->heartbeat_interval.count()));
@@ -76,6 +77,7 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
   if (const auto* typed = dynamic_cast<const PipeRpcBackendOptions*>(init.options.get())) {
     options.num_io_threads = static_cast<size_t>(typed->num_io_threads);
     options.listen_address = typed->listen_address;
+    options.port_range = typed->port_range;
     options.heartbeat_interval = typed->heartbeat_interval;
     options.heartbeat_timeout = typed->heartbeat_timeout;
     options.device_count = typed->device_count;

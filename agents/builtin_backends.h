@@ -38,6 +38,9 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //   "num_io_threads"         integer >= 1 (default 1)
 //   "listen_address"         an address or interface name (see
 //                            agents/pipe_address.h for the default)
+//   "port_range"             "LO-HI" or "P": the listener's port comes
+//                            from it (default: SWITCHBOARD_PORT_RANGE, else
+//                            a port the kernel picks)
 //   "heartbeat_interval_ms"  integer > 0 (default 250)
 //   "heartbeat_timeout_ms"   integer >= 0, 0 disables (default 5000)
 // (Defaults: PipeAgentOptions', agents/pipe_options.h.)
@@ -57,6 +60,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
   int num_io_threads = static_cast<int>(PipeAgentOptions{}.num_io_threads);
   std::string listen_address;
+  std::string port_range;
   std::chrono::milliseconds heartbeat_interval = PipeAgentOptions{}.heartbeat_interval;
   std::chrono::milliseconds heartbeat_timeout = PipeAgentOptions{}.heartbeat_timeout;
   int device_count = PipeAgentOptions{}.device_count;

@@ -11,6 +11,7 @@
 #include "agents/pipe_tcp_transport.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/listen_address.h"
 #include "rpc/remote_error.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -80,6 +81,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   tcp.agent_name = this->name;
   tcp.num_io_threads = options.num_io_threads;
   tcp.limits = options.limits;
+  tcp.ports = port_range(options.port_range);
   tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
     return buffers->empty(shape, dtype);
   };

@@ -22,6 +22,10 @@ struct PipeAgentOptions {
   std::chrono::milliseconds rpc_timeout = rpc::kDefaultRpcTimeout;
   // An address or an interface name; empty: see agents/pipe_address.h.
   std::string listen_address;
+  // "LO-HI" or "P": the listener takes the first free port of it; empty:
+  // SWITCHBOARD_PORT_RANGE, else a port the kernel picks
+  // (common/listen_address.h).
+  std::string port_range;
   // A heartbeat goes out on every connection this often; a connection
   // silent for heartbeat_timeout is declared dead.
   std::chrono::milliseconds heartbeat_interval{250};

@@ -51,13 +51,27 @@ class TcpTransport final : public PipeTransport {
     const auto ip = asio::ip::make_address(address, error);
     SB_REQUIRE(!error, "PIPE agent \"{}\": cannot parse listen address \"{}\": {}",
                options_.agent_name, address, error.message());
-    const tcp::endpoint endpoint(ip, 0);
-    acceptor_.open(endpoint.protocol());
+    acceptor_.open(tcp::endpoint(ip, 0).protocol());
     acceptor_.set_option(tcp::acceptor::reuse_address(true));
-    acceptor_.bind(endpoint, error);
-    if (error) {
-      throw ConnectionError(fmt::format("PIPE agent \"{}\": cannot listen on {}: {}",
-                                        options_.agent_name, address, error.message()));
+    if (options_.ports) {
+      // A port of the range (SWITCHBOARD_PORT_RANGE), the first one free.
+      try {
+        bind_in_range(*options_.ports,
+                      fmt::format("PIPE agent \"{}\" on {}", options_.agent_name, address),
+                      [&](uint16_t port) {
+                        boost::system::error_code e;
+                        acceptor_.bind(tcp::endpoint(ip, port), e);
+                        return e ? e.message() : std::string();
+                      });
+      } catch (const std::runtime_error& e) {
+        throw ConnectionError(e.what());
+      }
+    } else {
+      acceptor_.bind(tcp::endpoint(ip, 0), error);
+      if (error) {
+        throw ConnectionError(fmt::format("PIPE agent \"{}\": cannot listen on {}: {}",
+                                          options_.agent_name, address, error.message()));
+      }
     }
     acceptor_.listen(asio::socket_base::max_listen_connections);
     address_ = address;

@@ -6,11 +6,13 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "agents/pipe_connection.h"
 #include "agents/pipe_frame.h"
 #include "agents/pipe_transport.h"
+#include "common/listen_address.h"
 
 namespace switchboard::agents {
 
@@ -21,6 +23,9 @@ struct TcpTransportOptions {
   // Every connection's reader: frame limits and where received tensors go.
   pipe::FrameLimits limits;
   pipe::FrameReader::Allocate allocate;
+  // The listener's port comes from this range when set (else the kernel
+  // picks one).
+  std::optional<PortRange> ports;
 };
 
 // A transport whose connections report to `events`, which must outlive it.

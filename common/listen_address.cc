@@ -210,6 +210,49 @@ std::string route_source_address(const std::string& host) {
   return address;
 }
 
+std::optional<PortRange> port_range(const std::string& option) {
+  std::string value = option;
+  std::string source = "the port_range option";
+  if (value.empty()) {
+    const char* env = non_empty_env("SWITCHBOARD_PORT_RANGE");
+    if (env == nullptr) return std::nullopt;
+    value = env;
+    source = "SWITCHBOARD_PORT_RANGE";
+  }
+  auto number = [](const std::string& text, int* out) {
+    if (text.empty() || text.size() > 5 ||
+        text.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    *out = std::stoi(text);
+    return *out >= 1 && *out <= 65535;
+  };
+  const size_t dash = value.find('-');
+  int lo = 0;
+  int hi = 0;
+  const bool ok = dash == std::string::npos
+                      ? number(value, &lo) && number(value, &hi)
+                      : number(value.substr(0, dash), &lo) && number(value.substr(dash + 1), &hi);
+  if (!ok || lo > hi) {
+    throw std::invalid_argument(fmt::format(
+        "{} is \"{}\": want LO-HI with 1 <= LO <= HI <= 65535 (or one port)", source, value));
+  }
+  return PortRange{static_cast<uint16_t>(lo), static_cast<uint16_t>(hi), source};
+}
+
+uint16_t bind_in_range(const PortRange& range, const std::string& who,
+                       const std::function<std::string(uint16_t port)>& try_bind) {
+  std::string last;
+  for (uint32_t port = range.lo; port <= range.hi; ++port) {
+    const std::string why = try_bind(static_cast<uint16_t>(port));
+    if (why.empty()) return static_cast<uint16_t>(port);
+    last = fmt::format("{}: {}", port, why);
+  }
+  throw std::runtime_error(fmt::format(
+      "{}: no free port in {}-{} ({}); the last one tried, {}", who, range.lo, range.hi,
+      range.source, last));
+}
+
 bool is_local_address(const std::string& host) {
   return for_each_resolved(host, SOCK_STREAM, [](const addrinfo& ai) { return bindable(ai); });
 }

@@ -33,6 +33,9 @@
 // (info) once per process for each component and address.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +67,26 @@ std::string interface_address(const std::string& name);
 // address); empty when `host` does not resolve or has no route. Sends
 // nothing (a UDP socket that is connected, never written).
 std::string route_source_address(const std::string& host);
+
+// The ports a worker's listeners may take (firewalled clusters): `option`
+// when non-empty, else the SWITCHBOARD_PORT_RANGE environment variable;
+// "LO-HI" (1 <= LO <= HI <= 65535) or a single port "P". nullopt when
+// neither is set (listeners take ports the kernel picks).
+// Errors: std::invalid_argument naming the option or variable and its value.
+struct PortRange {
+  uint16_t lo = 0;
+  uint16_t hi = 0;
+  std::string source;  // "SWITCHBOARD_PORT_RANGE" or "the port_range option"
+};
+std::optional<PortRange> port_range(const std::string& option = "");
+
+// Binds a listener to the first port of `range` that `try_bind(port)`
+// accepts (it returns an empty string on success, else why not) and
+// returns that port. Errors: std::runtime_error naming `who`, the range,
+// where it came from and why the last ports failed ("... 30000: address
+// already in use"), when every port failed.
+uint16_t bind_in_range(const PortRange& range, const std::string& who,
+                       const std::function<std::string(uint16_t port)>& try_bind);
 
 // Whether `host` (a name or address) is an address of this host: one of
 // the addresses it resolves to can be bound here. False when it does not

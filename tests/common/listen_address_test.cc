@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tests/util/scoped_env.h"
 
@@ -88,4 +89,60 @@ TEST_CASE("without a setting, the address that routes to the store: loopback exa
   r.store_host = "127.0.0.1";  // what the caller knows wins over MASTER_ADDR
   ScopedEnv master("MASTER_ADDR", "no-such-host.invalid");
   CHECK(choose_listen_address(r).address == "127.0.0.1");
+}
+
+TEST_CASE("SWITCHBOARD_PORT_RANGE and the option: LO-HI or one port, errors naming them",
+          "[listen_address][ports]") {
+  using switchboard::port_range;
+  ScopedEnv unset("SWITCHBOARD_PORT_RANGE", std::nullopt);
+  CHECK_FALSE(port_range().has_value());
+  auto r = port_range("30000-30010");
+  REQUIRE(r.has_value());
+  CHECK(r->lo == 30000);
+  CHECK(r->hi == 30010);
+  CHECK(r->source == "the port_range option");
+  r = port_range("29500");
+  REQUIRE(r.has_value());
+  CHECK((r->lo == 29500 && r->hi == 29500));
+  {
+    ScopedEnv env("SWITCHBOARD_PORT_RANGE", "40000-40001");
+    r = port_range();
+    REQUIRE(r.has_value());
+    CHECK((r->lo == 40000 && r->hi == 40001 && r->source == "SWITCHBOARD_PORT_RANGE"));
+    CHECK(port_range("5-6")->lo == 5);  // the option wins
+  }
+  for (const char* bad : {"0-10", "10-5", "1-65536", "a-b", "-5", "5-", "1--2", " 5"}) {
+    INFO(bad);
+    ScopedEnv env("SWITCHBOARD_PORT_RANGE", bad);
+    try {
+      port_range();
+      FAIL("accepted");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(e.what(), Catch::Contains("SWITCHBOARD_PORT_RANGE") &&
+                               Catch::Contains(std::string("\"") + bad + "\""));
+    }
+  }
+}
+
+TEST_CASE("bind_in_range takes the first port that binds, and names the range when none does",
+          "[listen_address][ports]") {
+  using switchboard::bind_in_range;
+  using switchboard::PortRange;
+  const PortRange range{30000, 30003, "SWITCHBOARD_PORT_RANGE"};
+  std::vector<uint16_t> tried;
+  const uint16_t port = bind_in_range(range, "PIPE agent \"w0\"", [&](uint16_t p) {
+    tried.push_back(p);
+    return p < 30002 ? std::string("Address already in use") : std::string();
+  });
+  CHECK(port == 30002);
+  CHECK(tried == std::vector<uint16_t>{30000, 30001, 30002});
+  try {
+    bind_in_range(range, "PIPE agent \"w0\"",
+                  [](uint16_t) { return std::string("Address already in use"); });
+    FAIL("no error");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) ==
+          "PIPE agent \"w0\": no free port in 30000-30003 (SWITCHBOARD_PORT_RANGE); the last "
+          "one tried, 30003: Address already in use");
+  }
 }

@@ -8,6 +8,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -147,6 +152,40 @@ SB_CHILD_MAIN(partition_worker) {
   }
   fmt::print(" after {} ms\n",
              std::chrono::duration_cast<milliseconds>(Clock::now() - start).count());
+  return 0;
+}
+
+// A worker alone in a static group of one, its PIPE port from
+// SWITCHBOARD_PORT_RANGE. With args[0] == "taken", the range's only port
+// is taken first. Prints "listening on <port>" or "error: <what>".
+SB_CHILD_MAIN(range_worker) {
+  switchboard::init_logging("range_worker");
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  int blocker = -1;
+  if (args.at(0) == "taken") {
+    blocker = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(31000);
+    ::inet_pton(AF_INET, here.c_str(), &a.sin_addr);
+    if (::bind(blocker, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        ::listen(blocker, 1) != 0) {
+      fmt::print("cannot take port 31000\n");
+      return 1;
+    }
+  }
+  try {
+    rpc::init_rpc("solo", "PIPE", 0, 1);
+    for (const std::string& socket : listening_sockets()) {
+      if (socket.rfind(here + ":", 0) == 0 && socket != here + ":" + kMasterPort) {
+        fmt::print("listening on {}\n", socket.substr(here.size() + 1));
+      }
+    }
+    rpc::shutdown();
+  } catch (const std::exception& e) {
+    fmt::print("error: {}\n", e.what());
+  }
+  if (blocker >= 0) ::close(blocker);
   return 0;
 }
 
@@ -328,4 +367,26 @@ TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout
   CHECK_THAT(out[2], Catch::Contains("stopped"));
   std::remove(control_path.c_str());
   ::rmdir(dir_template);
+}
+
+TEST_CASE("SWITCHBOARD_PORT_RANGE: PIPE listens on a port of the range, and a range with no "
+          "free port is an error naming it",
+          "[multihost][ports]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 1});
+  auto env = worker_env(cluster, 0, 1, cluster.address(0));
+  env["SWITCHBOARD_PORT_RANGE"] = "31000-31001";
+  Subprocess free = cluster.spawn_child(0, "range_worker", {"free"}, env);
+  std::string out = free.read_all();
+  INFO(out);
+  CHECK(free.wait() == 0);
+  CHECK_THAT(out, Catch::Contains("listening on 31000\n"));
+  env["SWITCHBOARD_PORT_RANGE"] = "31000";
+  Subprocess taken = cluster.spawn_child(0, "range_worker", {"taken"}, env);
+  out = taken.read_all();
+  INFO(out);
+  CHECK(taken.wait() == 0);
+  CHECK_THAT(out, Catch::Contains("error: PIPE agent \"solo\" on 198.18.0.1: no free port in "
+                                  "31000-31000 (SWITCHBOARD_PORT_RANGE); the last one tried, "
+                                  "31000: "));
 }
