@@ -53,6 +53,22 @@ SB_CHILD_MAIN(launched) {
   for (;;) ::pause();  // until the launcher's SIGTERM
 }
 
+// A copy of the launch binary alone in a directory of its own (no runfiles,
+// no store_server beside it), made once.
+std::string lonely_launch() {
+  static const std::string path = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");  // bazel removes it
+    std::string dir = fmt::format("{}/sb-lonely-launch-XXXXXX", tmp ? tmp : "/tmp");
+    REQUIRE(::mkdtemp(dir.data()) != nullptr);
+    const std::string copy = dir + "/launch";
+    Subprocess cp({"/bin/cp", sbtest::runfile("tools/launch/launch"), copy});
+    cp.read_all();
+    REQUIRE(cp.wait() == 0);
+    return copy;
+  }();
+  return path;
+}
+
 // Runs `launch` in host `node` with the flags of a job of `nnodes` nodes of
 // `nproc` workers each; stdout and stderr both come back on the pipe.
 Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc,
@@ -66,9 +82,17 @@ Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.insert(argv.end(), {"--", self_exe(), "--sb-child", "launched"});
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return cluster.spawn(node, argv,
-                       {{"SWITCHBOARD_STORE_SERVER",
-                         sbtest::runfile("tools/store_server/store_server")}});
+  if (node == 0) {
+    return cluster.spawn(node, argv,
+                         {{"SWITCHBOARD_STORE_SERVER",
+                           sbtest::runfile("tools/store_server/store_server")}});
+  }
+  // Only node 0 runs the store server: the others run a copy of launch with
+  // no store server anywhere near it.
+  argv[3] = lonely_launch();
+  argv.insert(argv.begin(), {"/usr/bin/env", "-u", "RUNFILES_DIR", "-u",
+                             "RUNFILES_MANIFEST_FILE", "-u", "SWITCHBOARD_STORE_SERVER"});
+  return cluster.spawn(node, argv);
 }
 
 // No process is left in any host of the cluster.

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -174,6 +175,24 @@ void ChildProcess::stop() {
   close_fd(stdin_fd_);
   close_fd(stdout_fd_);
   pid_ = -1;
+}
+
+int run_inheriting_output(const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  pid_t pid = -1;
+  if (const int rc = posix_spawn(&pid, argv.at(0).c_str(), nullptr, nullptr, args.data(),
+                                 environ);
+      rc != 0) {
+    throw std::runtime_error(
+        fmt::format("cannot start {}: {}", argv.at(0), std::strerror(rc)));
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 bool has_exited(pid_t pid) {

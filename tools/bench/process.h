@@ -21,6 +21,11 @@ namespace switchboard::bench {
 std::string find_runfile(const std::string& argv0, const std::string& runfile,
                          const char* env_override);
 
+// Runs argv[0] with arguments argv[1..] on our stdin, stdout and stderr and
+// waits for it; returns its exit status (128 + the signal that killed it).
+// Throws std::runtime_error when it cannot be spawned.
+int run_inheriting_output(const std::vector<std::string>& argv);
+
 // True once `pid` (a child of ours) has exited: it is a zombie or gone.
 bool has_exited(pid_t pid);
 

@@ -57,6 +57,7 @@
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
 #include "tools/cli/cli.h"
+#include "tools/netns/netns_cluster.h"
 
 namespace switchboard::bench {
 
@@ -65,7 +66,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr const char* kHost = "127.0.0.1";
 constexpr const char* kPython = "/usr/bin/python3";
 constexpr const char* kServer = "server";
 constexpr const char* kClient = "client";
@@ -123,7 +123,7 @@ constexpr Counts kQuick{.tcp_warmup = 200,
 const Counts& counts_for(bool quick) { return quick ? kQuick : kFull; }
 
 // A backend under test: its registry name, the prefix of its figures, and
-// the extra that keeps it on 127.0.0.1.
+// the extra that names the address it listens on.
 struct Backend {
   const char* name;
   const char* prefix;
@@ -273,11 +273,14 @@ struct WorkerArgs {
   std::string role;
   uint16_t port = 0;
   bool quick = false;
+  std::string store_host = "127.0.0.1";  // the bench's store
+  std::string listen = "127.0.0.1";      // this worker's address
 };
 
-std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend) {
+std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend,
+                                                        const std::string& listen) {
   return rpc::construct_rpc_backend_options(rpc::backend_type(backend.name), kRpcTimeout,
-                                            "env://", {{backend.address_extra, kHost}});
+                                            "env://", {{backend.address_extra, listen}});
 }
 
 // Runs one role: init_rpc, the client's measurements, graceful shutdown,
@@ -289,7 +292,7 @@ void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
     rpc::register_function("echo", [](Tensor tensor) { return tensor; });
   }
   rpc::init_rpc(args.role, args.backend->name, server ? 0 : 1, 2,
-                backend_options(*args.backend), store);
+                backend_options(*args.backend, args.listen), store);
   std::string results = server ? std::string() : measure_client(counts_for(args.quick));
   rpc::shutdown(true, kShutdownTimeout);
   if (server) results = fmt::format("server_peak_rss_MiB={:.6f}\n", peak_rss_mib());
@@ -300,7 +303,7 @@ void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
 int run_worker(const WorkerArgs& args) {
   TcpStoreOptions store_options;
   store_options.timeout = kSideTimeout;
-  auto store = std::make_shared<TcpStore>(kHost, args.port, store_options);
+  auto store = std::make_shared<TcpStore>(args.store_host, args.port, store_options);
   try {
     run_role(args, store);
   } catch (const std::exception& e) {
@@ -370,13 +373,13 @@ Figures collect(Store& store, const std::vector<pid_t>& children,
 }
 
 // One of our backends; nullopt (after printing why) when it is not here.
-std::optional<Figures> run_ours(const Backend& backend, bool quick) {
+std::optional<Figures> run_ours(const Backend& backend, bool quick, const Placement& where) {
   if (!rpc::backend_registered(backend.name)) {
     fmt::print("{}: skipped (not registered in this build)\n", backend.name);
     return std::nullopt;
   }
   try {
-    backend_options(backend);
+    backend_options(backend, where.client);
   } catch (const std::exception& e) {
     fmt::print("{}: skipped ({})\n", backend.name, e.what());
     return std::nullopt;
@@ -385,12 +388,15 @@ std::optional<Figures> run_ours(const Backend& backend, bool quick) {
   options.is_master = true;
   options.wait_for_workers = false;
   options.timeout = kSideTimeout;
-  TcpStore store(kHost, 0, options);
+  TcpStore store(where.client, 0, options);
   std::vector<std::unique_ptr<ChildProcess>> workers;
   std::vector<pid_t> pids;
   for (const char* role : {kServer, kClient}) {
-    std::vector<std::string> argv = {self_exe(),   "rpc", "--worker",
-                                     backend.name, role,  std::to_string(store.port())};
+    const bool server = role == std::string(kServer);
+    std::vector<std::string> argv = server ? where.server_prefix : std::vector<std::string>{};
+    argv.insert(argv.end(), {self_exe(), "rpc", "--worker", backend.name, role,
+                             std::to_string(store.port()), "--store-host", where.client,
+                             "--listen", server ? where.server : where.client});
     if (quick) argv.push_back("--quick");
     workers.push_back(std::make_unique<ChildProcess>(argv));
     pids.push_back(workers.back()->pid());
@@ -429,22 +435,30 @@ std::optional<Figures> run_torch(const std::string& script, const Counts& counts
   }
   TcpStoreOptions options;
   options.timeout = kSideTimeout;
-  TcpStore store(kHost, port, options);
+  TcpStore store("127.0.0.1", port, options);
   Figures figures = collect(store, {launcher->pid()}, "torch");
   version = to_string(store.get("bench/torch_version"));
   launcher->stop();
   return figures;
 }
 
-void print_header(const Counts& counts, bool quick) {
+void print_header(const Counts& counts, bool quick, const Placement& where) {
   int cpus = usable_cpus();
+  const bool hosts = !where.server_prefix.empty();
+  if (hosts) {
+    fmt::print(
+        "# rpc: --hosts: every figure between two network namespaces over a veth link: the "
+        "client side (this process, its store, the clients) on {}, the servers on {}; same "
+        "machine, same {} usable cores; torch is not run across them\n",
+        where.client, where.server, cpus);
+  }
   fmt::print(
-      "# rpc: every figure between two processes on 127.0.0.1 sharing {} usable cores; "
+      "# rpc: every figure between two processes on {} sharing {} usable cores; "
       "ours = this binary's worker mode per backend (a server and a client, rendezvous "
       "through a TcpStore in the bench); torch = PyTorch's TensorPipe RPC "
       "(/usr/bin/python3 tools/bench/torch_rpc.py, num_worker_threads=16, "
       "TP_SOCKET_IFNAME=lo)\n",
-      cpus);
+      hosts ? fmt::format("{} and {}", where.client, where.server) : "127.0.0.1", cpus);
   fmt::print(
       "# rpc: tcp = blocking sockets, TCP_NODELAY: rtt = {}-byte ping-pong; oneway = {} "
       "MiB "
@@ -463,6 +477,7 @@ void print_header(const Counts& counts, bool quick) {
   print_value("nproc", std::to_string(cpus));
   print_value("loadavg_start", load_average());
   print_value("quick", quick ? "1" : "0");
+  print_value("path", hosts ? "veth" : "loopback");
   print_value("tcp_round_trips", std::to_string(counts.tcp_round_trips));
   print_value("tcp_oneway_sends", std::to_string(counts.tcp_bulk_sends));
   print_value("rtt_calls", std::to_string(counts.rtt_calls));
@@ -543,14 +558,17 @@ bool run_side(const std::string& name, F&& run) {
 
 // `only`: empty runs every side; else the prefix of the one side to run
 // after the TCP baseline (for profiling one backend).
-int run_bench(const std::string& argv0, bool quick, const std::string& only) {
+int run_bench(const std::string& argv0, bool quick, const std::string& only,
+              const Placement& where) {
   const Counts& counts = counts_for(quick);
-  std::string script = find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
-  print_header(counts, quick);
+  const bool hosts = !where.server_prefix.empty();
+  std::string script =
+      hosts ? std::string() : find_runfile(argv0, "tools/bench/torch_rpc.py", "SB_TORCH_RPC");
+  print_header(counts, quick, where);
   progress("rpc: raw TCP baseline ({} round trips, {} sends of {} MiB)",
            counts.tcp_round_trips, counts.tcp_bulk_sends, kBulkBytes >> 20);
   Figures tcp = run_tcp_baseline(
-      self_exe(), {counts.tcp_warmup, counts.tcp_round_trips, counts.tcp_bulk_sends});
+      self_exe(), {counts.tcp_warmup, counts.tcp_round_trips, counts.tcp_bulk_sends}, where);
   print_tcp(tcp);
   bool ok = true;
   std::vector<std::pair<const Backend*, Figures>> ours;
@@ -558,14 +576,16 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
     if (!only.empty() && only != backend.prefix) continue;
     ok &= run_side(backend.name, [&] {
       progress("rpc: {} (a server and a client process)", backend.name);
-      if (std::optional<Figures> figures = run_ours(backend, quick)) {
+      if (std::optional<Figures> figures = run_ours(backend, quick, where)) {
         print_side(backend.prefix, *figures);
         ours.emplace_back(&backend, std::move(*figures));
       }
     });
   }
   std::optional<Figures> torch;
-  if (only.empty() || only == "torch") ok &= run_side("torch", [&] {
+  if (hosts) {
+    fmt::print("torch: skipped (not run across hosts)\n");
+  } else if (only.empty() || only == "torch") ok &= run_side("torch", [&] {
     std::string why_not, version;
     progress("rpc: PyTorch's TensorPipe RPC (/usr/bin/python3)");
     torch = run_torch(script, counts, why_not, version);
@@ -590,9 +610,33 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only) {
 struct Flags {
   bool quick = false;
   std::string only;                 // empty: every side
+  bool hosts = false;               // --hosts
+  // The bench inside namespace A: --in-hosts SERVER_NS SERVER_ADDR CLIENT_ADDR.
+  std::vector<std::string> in_hosts;
   bool tcp_server = false;          // --tcp-server
+  std::string bind = "127.0.0.1";   // --bind: the TCP server's address
   std::vector<std::string> worker;  // --worker BACKEND ROLE PORT
+  std::string store_host = "127.0.0.1";  // --store-host
+  std::string listen = "127.0.0.1";      // --listen
 };
+
+// `bench rpc --hosts`: two network namespaces joined by a virtual switch
+// (tools/netns), this binary run again in the first (--in-hosts) with its
+// servers in the second; everything is torn down afterwards. Its exit
+// status, or 1 when the namespaces cannot be made (saying why).
+int run_across_hosts(bool quick, const std::string& only) {
+  if (const std::string why = netns::NetnsCluster::unavailable(); !why.empty()) {
+    fmt::print("bench rpc --hosts: {}\n", why);
+    return 1;
+  }
+  netns::NetnsCluster cluster({.hosts = 2});
+  std::vector<std::string> argv = {self_exe(),      "rpc",
+                                   "--in-hosts",    cluster.ns(1),
+                                   cluster.address(1), cluster.address(0)};
+  if (quick) argv.push_back("--quick");
+  if (!only.empty()) argv.insert(argv.end(), {"--only", only});
+  return run_inheriting_output(cluster.command(0, argv));
+}
 
 // Checks and converts --worker BACKEND server|client PORT; throws
 // CLI::ValidationError naming what is wrong.
@@ -606,6 +650,8 @@ WorkerArgs worker_args(const Flags& flags) {
   args.backend = find_backend(flags.worker[0]);
   args.role = flags.worker[1];
   args.quick = flags.quick;
+  args.store_host = flags.store_host;
+  args.listen = flags.listen;
   if (args.backend == nullptr) {
     throw CLI::ValidationError(
         "--worker", fmt::format("'{}' is not a backend under test", flags.worker[0]));
@@ -630,8 +676,11 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   CLI::App* sub = bench.add_subcommand(
       "rpc",
       "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's");
-  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|process_group|torch]");
+  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|process_group|torch] [--hosts]");
   sub->add_flag("--quick", flags->quick, "smaller counts: a smoke run of a few seconds");
+  sub->add_flag("--hosts", flags->hosts,
+                "measure between two network namespaces over a veth link instead of on "
+                "127.0.0.1 (needs root and iproute2; torch is not run)");
   std::vector<std::string> sides;
   for (const Backend& backend : kBackends) sides.push_back(backend.prefix);
   sides.push_back("torch");
@@ -645,14 +694,27 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   sub->add_option("--worker", flags->worker, "one role of our side")
       ->expected(3)
       ->group("");
+  sub->add_option("--in-hosts", flags->in_hosts, "the bench inside --hosts' first namespace")
+      ->expected(3)
+      ->group("");
+  sub->add_option("--bind", flags->bind, "the TCP server's address")->group("");
+  sub->add_option("--store-host", flags->store_host, "a worker's store address")->group("");
+  sub->add_option("--listen", flags->listen, "a worker's listen address")->group("");
   sub->callback([flags, worker] {
     if (!flags->worker.empty()) *worker = worker_args(*flags);
   });
   return {sub, [argv0, flags, worker] {
             try {
-              if (flags->tcp_server) return run_tcp_server(kSocketTimeout);
+              if (flags->tcp_server) return run_tcp_server(kSocketTimeout, flags->bind);
               if (!flags->worker.empty()) return run_worker(*worker);
-              return run_bench(argv0, flags->quick, flags->only);
+              if (flags->hosts) return run_across_hosts(flags->quick, flags->only);
+              Placement where;
+              if (!flags->in_hosts.empty()) {
+                where.server = flags->in_hosts[1];
+                where.client = flags->in_hosts[2];
+                where.server_prefix = netns::NetnsCluster::exec_prefix(flags->in_hosts[0]);
+              }
+              return run_bench(argv0, flags->quick, flags->only, where);
             } catch (const std::exception& e) {
               fmt::print(stderr, "bench rpc: {}\n", e.what());
               return 1;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -59,11 +60,14 @@ Socket configure(int fd, std::chrono::seconds socket_timeout) {
   return socket;
 }
 
-sockaddr_in loopback(uint16_t port) {
+// `host` (a numeric IPv4 address) and `port`.
+sockaddr_in ipv4(const std::string& host, uint16_t port) {
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::inet_pton(AF_INET, host.c_str(), &address.sin_addr) != 1) {
+    throw std::invalid_argument(fmt::format("not an IPv4 address: \"{}\"", host));
+  }
   return address;
 }
 
@@ -103,9 +107,9 @@ Socket accept_one(int listener, std::chrono::seconds socket_timeout) {
 
 }  // namespace
 
-int run_tcp_server(std::chrono::seconds socket_timeout) {
+int run_tcp_server(std::chrono::seconds socket_timeout, const std::string& host) {
   Socket listener(::socket(AF_INET, SOCK_STREAM, 0));
-  sockaddr_in address = loopback(0);
+  sockaddr_in address = ipv4(host, 0);
   socklen_t length = sizeof address;
   if (listener.fd() < 0 ||
       ::bind(listener.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
@@ -142,9 +146,9 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-Socket connect_to(uint16_t port) {
+Socket connect_to(const std::string& host, uint16_t port) {
   Socket socket = configure(::socket(AF_INET, SOCK_STREAM, 0), kClientSocketTimeout);
-  sockaddr_in address = loopback(port);
+  sockaddr_in address = ipv4(host, port);
   if (::connect(socket.fd(), reinterpret_cast<sockaddr*>(&address), sizeof address) !=
       0) {
     throw_errno("connect");
@@ -152,8 +156,9 @@ Socket connect_to(uint16_t port) {
   return socket;
 }
 
-void measure_tcp_rtt(uint16_t port, const TcpCounts& counts, Figures& figures) {
-  Socket socket = connect_to(port);
+void measure_tcp_rtt(const std::string& host, uint16_t port, const TcpCounts& counts,
+                     Figures& figures) {
+  Socket socket = connect_to(host, port);
   char message[kPingBytes] = {};
   std::vector<double> us;
   us.reserve(static_cast<size_t>(counts.round_trips));
@@ -169,8 +174,9 @@ void measure_tcp_rtt(uint16_t port, const TcpCounts& counts, Figures& figures) {
   figures["rtt_us_p99"] = percentile(us, 0.99);
 }
 
-void measure_tcp_oneway(uint16_t port, const TcpCounts& counts, Figures& figures) {
-  Socket socket = connect_to(port);
+void measure_tcp_oneway(const std::string& host, uint16_t port, const TcpCounts& counts,
+                        Figures& figures) {
+  Socket socket = connect_to(host, port);
   std::vector<char> data(kBulkBytes, 1);
   std::vector<double> gbps;
   for (int i = 0; i < 1 + counts.bulk_sends; ++i) {
@@ -188,12 +194,15 @@ void measure_tcp_oneway(uint16_t port, const TcpCounts& counts, Figures& figures
 
 }  // namespace
 
-Figures run_tcp_baseline(const std::string& self_exe, const TcpCounts& counts) {
-  ChildProcess server({self_exe, "rpc", "--tcp-server"});
+Figures run_tcp_baseline(const std::string& self_exe, const TcpCounts& counts,
+                         const Placement& where) {
+  std::vector<std::string> argv = where.server_prefix;
+  argv.insert(argv.end(), {self_exe, "rpc", "--tcp-server", "--bind", where.server});
+  ChildProcess server(argv);
   uint16_t port = server.read_port(kServerStartTimeout);
   Figures figures;
-  measure_tcp_rtt(port, counts, figures);
-  measure_tcp_oneway(port, counts, figures);
+  measure_tcp_rtt(where.server, port, counts, figures);
+  measure_tcp_oneway(where.server, port, counts, figures);
   server.stop();
   return figures;
 }

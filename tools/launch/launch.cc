@@ -37,7 +37,11 @@ int main(int argc, char** argv) {
   try {
     std::string& store_server = options.store_server;
     const char* user_dir = std::getenv("BUILD_WORKING_DIRECTORY");  // bazel run
-    if (store_server.empty()) {
+    // Only the node that runs the store server needs its binary.
+    const bool runs_store = options.store.empty() && options.node_rank == 0;
+    if (!runs_store) {
+      store_server.clear();
+    } else if (store_server.empty()) {
       store_server = find_store_server(argc > 0 ? argv[0] : "launch");
     } else if (user_dir != nullptr && store_server[0] != '/') {
       store_server = fmt::format("{}/{}", user_dir, store_server);

@@ -26,7 +26,9 @@ struct LaunchOptions {
   uint16_t master_port = 0;               // 0: the store server picks one
   // "tcp://HOST:PORT": an existing store server (no server is started).
   std::string store;
-  std::string store_server;               // empty: find_store_server()
+  // The store server binary (node 0 without --store only); empty:
+  // find_store_server().
+  std::string store_server;
   // Multi-node: how long the launchers wait for each other, and how often a
   // launcher looks at the job's state in the store while its workers run.
   std::chrono::milliseconds join_timeout{300'000};

@@ -1,0 +1,262 @@
+#include "tools/netns/netns_cluster.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <climits>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace switchboard::netns {
+namespace {
+
+constexpr const char* kPrefix = "sbt";  // every cluster namespace starts with it
+
+std::string ip_path() {
+  for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (::access(path, X_OK) == 0) return path;
+  }
+  return {};
+}
+
+struct Output {
+  int status = -1;   // exit code, or 128 + signal
+  std::string text;  // stdout and stderr
+};
+
+// Runs `argv` (argv[0] a path) and collects what it prints.
+Output run(const std::vector<std::string>& argv) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    throw std::runtime_error(fmt::format("NetnsCluster: pipe: {}", std::strerror(errno)));
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  Output out;
+  if (rc != 0) {
+    ::close(fds[0]);
+    out.text = fmt::format("cannot start {}: {}", argv[0], std::strerror(rc));
+    return out;
+  }
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buffer, sizeof(buffer));
+    if (n > 0) {
+      out.text.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  out.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return out;
+}
+
+Output run_ip(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {ip_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv);
+}
+
+std::vector<std::string> words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> out;
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+// Kills every process in namespace `ns` and deletes it. Best effort.
+void remove_namespace(const std::string& ns) {
+  for (int round = 0; round < 3; ++round) {
+    const std::vector<std::string> pids = words(run_ip({"netns", "pids", ns}).text);
+    if (pids.empty()) break;
+    for (const std::string& pid : pids) {
+      try {
+        ::kill(static_cast<pid_t>(std::stoi(pid)), SIGKILL);
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  run_ip({"netns", "del", ns});
+}
+
+// Deletes the namespaces of clusters whose test process is gone.
+void sweep_stale() {
+  std::istringstream lines(run_ip({"netns", "list"}).text);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string name = line.substr(0, line.find(' '));
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    const size_t dash = name.find('-');
+    if (dash == std::string::npos) continue;
+    pid_t owner = 0;
+    try {
+      owner = static_cast<pid_t>(std::stol(name.substr(3, dash - 3)));
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (owner > 0 && (::kill(owner, 0) == 0 || errno != ESRCH)) continue;
+    remove_namespace(name);
+  }
+}
+
+std::vector<std::string> with_env(const std::vector<std::string>& argv,
+                                  const std::map<std::string, std::string>& env) {
+  std::vector<std::string> out;
+  if (!env.empty()) {
+    out.push_back("/usr/bin/env");
+    for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  }
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+}  // namespace
+
+std::string NetnsCluster::unavailable() {
+  if (::geteuid() != 0) return "network namespaces need root (this test runs as a user)";
+  if (ip_path().empty()) return "iproute2's `ip` is not installed (apt-get install iproute2)";
+  const std::string probe = fmt::format("{}{}-probe", kPrefix, ::getpid());
+  const Output added = run_ip({"netns", "add", probe});
+  if (added.status != 0) {
+    return fmt::format("cannot create a network namespace (`ip netns add`: {})", added.text);
+  }
+  run_ip({"netns", "del", probe});
+  return {};
+}
+
+bool NetnsCluster::skipped() {
+  static const std::string why = unavailable();
+  if (why.empty()) return false;
+  fmt::print("skipped: {}\n", why);
+  std::fflush(stdout);
+  return true;
+}
+
+void NetnsCluster::ip(const std::vector<std::string>& args) {
+  const Output out = run_ip(args);
+  if (out.status != 0) {
+    throw std::runtime_error(fmt::format("NetnsCluster: `ip {}` failed (exit {}): {}",
+                                         fmt::join(args, " "), out.status, out.text));
+  }
+}
+
+NetnsCluster::NetnsCluster(Options options) : second_network_(options.second_network) {
+  if (options.hosts < 1 || options.hosts > 200) {
+    throw std::invalid_argument(fmt::format("NetnsCluster: {} hosts (1 to 200)", options.hosts));
+  }
+  static std::atomic<int> next{0};
+  sweep_stale();
+  prefix_ = fmt::format("{}{}-{}", kPrefix, ::getpid(), next++);
+  switch_ns_ = prefix_ + "-sw";
+  try {
+    ip({"netns", "add", switch_ns_});
+    ip({"-n", switch_ns_, "link", "set", "lo", "up"});
+    const int networks = second_network_ ? 2 : 1;
+    for (int net = 0; net < networks; ++net) {
+      const std::string bridge = fmt::format("br{}", net);
+      ip({"-n", switch_ns_, "link", "add", bridge, "type", "bridge"});
+      ip({"-n", switch_ns_, "link", "set", bridge, "up"});
+    }
+    for (int h = 0; h < options.hosts; ++h) {
+      const std::string ns = fmt::format("{}-h{}", prefix_, h);
+      ip({"netns", "add", ns});
+      hosts_.push_back(ns);
+      ip({"-n", ns, "link", "set", "lo", "up"});
+      for (int net = 0; net < networks; ++net) {
+        const std::string port = fmt::format("p{}n{}", h, net);
+        const std::string dev = fmt::format("eth{}", net);
+        ip({"-n", switch_ns_, "link", "add", port, "type", "veth", "peer", "name", dev,
+            "netns", ns});
+        ip({"-n", switch_ns_, "link", "set", port, "master", fmt::format("br{}", net)});
+        ip({"-n", switch_ns_, "link", "set", port, "up"});
+        ip({"-n", ns, "addr", "add", fmt::format("198.{}.0.{}/24", 18 + net, h + 1), "dev",
+            dev});
+        ip({"-n", ns, "link", "set", dev, "up"});
+      }
+    }
+  } catch (...) {
+    for (const std::string& ns : hosts_) remove_namespace(ns);
+    remove_namespace(switch_ns_);
+    throw;
+  }
+}
+
+NetnsCluster::~NetnsCluster() {
+  for (const std::string& ns : hosts_) remove_namespace(ns);
+  remove_namespace(switch_ns_);
+}
+
+std::string NetnsCluster::address(int host) const {
+  hosts_.at(host);  // range check
+  return fmt::format("198.18.0.{}", host + 1);
+}
+
+std::string NetnsCluster::address2(int host) const {
+  if (!second_network_) {
+    throw std::logic_error("NetnsCluster: address2() of a cluster without a second network");
+  }
+  hosts_.at(host);  // range check
+  return fmt::format("198.19.0.{}", host + 1);
+}
+
+std::vector<std::string> NetnsCluster::exec_prefix(const std::string& ns) {
+  return {ip_path(), "netns", "exec", ns};
+}
+
+std::vector<std::string> NetnsCluster::command(
+    int host, const std::vector<std::string>& argv,
+    const std::map<std::string, std::string>& env) const {
+  std::vector<std::string> full = exec_prefix(hosts_.at(host));
+  for (std::string& a : with_env(argv, env)) full.push_back(std::move(a));
+  return full;
+}
+
+std::vector<int> NetnsCluster::pids(int host) const {
+  std::vector<int> out;
+  for (const std::string& pid : words(run_ip({"netns", "pids", hosts_.at(host)}).text)) {
+    try {
+      out.push_back(std::stoi(pid));
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+void NetnsCluster::cut(int host) {
+  const int networks = second_network_ ? 2 : 1;
+  for (int net = 0; net < networks; ++net) {
+    ip({"-n", switch_ns_, "link", "set", fmt::format("p{}n{}", host, net), "down"});
+  }
+}
+
+void NetnsCluster::restore(int host) {
+  const int networks = second_network_ ? 2 : 1;
+  for (int net = 0; net < networks; ++net) {
+    ip({"-n", switch_ns_, "link", "set", fmt::format("p{}n{}", host, net), "up"});
+  }
+}
+
+}  // namespace switchboard::netns
