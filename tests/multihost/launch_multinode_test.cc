@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/util/netns_cluster.h"
@@ -35,7 +37,8 @@ std::string self_exe() {
 
 // A launched worker: prints its variables, then per args[0]:
 //   "exit": exits 0;  "fail-rank R": exits 3 if RANK == R, else waits for a
-//   signal;  "wait": waits for a signal (the launcher's SIGTERM ends it).
+//   signal;  "wait": waits for a signal (the launcher's SIGTERM ends it);
+//   "wait-rank R": waits for a signal if RANK == R, else exits 0.
 SB_CHILD_MAIN(launched) {
   const auto var = [](const char* name) {
     const char* v = std::getenv(name);
@@ -50,6 +53,7 @@ SB_CHILD_MAIN(launched) {
   const std::string mode = args.at(0);
   if (mode == "exit") return 0;
   if (mode == "fail-rank" && var("RANK") == args.at(1)) return 3;
+  if (mode == "wait-rank" && var("RANK") != args.at(1)) return 0;
   for (;;) ::pause();  // until the launcher's SIGTERM
 }
 
@@ -233,4 +237,34 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
   }
   store.kill(SIGTERM);
   store.wait();
+}
+
+TEST_CASE("a node whose launcher is killed (SIGKILL) fails the job after --node-timeout "
+          "instead of holding node 0 for ever",
+          "[multihost][launch]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  // Rank 0 (node 0) finishes at once; rank 1 (node 1) runs until stopped.
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(
+        launcher(cluster, node, 2, 1, {"wait-rank", "1"}, {"--node-timeout", "2"}));
+  }
+  while (launchers[1].read_line().find("] rank=1") == std::string::npos) {
+  }
+  launchers[1].kill(SIGKILL);  // it can record nothing: node 0 must notice
+  launchers[1].wait();
+  const std::string out = launchers[0].read_all();
+  INFO("node 0 printed:\n" << out);
+  CHECK(launchers[0].wait() == 1);
+  CHECK_THAT(out, Catch::Contains("first failure: node 1 stopped responding (its launcher "
+                                  "has not updated the store for 2 s)"));
+  // Node 1's worker died with its launcher (the launcher's children get
+  // SIGKILL when it dies): nothing is left on either host. Its exit is
+  // asynchronous, hence the bounded wait for the condition.
+  const auto guard = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!cluster.pids(1).empty() && std::chrono::steady_clock::now() < guard) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  check_nothing_left(cluster);
 }

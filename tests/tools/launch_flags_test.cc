@@ -53,7 +53,7 @@ TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
 TEST_CASE("launch flags: several nodes, torchrun's spelling", "[launch][cli]") {
   Parsed p = parse({"--nnodes", "4", "--node-rank=3", "--nproc-per-node", "8",
                     "--master-addr", "10.0.0.1", "--master-port", "29500", "--join-timeout",
-                    "2.5", "--job-id", "run7", "--", "worker"});
+                    "2.5", "--job-id", "run7", "--node-timeout", "4", "--", "worker"});
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
   CHECK(p.flags.nnodes == 4);
@@ -63,6 +63,7 @@ TEST_CASE("launch flags: several nodes, torchrun's spelling", "[launch][cli]") {
   CHECK(p.flags.master_port == 29500);
   CHECK(p.flags.join_timeout == std::chrono::milliseconds(2500));
   CHECK(p.flags.job_id == "run7");
+  CHECK(p.flags.node_timeout == std::chrono::milliseconds(4000));
   CHECK(p.flags.store.empty());
 }
 
@@ -158,7 +159,7 @@ TEST_CASE("launch flags: the help starts with the usage line and lists every fla
   for (const char* flag : {"--nproc N", "--master-addr ADDR", "--master-port PORT",
                            "--store-server PATH", "--timeout-stop S", "--no-prefix",
                            "--nproc-per-node", "--nnodes N", "--node-rank R", "--store URL",
-                           "--join-timeout S", "--job-id ID"}) {
+                           "--join-timeout S", "--job-id ID", "--node-timeout S"}) {
     CHECK_THAT(help, Catch::Contains(flag));
   }
   CHECK_THAT(help, Catch::Contains("(0 to 86400;") && Catch::Contains("default 5)"));

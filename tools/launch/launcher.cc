@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +34,8 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
 constexpr std::chrono::seconds kStorePortTimeout{30};
+// How often a launcher of several nodes says it is alive (and node 0 looks).
+constexpr std::chrono::seconds kHeartbeatInterval{1};
 
 struct Child {
   std::string name;  // "rank 3" or "store server"
@@ -108,8 +111,18 @@ class NodeLink {
     return now.empty() ? what : to_string(now);
   }
 
-  void report_done() { store_.add(prefix_ + "done", 1); }
+  void report_done() {
+    store_.set(fmt::format("{}done/{}", prefix_, node_rank_), to_bytes("1"));
+    store_.add(prefix_ + "done", 1);
+  }
   int64_t nodes_done() { return store_.add(prefix_ + "done", 0); }
+  bool node_done(int node) { return store_.check({fmt::format("{}done/{}", prefix_, node)}); }
+
+  // This launcher is alive: a counter the others watch change.
+  void heartbeat() { store_.add(fmt::format("{}alive/{}", prefix_, node_rank_), 1); }
+  int64_t heartbeats_of(int node) {
+    return store_.add(fmt::format("{}alive/{}", prefix_, node), 0);
+  }
 
  private:
   static TcpStoreOptions store_options(const LaunchOptions& options) {
@@ -144,6 +157,7 @@ class Supervisor {
   bool join_nodes();
   bool wait_signals_for(std::chrono::milliseconds timeout);
   void monitor_job(TimePoint now);
+  void watch_nodes(TimePoint now);
   void report_failure(const std::string& what);
   void setup_signals();
   bool start_store_server();
@@ -188,6 +202,10 @@ class Supervisor {
   bool reported_done_ = false;            // this node's workers are all reaped
   bool nodes_done_ = false;               // node 0: every node is (the store may go)
   std::optional<TimePoint> next_monitor_;
+  // Node 0: each other node's heartbeat counter as last seen, and when (by
+  // this launcher's steady clock) it was first seen at that value.
+  std::map<int, std::pair<int64_t, TimePoint>> heartbeats_;
+  std::optional<TimePoint> next_heartbeat_;
   std::optional<TimePoint> store_grace_until_;  // node 0 after a failure
 };
 
@@ -306,6 +324,28 @@ void Supervisor::report_failure(const std::string& what) {
   }
 }
 
+// Node 0: a node whose launcher has not beaten its counter for
+// --node-timeout (by this launcher's own clock; no clocks are compared),
+// and which has not said it is done, is gone: the job fails, naming it.
+// Without this, a launcher killed with SIGKILL (or its host lost) would
+// leave node 0 waiting for its "done" for ever.
+void Supervisor::watch_nodes(TimePoint now) {
+  for (int node = 1; node < options_.nnodes; ++node) {
+    if (link_->node_done(node)) continue;
+    const int64_t beats = link_->heartbeats_of(node);
+    auto [it, first] = heartbeats_.try_emplace(node, beats, now);
+    if (!first && it->second.first != beats) it->second = {beats, now};
+    if (now - it->second.second < options_.node_timeout) continue;
+    const std::string what = fmt::format(
+        "node {} stopped responding (its launcher has not updated the store for {})", node,
+        seconds(options_.node_timeout));
+    fmt::print(stderr, "launch: node {}: {}\n", options_.node_rank, what);
+    report_failure(what);
+    begin_stop(SIGTERM, 1);
+    return;
+  }
+}
+
 // Multi-node, every monitor_interval while the job runs: another node's
 // failure stops this node's workers; when they are all reaped this node
 // says so; node 0 keeps the store up until every node is done (or, after
@@ -314,6 +354,11 @@ void Supervisor::monitor_job(TimePoint now) {
   if (!link_ || (next_monitor_ && now < *next_monitor_)) return;
   next_monitor_ = now + options_.monitor_interval;
   try {
+    if (!next_heartbeat_ || now >= *next_heartbeat_) {
+      next_heartbeat_ = now + kHeartbeatInterval;
+      link_->heartbeat();
+      if (hosts_store() && !stopping_) watch_nodes(now);
+    }
     if (!stopping_) {
       if (auto failure = link_->failure()) {
         first_failure_ = *failure;

@@ -43,7 +43,12 @@
 //   - a launcher whose workers are all reaped says so ("launch/<id>/done");
 //     node 0 stops its store server only once every node has (after a
 //     failure: every node that arrived, or the stop timeout plus 2 s);
-//   - a store that cannot be reached any more stops this node's workers.
+//   - a store that cannot be reached any more stops this node's workers;
+//   - every launcher adds 1 to "launch/<id>/alive/<R>" each second; node 0
+//     fails the job when a node that is not done has not moved its counter
+//     for --node-timeout (30 s) by node 0's own clock ("node 2 stopped
+//     responding"), so a launcher killed with SIGKILL or a lost host does
+//     not leave node 0 waiting for ever.
 //
 // Thread safety: run_launcher() forks, so the process must have one thread.
 #pragma once

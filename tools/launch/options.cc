@@ -72,6 +72,16 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
                  "one")
       ->type_name("URL")
       ->check(cli::non_empty("a URL"));
+  app.add_option_function<double>(
+         "--node-timeout",
+         [options](double seconds) {
+           options->node_timeout = std::chrono::milliseconds(std::llround(seconds * 1000));
+         },
+         "seconds node 0 waits for a node whose launcher stopped updating the store "
+         "before failing the job")
+      ->type_name("S")
+      ->default_str(fmt::format("{}", options->node_timeout.count() / 1000.0))
+      ->check(cli::number_in(1, kMaxJoinSeconds));
   app.add_option("--job-id", options->job_id,
                  "names this job's keys in the store; runs sharing one --store need "
                  "different ids")

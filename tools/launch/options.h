@@ -33,6 +33,9 @@ struct LaunchOptions {
   // launcher looks at the job's state in the store while its workers run.
   std::chrono::milliseconds join_timeout{300'000};
   std::chrono::milliseconds monitor_interval{100};
+  // Node 0 fails the job when another node's launcher has not updated its
+  // heartbeat in the store for this long (a launcher killed, a host lost).
+  std::chrono::milliseconds node_timeout{30'000};
   // Names this job's keys in the store ("launch/<job_id>/..."): runs that
   // share one store_server need different ids.
   std::string job_id = "job";
