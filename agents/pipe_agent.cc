@@ -109,12 +109,14 @@ void PipeAgent::Impl::start_up() {
   mine.device_count = device_count;
   mine.device_maps = options.device_maps;
   mine.devices = options.devices;
+  // Heartbeats start first: connections made while joining (or during the
+  // static rendezvous) must stay alive while the rest is still being set up.
+  transport->every(options.heartbeat_interval, [this] { return heartbeat(); });
   if (dynamic) {
     membership->join(mine);
   } else {
     rendezvous->run(*store, mine);
   }
-  transport->every(options.heartbeat_interval, [this] { return heartbeat(); });
 }
 
 void PipeAgent::Impl::on_accept(std::shared_ptr<Connection> connection) {

@@ -5,6 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -98,16 +101,35 @@ void Membership::join(const WorkerAnnouncement& mine) {
   hello.name = name_;
   hello.announcement = encode_announcement(mine);
   const std::vector<uint8_t> bytes = encode_hello(hello);
+  // Every member at once, each connect bounded by the step's timeout: one
+  // member behind a cut link must not hold up the others (nor the
+  // heartbeats on the connections already made, which run on the I/O
+  // threads meanwhile).
   std::vector<int> reached;
-  for (const Member& m : members) {
-    try {
-      peers_.connect(m.rank, transport_, bytes);
-      reached.push_back(m.rank);
-    } catch (const ConnectionError& e) {
+  {
+    std::vector<std::string> failures(members.size());
+    std::vector<std::thread> connecting;
+    connecting.reserve(members.size());
+    for (size_t i = 0; i < members.size(); ++i) {
+      connecting.emplace_back([&, i] {
+        try {
+          peers_.connect(members[i].rank, transport_, bytes, timeout);
+        } catch (const ConnectionError& e) {
+          failures[i] = e.what();
+        }
+      });
+    }
+    for (std::thread& t : connecting) t.join();
+    for (size_t i = 0; i < members.size(); ++i) {
+      const Member& m = members[i];
+      if (failures[i].empty()) {
+        reached.push_back(m.rank);
+        continue;
+      }
       // A member that died without leaving: it is no longer in the group.
       spdlog::warn("rpc agent \"{}\": member \"{}\" (rank {}) is unreachable and is dropped "
                    "from the group: {}",
-                   name_, m.announcement.name, m.rank, e.what());
+                   name_, m.announcement.name, m.rank, failures[i]);
       peers_.mark_lost(m.rank, "was unreachable when this worker joined");
     }
   }

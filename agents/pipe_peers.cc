@@ -108,11 +108,12 @@ bool PeerTable::add_unidentified(const std::shared_ptr<Connection>& connection) 
 }
 
 void PeerTable::connect(int peer, PipeTransport& transport,
-                        const std::vector<uint8_t>& hello) {
+                        const std::vector<uint8_t>& hello,
+                        std::chrono::milliseconds timeout) {
   const WorkerAnnouncement& a = infos_[peer].announcement;
   std::shared_ptr<Connection> connection;
   try {
-    connection = transport.connect(a.address, a.port);
+    connection = transport.connect(a.address, a.port, timeout);
   } catch (const ConnectionError& e) {
     throw ConnectionError(
         fmt::format("PIPE agent \"{}\": cannot connect to worker \"{}\" at {}:{}: {}",

@@ -112,11 +112,12 @@ class PeerTable {
   // An accepted connection that has not said hello; false (the caller
   // drops it) once stop() ran.
   bool add_unidentified(const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
-  // Connects to `peer` through `transport`, sends `hello` (a hello frame's
-  // payload) and makes the connection the peer's, up, reading. Throws
-  // ConnectionError naming this worker, the peer and its address.
-  void connect(int peer, PipeTransport& transport, const std::vector<uint8_t>& hello)
-      SB_EXCLUDES(mu_);
+  // Connects to `peer` through `transport` (waiting `timeout` at most),
+  // sends `hello` (a hello frame's payload) and makes the connection the
+  // peer's, up, reading. Throws ConnectionError naming this worker, the peer
+  // and its address.
+  void connect(int peer, PipeTransport& transport, const std::vector<uint8_t>& hello,
+               std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
   // Makes `connection` (which said hello as `peer`) the peer's, up; false,
   // changing nothing, when the peer has a connection already.
   bool identify(int peer, const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);

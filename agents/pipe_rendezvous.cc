@@ -55,7 +55,7 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
   hello.rank = rank_;
   hello.name = name_;
   const std::vector<uint8_t> bytes = encode_hello(hello);
-  for (int r = 0; r < rank_; ++r) peers_.connect(r, transport_, bytes);
+  for (int r = 0; r < rank_; ++r) peers_.connect(r, transport_, bytes, options_.rpc_timeout);
 
   const std::vector<std::string> missing = peers_.wait_all_up(options_.rpc_timeout);
   if (!missing.empty()) {

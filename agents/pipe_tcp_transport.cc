@@ -1,9 +1,13 @@
 #include "agents/pipe_tcp_transport.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
+
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -86,12 +90,38 @@ class TcpTransport final : public PipeTransport {
   const std::string& address() const override { return address_; }
   int port() const override { return port_; }
 
-  std::shared_ptr<Connection> connect(const std::string& address, int port) override {
+  std::shared_ptr<Connection> connect(const std::string& address, int port,
+                                      std::chrono::milliseconds timeout) override {
     tcp::socket socket(io_);
     boost::system::error_code error;
     const tcp::endpoint endpoint(asio::ip::make_address(address, error),
                                  static_cast<uint16_t>(port));
-    if (!error) socket.connect(endpoint, error);
+    if (error) throw ConnectionError(error.message());
+    // A non-blocking connect, waited for with poll() up to `timeout`.
+    socket.open(endpoint.protocol(), error);
+    if (!error) socket.non_blocking(true, error);
+    if (error) throw ConnectionError(error.message());
+    socket.connect(endpoint, error);
+    if (error == asio::error::would_block || error == asio::error::in_progress) {
+      pollfd fd{socket.native_handle(), POLLOUT, 0};
+      int rc = 0;
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      do {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        rc = ::poll(&fd, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      } while (rc < 0 && errno == EINTR);
+      if (rc == 0) {
+        throw ConnectionError(fmt::format("no answer within {} ms", timeout.count()));
+      }
+      int so_error = 0;
+      socklen_t length = sizeof(so_error);
+      ::getsockopt(socket.native_handle(), SOL_SOCKET, SO_ERROR, &so_error, &length);
+      error = boost::system::error_code(rc < 0 ? errno : so_error,
+                                        boost::system::system_category());
+    }
+    if (error) throw ConnectionError(error.message());
+    socket.non_blocking(false, error);
     if (error) throw ConnectionError(error.message());
     return make_connection(std::move(socket));
   }

@@ -41,9 +41,12 @@ class PipeTransport {
   virtual const std::string& address() const = 0;
   virtual int port() const = 0;
 
-  // Connects to a peer's listener, blocking the caller; the connection is
-  // not reading yet. Throws ConnectionError with the system's reason.
-  virtual std::shared_ptr<Connection> connect(const std::string& address, int port) = 0;
+  // Connects to a peer's listener, blocking the caller for `timeout` at
+  // most; the connection is not reading yet. Throws ConnectionError with the
+  // system's reason, or saying that `timeout` passed (a peer behind a cut
+  // link answers nothing, and the kernel would retry for minutes).
+  virtual std::shared_ptr<Connection> connect(const std::string& address, int port,
+                                              std::chrono::milliseconds timeout) = 0;
 
   // Runs `tick` on an I/O thread every `interval` (the first after one
   // interval) until it returns false or close() is called.

@@ -10,10 +10,12 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -186,6 +188,57 @@ SB_CHILD_MAIN(range_worker) {
     fmt::print("error: {}\n", e.what());
   }
   if (blocker >= 0) ::close(blocker);
+  return 0;
+}
+
+// A member of a dynamic PIPE group (rpc_timeout 3 s, heartbeat timeout
+// 1.5 s), args: name, rank, role, control FileStore path. "member": joins,
+// says "ready", waits for the "done" key, stops. "joiner": joins (timing
+// it), calls "ps", lists the group, stops.
+constexpr int kJoinTimeoutMs = 3000;
+
+SB_CHILD_MAIN(dynamic_member) {
+  using Clock = std::chrono::steady_clock;
+  switchboard::init_logging("dynamic_member");
+  const std::string name = args.at(0);
+  const int rank = std::stoi(args.at(1));
+  const std::string role = args.at(2);
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  rpc::register_function("where", [here]() { return here; });
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), std::chrono::milliseconds(kJoinTimeoutMs), "env://",
+      {{"heartbeat_timeout_ms", "1500"}});
+  const auto start = Clock::now();
+  try {
+    rpc::init_rpc(name, "PIPE", rank, rpc::kDynamicGroup, options);
+  } catch (const std::exception& e) {
+    fmt::print("init failed after {} ms: {}\n",
+               std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
+                   .count(),
+               e.what());
+    return 0;
+  }
+  if (role == "member") {
+    fmt::print("ready\n");
+    std::fflush(stdout);
+    switchboard::FileStore control(args.at(3));
+    control.wait({"done"}, std::chrono::milliseconds(120'000));
+    rpc::shutdown(false);
+    return 0;
+  }
+  fmt::print("joined after {} ms\n",
+             std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start)
+                 .count());
+  try {
+    fmt::print("ps answered {}\n", rpc::rpc_sync<std::string>("ps", "where"));
+  } catch (const std::exception& e) {
+    fmt::print("ps did not answer: {}\n", e.what());
+  }
+  std::vector<std::string> names;
+  for (const auto& w : rpc::get_worker_infos()) names.push_back(w.name);
+  std::sort(names.begin(), names.end());
+  fmt::print("group: {}\n", fmt::join(names, " "));
+  rpc::shutdown(false);
   return 0;
 }
 
@@ -389,4 +442,56 @@ TEST_CASE("SWITCHBOARD_PORT_RANGE: PIPE listens on a port of the range, and a ra
   CHECK_THAT(out, Catch::Contains("error: PIPE agent \"solo\" on 198.18.0.1: no free port in "
                                   "31000-31000 (SWITCHBOARD_PORT_RANGE); the last one tried, "
                                   "31000: "));
+}
+
+TEST_CASE("joining a dynamic group while one member's link is down returns within the join "
+          "timeout, and the members reached keep the joiner",
+          "[multihost][dynamic][partition]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 4});
+  char dir_template[] = "/tmp/sb-dynamic-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string control_path = std::string(dir_template) + "/control";
+  const std::string store_port = "29700";
+  Subprocess store = cluster.spawn(
+      0, {sbtest::runfile("tools/store_server/store_server"), "--host", cluster.address(0),
+          "--port", store_port, "--quiet"});
+  REQUIRE(store.read_line() == "port=" + store_port);
+  auto env_of = [&](int host) {
+    return std::map<std::string, std::string>{
+        {"MASTER_ADDR", cluster.address(0)},
+        {"MASTER_PORT", store_port},
+        {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
+        {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
+  };
+  Subprocess ps =
+      cluster.spawn_child(1, "dynamic_member", {"ps", "0", "member", control_path}, env_of(1));
+  REQUIRE(ps.read_line() == "ready");
+  Subprocess m =
+      cluster.spawn_child(2, "dynamic_member", {"m", "1", "member", control_path}, env_of(2));
+  REQUIRE(m.read_line() == "ready");
+  cluster.cut(2);  // m is alive, and nobody can reach it
+  Subprocess joiner =
+      cluster.spawn_child(3, "dynamic_member", {"j", "2", "joiner", control_path}, env_of(3));
+  const std::string out = joiner.read_all();
+  INFO("the joiner printed:\n" << out);
+  CHECK(joiner.wait() == 0);
+  const size_t at = out.find("joined after ");
+  REQUIRE(at != std::string::npos);
+  // Bounded by its timeout (each connect is), not by TCP's minutes of retries.
+  CHECK(std::stoi(out.substr(at + 13)) <= kJoinTimeoutMs + 3000);
+  // The member it reached kept it: the joiner's heartbeats ran while it
+  // waited for the unreachable one.
+  CHECK_THAT(out, Catch::Contains("ps answered " + cluster.address(1)));
+  {
+    switchboard::FileStore control(control_path);
+    control.set("done", {1});
+  }
+  cluster.restore(2);
+  CHECK(ps.wait() == 0);
+  CHECK(m.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
+  std::remove(control_path.c_str());
+  ::rmdir(dir_template);
 }
