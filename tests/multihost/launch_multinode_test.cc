@@ -196,10 +196,7 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
   if (NetnsCluster::skipped()) return;
   NetnsCluster cluster({.hosts = 4});
   const std::string store_port = "29600";
-  Subprocess store = cluster.spawn(
-      0, {sbtest::runfile("tools/store_server/store_server"), "--host", cluster.address(0),
-          "--port", store_port, "--quiet"});
-  REQUIRE(store.read_line() == "port=" + store_port);
+  Subprocess store = cluster.spawn_store_server(0, store_port);
   const std::string url = fmt::format("tcp://{}:{}", cluster.address(0), store_port);
   std::vector<Subprocess> launchers;
   // Nodes 0..2 on hosts 1..3: rank 0 (the ps) on host 1, trainer-1 and the

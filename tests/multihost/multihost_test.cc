@@ -242,6 +242,31 @@ SB_CHILD_MAIN(dynamic_member) {
   return 0;
 }
 
+// A FileStore the test and its workers share (hosts have networks of their
+// own, not file systems): the test sets keys the workers wait for.
+class ControlFile {
+ public:
+  ControlFile() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir_ = fmt::format("{}/sb-control-XXXXXX", tmp ? tmp : "/tmp");
+    REQUIRE(::mkdtemp(dir_.data()) != nullptr);
+    path_ = dir_ + "/control";
+  }
+  ~ControlFile() {
+    std::remove(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  void set(const std::string& key) const {
+    switchboard::FileStore control(path_);
+    control.set(key, {1});
+  }
+
+ private:
+  std::string dir_;
+  std::string path_;
+};
+
 std::map<std::string, std::string> worker_env(const NetnsCluster& cluster, int rank,
                                               int world, const std::string& master) {
   return {{"MASTER_ADDR", master},
@@ -378,20 +403,15 @@ TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout
           "[multihost][partition]") {
   if (skipped()) return;
   NetnsCluster cluster({.hosts = 3});
-  char dir_template[] = "/tmp/sb-partition-XXXXXX";
-  REQUIRE(::mkdtemp(dir_template) != nullptr);
-  const std::string control_path = std::string(dir_template) + "/control";
+  const ControlFile control;
   std::vector<Subprocess> workers;
   for (int r = 0; r < 3; ++r) {
-    workers.push_back(cluster.spawn_child(r, "partition_worker", {control_path},
+    workers.push_back(cluster.spawn_child(r, "partition_worker", {control.path()},
                                           worker_env(cluster, r, 3, cluster.address(0))));
   }
   for (int r = 0; r < 3; ++r) REQUIRE(workers[r].read_line() == "ready");
   cluster.cut(2);
-  {
-    switchboard::FileStore control(control_path);
-    control.set("cut", {1});
-  }
+  control.set("cut");
   std::vector<std::string> out;
   for (int r = 0; r < 3; ++r) {
     out.push_back(workers[r].read_all());
@@ -418,8 +438,6 @@ TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout
     CHECK(ms <= kShutdownBoundMs + 3000);
   }
   CHECK_THAT(out[2], Catch::Contains("stopped"));
-  std::remove(control_path.c_str());
-  ::rmdir(dir_template);
 }
 
 TEST_CASE("SWITCHBOARD_PORT_RANGE: PIPE listens on a port of the range, and a range with no "
@@ -449,14 +467,10 @@ TEST_CASE("joining a dynamic group while one member's link is down returns withi
           "[multihost][dynamic][partition]") {
   if (skipped()) return;
   NetnsCluster cluster({.hosts = 4});
-  char dir_template[] = "/tmp/sb-dynamic-XXXXXX";
-  REQUIRE(::mkdtemp(dir_template) != nullptr);
-  const std::string control_path = std::string(dir_template) + "/control";
+  const ControlFile control;
+  const std::string& control_path = control.path();
   const std::string store_port = "29700";
-  Subprocess store = cluster.spawn(
-      0, {sbtest::runfile("tools/store_server/store_server"), "--host", cluster.address(0),
-          "--port", store_port, "--quiet"});
-  REQUIRE(store.read_line() == "port=" + store_port);
+  Subprocess store = cluster.spawn_store_server(0, store_port);
   auto env_of = [&](int host) {
     return std::map<std::string, std::string>{
         {"MASTER_ADDR", cluster.address(0)},
@@ -483,15 +497,10 @@ TEST_CASE("joining a dynamic group while one member's link is down returns withi
   // The member it reached kept it: the joiner's heartbeats ran while it
   // waited for the unreachable one.
   CHECK_THAT(out, Catch::Contains("ps answered " + cluster.address(1)));
-  {
-    switchboard::FileStore control(control_path);
-    control.set("done", {1});
-  }
+  control.set("done");
   cluster.restore(2);
   CHECK(ps.wait() == 0);
   CHECK(m.wait() == 0);
   store.kill(SIGTERM);
   store.wait();
-  std::remove(control_path.c_str());
-  ::rmdir(dir_template);
 }

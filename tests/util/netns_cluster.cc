@@ -7,6 +7,16 @@
 
 namespace sbtest {
 
+Subprocess NetnsCluster::spawn_store_server(int host, const std::string& port) const {
+  Subprocess server = spawn(host, {runfile("tools/store_server/store_server"), "--host",
+                                   address(host), "--port", port, "--quiet"});
+  if (const std::string line = server.read_line(); line != "port=" + port) {
+    throw std::runtime_error("NetnsCluster: the store server printed \"" + line +
+                             "\", not port=" + port);
+  }
+  return server;
+}
+
 Subprocess NetnsCluster::spawn_child(int host, const std::string& name,
                                      const std::vector<std::string>& args,
                                      const std::map<std::string, std::string>& env) const {

@@ -28,6 +28,9 @@ class NetnsCluster : public switchboard::netns::NetnsCluster {
                    const std::map<std::string, std::string>& env = {}) const {
     return Subprocess(command(host, argv, env));
   }
+  // Starts //tools/store_server (a data dependency of the test) in host
+  // `host` on its address and `port`, and waits for its "port=N" line.
+  Subprocess spawn_store_server(int host, const std::string& port) const;
   // Starts this test binary's child `name` (SB_CHILD_MAIN) in host `host`.
   Subprocess spawn_child(int host, const std::string& name,
                          const std::vector<std::string>& args = {},
