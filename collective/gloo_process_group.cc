@@ -64,8 +64,11 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
 
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
 
+  // Bounded by the group's timeout, not by what Gloo passes: the context's
+  // timeout is a fifth of it while connecting (see the constructor).
   void wait(const std::vector<std::string>& keys,
-            const std::chrono::milliseconds& timeout) override {
+            const std::chrono::milliseconds& /*gloo_timeout*/) override {
+    const std::chrono::milliseconds timeout = timeout_;
     std::vector<std::string> full;
     full.reserve(keys.size());
     for (const auto& key : keys) full.push_back(prefix_ + key);
@@ -367,7 +370,10 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
   const std::string prefix = options.group_name + "/gloo/";
   GlooStoreAdapter adapter(store, prefix, impl_->op_timeout);
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(impl_->op_timeout);
+  // Gloo waits up to five times the context's timeout for a pair's first
+  // connect (tcp::Pair::waitUntil): a fifth of ours makes the user's timeout
+  // the bound there too. Ops carry their own timeout (opts.setTimeout).
+  context->setTimeout(std::max(std::chrono::milliseconds(1), impl_->op_timeout / 5));
   try {
     context->connectFullMesh(adapter, impl_->device);
   } catch (const TimeoutError&) {
@@ -384,6 +390,7 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
                     "(timeout {} ms): {}",
                     where_init, options.timeout.count(), e.what()));
   }
+  context->setTimeout(impl_->op_timeout);
   impl_->context = std::move(context);
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }

@@ -242,6 +242,27 @@ SB_CHILD_MAIN(dynamic_member) {
   return 0;
 }
 
+// A rank of a named Gloo group of two with a 4 s timeout; prints how long
+// init_collective_group took and how it ended.
+constexpr int kGroupTimeoutMs = 4000;
+
+SB_CHILD_MAIN(group_rank) {
+  using Clock = std::chrono::steady_clock;
+  switchboard::init_logging("group_rank");
+  const int rank = std::atoi(std::getenv("RANK"));
+  const auto start = Clock::now();
+  std::string outcome = "ok";
+  try {
+    col::init_collective_group(2, rank, "GLOO", "g", std::chrono::milliseconds(kGroupTimeoutMs));
+  } catch (const std::exception& e) {
+    outcome = e.what();
+  }
+  fmt::print("init_collective_group returned after {} ms: {}\n",
+             std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(),
+             outcome);
+  return 0;
+}
+
 // A FileStore the test and its workers share (hosts have networks of their
 // own, not file systems): the test sets keys the workers wait for.
 class ControlFile {
@@ -501,6 +522,35 @@ TEST_CASE("joining a dynamic group while one member's link is down returns withi
   cluster.restore(2);
   CHECK(ps.wait() == 0);
   CHECK(m.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
+}
+
+TEST_CASE("init_collective_group with a peer that advertises an address no one can reach "
+          "returns within its timeout",
+          "[multihost][collective]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  const std::string store_port = "29800";
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  std::vector<Subprocess> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::map<std::string, std::string> env = {{"MASTER_ADDR", cluster.address(0)},
+                                              {"MASTER_PORT", store_port},
+                                              {"RANK", std::to_string(r)}};
+    // Rank 1 advertises loopback: rank 0 reaches its own 127.0.0.1 instead.
+    if (r == 1) env["SWITCHBOARD_IFNAME"] = "127.0.0.1";
+    ranks.push_back(cluster.spawn_child(r, "group_rank", {}, env));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const std::string out = ranks[r].read_all();
+    INFO("rank " << r << " printed:\n" << out);
+    CHECK(ranks[r].wait() == 0);
+    const size_t at = out.find("returned after ");
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stoi(out.substr(at + 15)) <= kGroupTimeoutMs + 3000);
+    CHECK_THAT(out, !Catch::Contains(": ok"));
+  }
   store.kill(SIGTERM);
   store.wait();
 }
