@@ -138,13 +138,31 @@ std::vector<std::string> with_env(const std::vector<std::string>& argv,
 std::string NetnsCluster::unavailable() {
   if (::geteuid() != 0) return "network namespaces need root (this test runs as a user)";
   if (ip_path().empty()) return "iproute2's `ip` is not installed (apt-get install iproute2)";
+  // Everything a cluster does, once, in a namespace of its own: a
+  // namespace, a bridge and a veth pair on it, a command run inside
+  // (kernels or containers without one of them say so here, not in a
+  // test's constructor).
   const std::string probe = fmt::format("{}{}-probe", kPrefix, ::getpid());
   const Output added = run_ip({"netns", "add", probe});
   if (added.status != 0) {
     return fmt::format("cannot create a network namespace (`ip netns add`: {})", added.text);
   }
+  std::string why;
+  for (const std::vector<std::string>& step :
+       {std::vector<std::string>{"-n", probe, "link", "add", "br0", "type", "bridge"},
+        std::vector<std::string>{"-n", probe, "link", "add", "v0", "type", "veth", "peer",
+                                 "name", "v1"},
+        std::vector<std::string>{"-n", probe, "link", "set", "v0", "master", "br0"},
+        std::vector<std::string>{"netns", "exec", probe, "/bin/true"}}) {
+    const Output out = run_ip(step);
+    if (out.status != 0) {
+      why = fmt::format("cannot build a virtual network or run in it (`ip {}`: {})",
+                        fmt::join(step, " "), out.text);
+      break;
+    }
+  }
   run_ip({"netns", "del", probe});
-  return {};
+  return why;
 }
 
 bool NetnsCluster::skipped() {
