@@ -236,21 +236,38 @@ TEST_CASE("a live holder that renews is never taken over, even by a waiter whose
   for (const auto skew : kSkews) {
     INFO("the waiter's clock is " << skew.count() << " min off the holder's");
     auto store = std::make_shared<HashStore>();
-    MembershipToken holder(store, kKey, "holder", 600ms, skewed(-skew));
+    // Both clocks run on one stepped time, `fake`, which the holder moves
+    // 100 ms on (and renews) each time the waiter has read its clock, so
+    // the waiter never sees the value unchanged for more than 100 ms of its
+    // 600 ms lease, whatever the scheduling. No real time is waited for.
+    const Steady::time_point base = Steady::now();
+    std::atomic<int64_t> fake_ms{0};
+    std::atomic<uint64_t> waiter_reads{0};
+    MembershipToken holder(store, kKey, "holder", 600ms, [&, skew] {
+      return base - skew + std::chrono::milliseconds(fake_ms.load());
+    });
     holder.acquire(kGuard);
-    MembershipToken waiter(store, kKey, "waiter", 600ms, skewed(skew));
+    MembershipToken waiter(store, kKey, "waiter", 600ms, [&, skew] {
+      ++waiter_reads;
+      return base + skew + std::chrono::milliseconds(fake_ms.load());
+    });
     std::atomic<bool> done{false};
     std::string outcome;  // written by the waiter's thread, read after it ended
     rethrow_first(on_threads(2, [&](int rank) {
       if (rank == 0) {
-        // Renews every 20 ms until the waiter gives up.
+        uint64_t seen = waiter_reads.load();
         while (!done.load()) {
+          if (waiter_reads.load() == seen) {
+            std::this_thread::yield();
+            continue;
+          }
+          seen = waiter_reads.load();
+          fake_ms += 100;
           holder.renew();
-          std::this_thread::sleep_for(20ms);
         }
         return;
       }
-      // Three leases' worth of waiting: never long enough.
+      // Three leases' worth of waiting (by its clock): never long enough.
       try {
         waiter.acquire(1'800ms);
         outcome = "took over a token whose holder renews it";
