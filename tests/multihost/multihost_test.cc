@@ -69,6 +69,13 @@ std::set<std::string> listening_sockets() {
   return out;
 }
 
+// The "listening ..." line a worker printed (the test fails without one).
+std::string listening_line(const std::string& out) {
+  const size_t at = out.find("listening ");
+  REQUIRE(at != std::string::npos);
+  return out.substr(at, out.find('\n', at) - at);
+}
+
 // A worker on one host: init_rpc over `backend` with no network setting
 // (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment; rank 0
 // hosts the store), asks every peer which host it runs on, allreduces its
@@ -321,9 +328,7 @@ void run_static_group(const std::string& backend, int hosts) {
     // loopback (peers could not reach it) or on every address. PIPE keeps
     // one open; Gloo's (PROCESS_GROUP, the named group) may be closed once
     // its mesh is connected.
-    const size_t at = out.find("listening ");
-    REQUIRE(at != std::string::npos);
-    std::istringstream listeners(out.substr(at + 10, out.find('\n', at) - at - 10));
+    std::istringstream listeners(listening_line(out).substr(10));
     int count = 0;
     for (std::string socket; listeners >> socket; ++count) {
       CHECK(socket.substr(0, socket.find(':')) == cluster.address(r));
@@ -383,10 +388,9 @@ TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks
       const std::string out = workers[r].read_all();
       INFO("worker " << r << " printed:\n" << out);
       CHECK(workers[r].wait() == 0);
-      CHECK_THAT(out, Catch::Contains("listening ") && Catch::Contains(cluster.address2(r) + ":"));
-      const size_t at = out.find("listening ");
-      REQUIRE(at != std::string::npos);
-      CHECK_THAT(out.substr(at), !Catch::Contains(cluster.address(r) + ":"));
+      const std::string listeners = listening_line(out);
+      CHECK_THAT(listeners, Catch::Contains(cluster.address2(r) + ":"));
+      CHECK_THAT(listeners, !Catch::Contains(cluster.address(r) + ":"));
     }
   }
   SECTION("the store on the first network, SWITCHBOARD_IFNAME=eth1: every listener but "
@@ -402,9 +406,7 @@ TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks
       const std::string out = workers[r].read_all();
       INFO("worker " << r << " printed:\n" << out);
       CHECK(workers[r].wait() == 0);
-      const size_t at = out.find("listening ");
-      REQUIRE(at != std::string::npos);
-      std::string listeners = out.substr(at, out.find('\n', at) - at);
+      std::string listeners = listening_line(out);
       CHECK_THAT(listeners, Catch::Contains(cluster.address2(r) + ":"));
       // Only rank 0's store server is on the first network (it binds
       // MASTER_ADDR, which the workers were given).
