@@ -87,17 +87,21 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   };
   transport = make_tcp_transport(*this, std::move(tcp));
   if (dynamic) {
-    membership = std::make_unique<Membership>(this->store, this->name, rank, capacity,
-                                              this->options, peers, *transport, calls,
-                                              owner.pool());
+    membership = std::make_unique<Membership>(
+        this->store, this->name, rank, capacity, this->options, peers, *transport, calls,
+        owner.pool(), [this](int peer, const std::string& why) { drop_peer(peer, why); });
   } else {
     rendezvous = std::make_unique<StaticRendezvous>(this->name, rank, capacity,
                                                     this->options, peers, *transport);
   }
 }
 
-// The I/O threads report to this object and its parts: they stop first.
-PipeAgent::Impl::~Impl() { transport.reset(); }
+// The membership watcher and the I/O threads report to this object and its
+// parts: they stop first.
+PipeAgent::Impl::~Impl() {
+  if (membership) membership->stop();
+  transport.reset();
+}
 
 void PipeAgent::Impl::start_up() {
   transport->listen(resolve_listen_address(options.listen_address),
@@ -137,6 +141,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     case pipe::FrameKind::kGoodbye:
       if (peers.mark_left(from)) {
         publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(from).info);
+        if (membership) membership->on_peer_lost(from, Membership::Gone::kLeft, "left");
       }
       return true;
     case pipe::FrameKind::kRequest:
@@ -334,7 +339,10 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
   }
   const int peer = connection->peer;
   const std::string& peer_name = peers.name_of(peer);
-  if (membership) membership->on_peer_lost(peer);
+  if (membership) {
+    membership->on_peer_lost(
+        peer, loss.quiet ? Membership::Gone::kQuiet : Membership::Gone::kLost, loss.why);
+  }
   if (loss.was_up && !loss.quiet) {
     publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(peer).info);
   }
@@ -343,11 +351,28 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
   } else {
     spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, peer_name, loss.why);
   }
+  fail_calls_to(peer, loss.why);
+}
+
+void PipeAgent::Impl::drop_peer(int peer, const std::string& why) {
+  const PeerTable::Dropped dropped = peers.drop(peer, why);
+  if (!dropped.changed) return;
+  // Closed here, not reported: the peer is down already, for `why`.
+  if (dropped.connection && !dropped.connection->failed.exchange(true)) {
+    dropped.connection->close_now();
+  }
+  if (dropped.was_up) publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(peer).info);
+  spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, peers.name_of(peer), why);
+  fail_calls_to(peer, why);
+}
+
+void PipeAgent::Impl::fail_calls_to(int peer, const std::string& why) {
+  const std::string& peer_name = peers.name_of(peer);
   calls.fail_if([peer](const rpc::CallTable::Call& c) { return c.dst == peer; },
                 [&](const rpc::CallTable::Call& c) {
                   return std::make_exception_ptr(ConnectionError(
                       fmt::format("{}: worker \"{}\" {}", rpc::call_prefix(peer_name, c.function),
-                                  peer_name, loss.why)));
+                                  peer_name, why)));
                 });
 }
 
@@ -373,15 +398,28 @@ bool PipeAgent::Impl::heartbeat() {
           .count();
   const std::optional<PeerTable::Watched> watched = peers.watched();
   if (!watched) return false;  // stopping
+  // A tick far later than its interval means this process did not run
+  // (SIGSTOP, a suspended VM, starvation): the peers' silence meanwhile is
+  // not theirs, and what they sent is still unread. Count from now.
+  const int64_t last = last_heartbeat_ns.exchange(now);
+  if (limit > 0 && last != 0 && now - last > limit / 2) {
+    spdlog::warn("rpc agent \"{}\": the heartbeat ran {} ms late (was this process stopped "
+                 "or starved?); the peers' silence is counted from now",
+                 name, (now - last) / 1'000'000);
+    silence_from_ns = now;
+  }
+  auto silent = [&](const std::shared_ptr<Connection>& connection) {
+    return limit > 0 && now - std::max(connection->last_recv_ns.load(), silence_from_ns) > limit;
+  };
   // A connection that never said hello gets no heartbeats, only the limit.
   for (const auto& connection : watched->unidentified) {
-    if (limit > 0 && now - connection->last_recv_ns.load() > limit) {
+    if (silent(connection)) {
       connection_failed(connection,
                         fmt::format("no hello within {} ms", options.heartbeat_timeout.count()));
     }
   }
   for (const auto& connection : watched->up) {
-    if (limit > 0 && now - connection->last_recv_ns.load() > limit) {
+    if (silent(connection)) {
       connection_failed(connection,
                         fmt::format("silent for over {} ms (heartbeat timeout)",
                                     options.heartbeat_timeout.count()));
@@ -518,6 +556,8 @@ void PipeAgent::join(Timeout timeout) {
 void PipeAgent::shutdown() {
   if (!impl_ || impl_->shut_down.exchange(true)) return;
   Impl& s = *impl_;
+  // The watcher first: it drops peers and fails calls.
+  if (s.membership) s.membership->stop();
   const std::vector<std::shared_ptr<Connection>> connections = s.peers.stop();
   s.calls.close();
   for (auto& connection : connections) {

@@ -52,6 +52,13 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
                 pipe::InboundFrame frame) override;
   void connection_failed(const std::shared_ptr<Connection>& connection,
                          const std::string& reason) override;
+  // A dynamic group's member that is out of the group (the Membership's
+  // DropPeer): down for `why`, its connection closed, reported as left,
+  // its calls failed.
+  void drop_peer(int peer, const std::string& why);
+  // Fails the calls in flight to `peer` with ConnectionError naming it and
+  // `why`.
+  void fail_calls_to(int peer, const std::string& why);
   // A connection accepted by the transport (I/O thread).
   void on_accept(std::shared_ptr<Connection> connection);
   // A hello: identifies the connection (static), or is a join or a
@@ -97,6 +104,10 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   std::unique_ptr<StaticRendezvous> rendezvous;  // static groups
   std::unique_ptr<Membership> membership;        // dynamic groups
   std::atomic<bool> shut_down{false};
+  // The heartbeat's last tick, and when silence counts from (a late tick
+  // restarts the count: heartbeat()); the heartbeat timer's own.
+  std::atomic<int64_t> last_heartbeat_ns{0};
+  int64_t silence_from_ns = 0;
   // Calls made and requests served: ids, deadlines, handlers, draining.
   // Declared last: destroyed first, before the state its callbacks use.
   rpc::CallTable calls;

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,9 +23,24 @@ using Clock = std::chrono::steady_clock;
 using Timeout = std::chrono::milliseconds;
 
 constexpr char kTokenKey[] = "dyn/token";
+constexpr char kGroupKey[] = "dyn/group";
 constexpr char kMembersKey[] = "dyn/members";
 
 std::string rank_key(int rank) { return fmt::format("dyn/rank/{}", rank); }
+std::string evicted_key(int rank) { return fmt::format("dyn/evicted/{}", rank); }
+
+// A new group's id: random, so that a group founded again in a restarted
+// store is told apart from the one before.
+std::string new_group_id() {
+  std::random_device device;
+  return fmt::format("{:08x}{:08x}{:08x}{:08x}", device(), device(), device(), device());
+}
+
+std::set<int> ranks_of(const std::vector<Member>& members) {
+  std::set<int> out;
+  for (const Member& m : members) out.insert(m.rank);
+  return out;
+}
 
 Bytes to_bytes(const std::string& text) { return Bytes(text.begin(), text.end()); }
 std::string to_string(const Bytes& bytes) { return std::string(bytes.begin(), bytes.end()); }
@@ -43,7 +59,7 @@ rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
 Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
                        int capacity, const PipeAgentOptions& options, PeerTable& peers,
                        PipeTransport& transport, rpc::CallTable& calls,
-                       std::shared_ptr<rpc::ThreadPool> pool)
+                       std::shared_ptr<rpc::ThreadPool> pool, DropPeer drop)
     : store_(std::move(store)),
       name_(std::move(name)),
       rank_(rank),
@@ -52,12 +68,20 @@ Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
       peers_(peers),
       transport_(transport),
       calls_(calls),
-      pool_(std::move(pool)) {}
+      pool_(std::move(pool)),
+      drop_(std::move(drop)) {}
+
+Membership::~Membership() { stop(); }
 
 // The RPC timeout, or a minute when it is 0 (none), so that a wedged group
 // still ends in an error.
 Timeout Membership::step_timeout() const {
   return options_.rpc_timeout.count() > 0 ? options_.rpc_timeout : Timeout(60'000);
+}
+
+Timeout Membership::poll_interval() const {
+  return std::max(options_.heartbeat_interval,
+                  std::min(options_.heartbeat_timeout / 4, Timeout(1'000)));
 }
 
 // ------------------------------------------------------------------ joining
@@ -67,6 +91,15 @@ void Membership::join(const WorkerAnnouncement& mine) {
   rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(timeout);
 
+  if (store_->check({kGroupKey})) {
+    group_id_ = to_string(store_->get(kGroupKey));
+  } else {
+    // No group in this store (or one from before group ids): found one.
+    group_id_ = new_group_id();
+    store_->set(kGroupKey, to_bytes(group_id_));
+    spdlog::info("rpc agent \"{}\": founded dynamic group {} (the store holds no group)",
+                 name_, group_id_);
+  }
   std::vector<Member> members = read_members(*store_);
   if (store_->check({rank_key(rank_)})) {
     throw std::invalid_argument(fmt::format(
@@ -131,6 +164,9 @@ void Membership::join(const WorkerAnnouncement& mine) {
                    "from the group: {}",
                    name_, m.announcement.name, m.rank, failures[i]);
       peers_.mark_lost(m.rank, "was unreachable when this worker joined");
+      store_->set(evicted_key(m.rank),
+                  to_bytes(fmt::format("by \"{}\": it was unreachable when \"{}\" joined ({})",
+                                       name_, name_, failures[i])));
     }
   }
 
@@ -173,6 +209,12 @@ void Membership::join(const WorkerAnnouncement& mine) {
   store_->set(rank_key(rank_), to_bytes(name_));
   store_->set(kMembersKey, encode_members(now));
   token.release();
+
+  mine_ = mine;
+  listed_ = ranks_of(now);
+  MutexLock lock(mu_);
+  watching_ = true;
+  watcher_ = std::thread([this] { watch(); });
 }
 
 void Membership::on_welcome(const Hello& hello) {
@@ -182,10 +224,257 @@ void Membership::on_welcome(const Hello& hello) {
   answered_.notify_all();
 }
 
-void Membership::on_peer_lost(int peer) {
+void Membership::on_peer_lost(int peer, Gone how, const std::string& why) {
   MutexLock lock(mu_);
   lost_.insert(peer);
   answered_.notify_all();
+  if (how == Gone::kQuiet || !watching_ || stopping_ || !evicted_.empty()) return;
+  departed_[peer] = {how, why};
+  wake_.notify_all();
+}
+
+bool Membership::stopping() const {
+  MutexLock lock(mu_);
+  return stopping_;
+}
+
+std::string Membership::evicted() const {
+  MutexLock lock(mu_);
+  return evicted_;
+}
+
+void Membership::stop() {
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+// ------------------------------------------------------------------ watching
+
+void Membership::watch() {
+  const Timeout every = poll_interval();
+  bool failing = false;  // the last round failed (logged once per streak)
+  for (;;) {
+    std::map<int, std::pair<Gone, std::string>> departed;
+    {
+      MutexLock lock(mu_);
+      // After a failed round, wait a whole interval (a store that refuses
+      // at once must not make this spin).
+      wake_.wait_for(mu_, every, [&]() SB_REQUIRES(mu_) {
+        return stopping_ || (!failing && !departed_.empty());
+      });
+      if (stopping_ || !evicted_.empty()) return;
+      departed = departed_;
+    }
+    try {
+      if (!departed.empty()) remove_departed(departed);
+      {
+        MutexLock lock(mu_);
+        for (const auto& [rank, gone] : departed) {
+          auto it = departed_.find(rank);
+          if (it != departed_.end() && it->second == gone) departed_.erase(it);
+        }
+      }
+      reconcile();
+      if (failing) spdlog::info("rpc agent \"{}\": the store answers again", name_);
+      failing = false;
+    } catch (const std::exception& e) {
+      if (stopping()) return;
+      if (!failing) {
+        spdlog::warn("rpc agent \"{}\": cannot keep the dynamic group's member list: {}; "
+                     "trying again every {} ms",
+                     name_, e.what(), every.count());
+      }
+      failing = true;
+    }
+  }
+}
+
+void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string>>& departed) {
+  // A member that said goodbye while holding the token is leaving the
+  // proper way and takes itself off the list.
+  std::map<int, std::pair<Gone, std::string>> todo;
+  std::string holder;
+  if (store_->check({kTokenKey})) {
+    holder = rpc::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
+  }
+  for (const auto& [rank, gone] : departed) {
+    if (gone.first == Gone::kLeft && !holder.empty() && holder == peers_.name_of(rank)) continue;
+    todo.emplace(rank, gone);
+  }
+  if (todo.empty()) return;
+
+  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  token.acquire(step_timeout(), [this] { return stopping(); });
+  std::vector<Member> members = read_members(*store_);
+  const std::set<int> listed = ranks_of(members);
+  if (!listed.count(rank_)) {
+    token.release();
+    return;  // this worker is off the list itself: reconcile() finds out
+  }
+  // Members on the list this worker cannot reach, other than those that
+  // said goodbye.
+  int others = 0;
+  int unreachable = 0;
+  for (int r : listed) {
+    if (r == rank_) continue;
+    ++others;
+    auto it = todo.find(r);
+    const bool left = it != todo.end() && it->second.first == Gone::kLeft;
+    if (!left && !peers_.is_up(r)) ++unreachable;
+  }
+  const bool may_evict = others <= 1 || unreachable * 2 <= others;
+  std::vector<Member> kept;
+  std::vector<std::string> removed;
+  bool spared = false;  // a lost member kept by the rule above
+  for (const Member& m : members) {
+    auto it = todo.find(m.rank);
+    if (it == todo.end() || (it->second.first == Gone::kLost && !may_evict)) {
+      spared = spared || it != todo.end();
+      kept.push_back(m);
+      continue;
+    }
+    const std::string why = it->second.first == Gone::kLeft
+                                ? std::string("it shut down without leaving")
+                                : it->second.second;
+    store_->set(evicted_key(m.rank), to_bytes(fmt::format("by \"{}\": {}", name_, why)));
+    removed.push_back(fmt::format("\"{}\" (rank {}: {})", m.announcement.name, m.rank, why));
+  }
+  if (!removed.empty()) store_->set(kMembersKey, encode_members(kept));
+  token.release();
+  if (!removed.empty()) {
+    spdlog::warn("rpc agent \"{}\": took {} off the dynamic group's member list", name_,
+                 fmt::join(removed, ", "));
+  }
+  if (spared) {
+    spdlog::warn("rpc agent \"{}\": lost contact with {} of the {} other member(s); not "
+                 "evicting them (this worker may be the one cut off): the members that still "
+                 "reach them decide",
+                 name_, unreachable, others);
+  }
+}
+
+void Membership::reconcile() {
+  if (!store_->check({kGroupKey, kMembersKey})) {
+    restore();
+    return;
+  }
+  const std::vector<Bytes> values = store_->multi_get({kGroupKey, kMembersKey});
+  const std::string group = to_string(values[0]);
+  if (group != group_id_) {
+    report_other_group(group);
+    return;
+  }
+  const std::vector<Member> members = decode_members(values[1]);
+  const std::set<int> now = ranks_of(members);
+  if (!now.count(rank_)) {
+    become_evicted(removal_reason(rank_));
+    return;
+  }
+  auto drop = [&](int r) {
+    drop_(r, fmt::format("is no longer in the dynamic group: it was taken off the member list {}",
+                         removal_reason(r)));
+  };
+  for (int r : listed_) {
+    // Also a member already lost here: the list says why it is gone.
+    if (!now.count(r) && r != rank_) drop(r);
+  }
+  // A member up here that this watcher never saw on the list: a joiner
+  // still joining (it holds the token until it has written the list), or
+  // one taken off before this watcher looked. The token is read before
+  // the list: a joiner that released it had written the list by then.
+  std::vector<int> unlisted;
+  for (int r : peers_.peers_up()) {
+    if (!now.count(r) && !listed_.count(r)) unlisted.push_back(r);
+  }
+  if (!unlisted.empty()) {
+    std::string holder;
+    if (store_->check({kTokenKey})) {
+      holder = rpc::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
+    }
+    const std::set<int> again = ranks_of(read_members(*store_));
+    for (int r : unlisted) {
+      if (!again.count(r) && holder != peers_.name_of(r)) drop(r);
+    }
+  }
+  listed_ = now;
+}
+
+std::string Membership::removal_reason(int r) {
+  if (store_->check({evicted_key(r)})) return to_string(store_->get(evicted_key(r)));
+  return "by a worker that left it or found it gone";
+}
+
+void Membership::become_evicted(const std::string& why) {
+  {
+    MutexLock lock(mu_);
+    if (!evicted_.empty()) return;
+    evicted_ = why.empty() ? std::string("(no reason recorded)") : why;
+  }
+  spdlog::error("rpc agent \"{}\": this worker was evicted from the dynamic group {}: it is "
+                "no longer on the member list ({}); calls to the members fail from now on. "
+                "Shut it down; to come back, join again under a new rank",
+                name_, group_id_, why);
+  peers_.close_to_newcomers();
+  const std::string reason =
+      fmt::format("cannot be called: this worker \"{}\" was evicted from the dynamic group "
+                  "({})",
+                  name_, why);
+  // Every member, also those already lost here: the reason is now this.
+  for (int r = 0; r < capacity_; ++r) {
+    if (r != rank_) drop_(r, reason);
+  }
+  publish(rpc::MembershipChange::Kind::kLeft, rpc::WorkerInfo{name_, rank_});
+}
+
+void Membership::restore() {
+  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  token.acquire(step_timeout(), [this] { return stopping(); });
+  std::string group = group_id_;
+  if (store_->check({kGroupKey})) {
+    group = to_string(store_->get(kGroupKey));
+  } else {
+    store_->set(kGroupKey, to_bytes(group_id_));
+  }
+  if (group != group_id_) {
+    token.release();
+    report_other_group(group);
+    return;
+  }
+  if (store_->check({kMembersKey})) {
+    token.release();
+    return;  // another member restored it first
+  }
+  // This worker and every member it is connected to.
+  std::set<int> ranks{rank_};
+  for (int r : peers_.peers_up()) ranks.insert(r);
+  std::vector<Member> members;
+  std::vector<std::string> names;
+  for (int r : ranks) {
+    const WorkerAnnouncement& a = r == rank_ ? mine_ : peers_.info(r).announcement;
+    members.push_back({r, a});
+    names.push_back(fmt::format("\"{}\"", a.name));
+    store_->set(rank_key(r), to_bytes(a.name));
+  }
+  store_->set(kMembersKey, encode_members(members));
+  token.release();
+  listed_ = ranks_of(members);
+  spdlog::warn("rpc agent \"{}\": the store had lost dynamic group {}'s member list (was it "
+               "restarted?); restored it from this worker's view: {}",
+               name_, group_id_, fmt::join(names, ", "));
+}
+
+void Membership::report_other_group(const std::string& other) {
+  if (other == reported_group_) return;
+  reported_group_ = other;
+  spdlog::error("rpc agent \"{}\": the store now holds another dynamic group ({}) than the one "
+                "this worker is in ({}): it lost this group's keys (restarted?) and a worker "
+                "founded a new group there before the members restored theirs. The two groups "
+                "do not see each other; this worker stays in its own",
+                name_, other.empty() ? "no id" : other, group_id_);
 }
 
 // ------------------------------------------------------------------ members
@@ -248,8 +537,15 @@ void Membership::set_listener(rpc::MembershipListener listener) {
 // ------------------------------------------------------------------ leaving
 
 void Membership::leave(Timeout timeout) {
+  stop();
   const auto limit = timeout.count() > 0 ? timeout : step_timeout();
   const auto deadline = Clock::now() + limit;
+  if (!evicted().empty()) {
+    // Off the list already: nothing to unpublish, only the calls to drain.
+    peers_.close_to_newcomers();
+    calls_.drain(limit, fmt::format("leave on rpc worker \"{}\"", name_));
+    return;
+  }
   rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(limit);
   // From the goodbye on, the others fail new calls to this worker at once;

@@ -8,25 +8,52 @@
 //
 // Store keys, under the agent's "pipe/" prefix:
 //   dyn/token      the membership token (rpc/membership_token.h)
+//   dyn/group      the group's identity: a random id its first worker
+//                  wrote; every member remembers it
 //   dyn/members    the current members: encode_members() of (rank,
 //                  announcement), written only by the token's holder
 //   dyn/rank/<r>   the name of the worker that took rank r (ranks are never
 //                  reused, so that a rank names one worker for the life of
 //                  the group)
+//   dyn/evicted/<r> why rank r was taken off the member list, and by whom
+//
+// One view of the group: the member list in the store is the group. After
+// joining, a watcher thread keeps this worker's view equal to it:
+//   - a member whose connection this worker lost (a socket error, or
+//     silence past the heartbeat timeout) is taken off the list under the
+//     token, unless this worker has lost more than half of the others
+//     (it is then more likely the one cut off, and leaves the decision to
+//     the members that still reach them); one that said goodbye without
+//     leaving (an ungraceful shutdown) is taken off too;
+//   - every poll (heartbeat_timeout / 4, between heartbeat_interval and
+//     1 s) reads the list: a member that was on it and is not any more is
+//     dropped here as well (calls to it fail naming why), and a list
+//     without this worker means it was evicted: it drops every member,
+//     refuses newcomers and reports itself as left;
+//   - a store that lost the group's keys (restarted empty) gets them back
+//     from this worker's view; a store that holds another group's id is
+//     logged as an error (a second group formed there), never joined.
 //
 // Thread safety: join() once, on the constructing thread; leave() on the
 // owner's thread; the rest on any thread (hellos arrive on I/O threads).
-// mu_ guards the welcomes, the lost members and the listener; it is never
-// held while calling into the peer table, the pool or the listener.
+// mu_ guards the welcomes, the lost members, the listener, the departures
+// waiting for the watcher and the watcher's state; it is never held while
+// calling into the peer table, the store, the pool or the listener.
+// group_id_ and mine_ are written by join() before the watcher starts and
+// never after. The watcher's own fields (listed_, ...) are its thread's.
 // Ownership: shares the store; the peer table, transport, call table and
-// options are the agent's and outlive this.
+// options are the agent's and outlive this; stop() (or the destructor)
+// joins the watcher, which may take one store call's time.
 #pragma once
 
 #include <chrono>
 #include <map>
 #include <memory>
+#include <functional>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "agents/pipe_options.h"
 #include "agents/pipe_info.h"
@@ -45,23 +72,42 @@ namespace switchboard::agents {
 
 class Membership {
  public:
+  // What the agent does to a member that is out of the group: marks it
+  // down with `why` (calls to it fail with ConnectionError naming it and
+  // `why`), closes its connection and reports it as left.
+  using DropPeer = std::function<void(int peer, const std::string& why)>;
+
+  // How a member's connection ended, for on_peer_lost().
+  enum class Gone {
+    kQuiet,  // this worker is stopping, or the member had left
+    kLost,   // a socket error or the heartbeat timeout
+    kLeft,   // it said goodbye
+  };
+
   // This worker is `name`, rank `rank` of a group of at most `capacity`
-  // ranks; listeners run on `pool`.
+  // ranks; listeners run on `pool`; `drop` as above.
   Membership(std::shared_ptr<Store> store, std::string name, int rank, int capacity,
              const PipeAgentOptions& options, PeerTable& peers, PipeTransport& transport,
-             rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool);
+             rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool, DropPeer drop);
+  ~Membership();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
-  // Joins the group as `mine` (see above). Throws TimeoutError (the token,
+  // Joins the group as `mine` (see above), founding it when the store
+  // holds none, and starts the watcher. Throws TimeoutError (the token,
   // or members that did not answer, named), std::invalid_argument (a rank
   // taken before, a name in use, bad device maps, a member's refusal with
   // its reason).
   void join(const WorkerAnnouncement& mine) SB_EXCLUDES(mu_);
-  // Leaves the group: goodbyes, then draining calls in both directions for
-  // up to `timeout` (0: a minute), renewing the token. TimeoutError naming
-  // what was still in flight (this worker has left anyway).
+  // Leaves the group: stops the watcher, goodbyes, then draining calls in
+  // both directions for up to `timeout` (0: a minute), renewing the token.
+  // TimeoutError naming what was still in flight (this worker has left
+  // anyway). A worker that was evicted only drains.
   void leave(std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
+  // Stops the watcher and waits for it. Idempotent.
+  void stop() SB_EXCLUDES(mu_);
+  // Whether the group evicted this worker, and why ("" while a member).
+  std::string evicted() const SB_EXCLUDES(mu_);
 
   // A member's side of a join hello on `connection` (`joiner`: its
   // announcement, decoded): admits the joiner or refuses it, answers with a
@@ -71,8 +117,10 @@ class Membership {
                      const WorkerAnnouncement& joiner) SB_EXCLUDES(mu_);
   // The joiner's side: a member's welcome (accepted or refused).
   void on_welcome(const Hello& hello) SB_EXCLUDES(mu_);
-  // The connection to `peer` failed (it counts as answered while joining).
-  void on_peer_lost(int peer) SB_EXCLUDES(mu_);
+  // The connection to `peer` ended (`how`, `why`): it counts as answered
+  // while joining; after joining, a member lost or gone without leaving is
+  // taken off the member list by the watcher (see above).
+  void on_peer_lost(int peer, Gone how, const std::string& why) SB_EXCLUDES(mu_);
 
   // Reports that `worker` joined or left to the listener, on the pool.
   void publish(rpc::MembershipChange::Kind kind, const rpc::WorkerInfo& worker)
@@ -82,6 +130,24 @@ class Membership {
  private:
   // What the membership steps may wait.
   std::chrono::milliseconds step_timeout() const;
+  bool stopping() const SB_EXCLUDES(mu_);
+  // How often the watcher reads the member list.
+  std::chrono::milliseconds poll_interval() const;
+
+  // The watcher thread's loop, and its steps (each may throw what the
+  // store throws; the loop logs it and tries again next round).
+  void watch() SB_EXCLUDES(mu_);
+  void remove_departed(const std::map<int, std::pair<Gone, std::string>>& departed)
+      SB_EXCLUDES(mu_);
+  void reconcile() SB_EXCLUDES(mu_);
+  void restore() SB_EXCLUDES(mu_);
+  // This worker is off the list: drops every member, refuses newcomers.
+  void become_evicted(const std::string& why) SB_EXCLUDES(mu_);
+  // Why rank `r` is off the list, as its evicted/<r> key says (or a
+  // generic reason).
+  std::string removal_reason(int r);
+  // Logs, once per id, that the store holds another group.
+  void report_other_group(const std::string& other);
 
   const std::shared_ptr<Store> store_;
   const std::string name_;
@@ -92,8 +158,26 @@ class Membership {
   PipeTransport& transport_;
   rpc::CallTable& calls_;
   const std::shared_ptr<rpc::ThreadPool> pool_;
+  const DropPeer drop_;
 
-  Mutex mu_;
+  // Set by join() before the watcher starts; read-only after.
+  std::string group_id_;
+  WorkerAnnouncement mine_;
+
+  // The watcher thread's own: the ranks on the list at its last read, and
+  // the other group it last reported.
+  std::set<int> listed_;
+  std::string reported_group_;
+
+  std::thread watcher_;
+
+  mutable Mutex mu_;
+  CondVar wake_;  // a departure to record, or stopping
+  // Members gone, for the watcher to take off the list (rank → how, why).
+  std::map<int, std::pair<Gone, std::string>> departed_ SB_GUARDED_BY(mu_);
+  bool watching_ SB_GUARDED_BY(mu_) = false;
+  bool stopping_ SB_GUARDED_BY(mu_) = false;
+  std::string evicted_ SB_GUARDED_BY(mu_);
   CondVar answered_;  // a welcome came, or a member was lost
   // The members' answers to this worker's join (rank → "" when accepted,
   // the reason when refused), and the members lost meanwhile.

@@ -39,6 +39,7 @@ void PeerTable::fill_static(const std::vector<WorkerAnnouncement>& all, int self
                                  static_cast<int>(r) == self);
     }
     routes_ = std::move(routes);
+    self_ = self;
     status_[self].state = State::kUp;
     early = ready_locked();
   }
@@ -56,6 +57,7 @@ void PeerTable::fill_members(const std::vector<Member>& members, int self,
       status_[m.rank].state = State::kConnecting;
     }
     infos_[self] = publish_locked(self, mine.name, mine, true);
+    self_ = self;
     status_[self].state = State::kUp;
     early = ready_locked();
   }
@@ -224,6 +226,22 @@ void PeerTable::mark_lost(int peer, const std::string& reason) {
   set_metrics_state(peer, rpc::ConnectionState::kFailed);
 }
 
+PeerTable::Dropped PeerTable::drop(int peer, const std::string& why) {
+  MutexLock lock(mu_);
+  Dropped dropped;
+  if (peer == self_ || peer < 0 || peer >= static_cast<int>(status_.size())) return dropped;
+  Status& s = status_[peer];
+  if (s.state == State::kAbsent || s.state == State::kLeft) return dropped;
+  if (s.state == State::kLost && s.reason == why) return dropped;
+  dropped.changed = true;
+  dropped.was_up = s.state == State::kUp;
+  dropped.connection = std::move(s.connection);
+  s.state = State::kLost;
+  s.reason = why;
+  set_metrics_state(peer, rpc::ConnectionState::kFailed);
+  return dropped;
+}
+
 std::vector<std::shared_ptr<Connection>> PeerTable::close_to_newcomers() {
   MutexLock lock(mu_);
   closed_to_newcomers_ = true;
@@ -333,6 +351,17 @@ std::vector<rpc::WorkerInfo> PeerTable::workers() const {
   std::vector<rpc::WorkerInfo> out;
   for (size_t r = 0; r < infos_.size(); ++r) {
     if (!dynamic_ || status_[r].state == State::kUp) out.push_back(infos_[r].info);
+  }
+  return out;
+}
+
+std::vector<int> PeerTable::peers_up() const {
+  MutexLock lock(mu_);
+  std::vector<int> out;
+  for (size_t r = 0; r < status_.size(); ++r) {
+    if (status_[r].state == State::kUp && static_cast<int>(r) != self_) {
+      out.push_back(static_cast<int>(r));
+    }
   }
   return out;
 }

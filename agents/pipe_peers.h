@@ -143,6 +143,16 @@ class PeerTable {
   bool mark_left(int peer) SB_EXCLUDES(mu_);
   // A member that could not be reached while joining: kLost with `reason`.
   void mark_lost(int peer, const std::string& reason) SB_EXCLUDES(mu_);
+  // A dynamic group's member that is out of the group by the store's
+  // member list (evicted, or this worker was): kLost with `why` as its
+  // reason, unless it is this worker, absent, or said goodbye. What it
+  // was, and its connection, which the caller closes.
+  struct Dropped {
+    bool changed = false;
+    bool was_up = false;
+    std::shared_ptr<Connection> connection;
+  };
+  Dropped drop(int peer, const std::string& why) SB_EXCLUDES(mu_);
 
   // Refuses newcomers from now on (admit()) and returns the connections of
   // the peers up (to say goodbye to).
@@ -184,6 +194,8 @@ class PeerTable {
   rpc::WorkerInfo find(int id) const SB_EXCLUDES(mu_);
   // Static: every worker. Dynamic: the members up now.
   std::vector<rpc::WorkerInfo> workers() const SB_EXCLUDES(mu_);
+  // The ranks other than this worker that are up.
+  std::vector<int> peers_up() const SB_EXCLUDES(mu_);
   // The device routes now (a dynamic group's change as workers join).
   rpc::DeviceMaps reverse_maps() const SB_EXCLUDES(mu_);
   std::vector<Device> devices() const SB_EXCLUDES(mu_);
@@ -217,6 +229,7 @@ class PeerTable {
   std::vector<Status> status_ SB_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Connection>> unidentified_ SB_GUARDED_BY(mu_);
   bool ready_ SB_GUARDED_BY(mu_) = false;
+  int self_ SB_GUARDED_BY(mu_) = -1;  // this worker's rank, once filled
   std::vector<EarlyHello> early_hellos_ SB_GUARDED_BY(mu_);
   bool stopping_ SB_GUARDED_BY(mu_) = false;
   bool closed_to_newcomers_ SB_GUARDED_BY(mu_) = false;

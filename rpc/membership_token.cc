@@ -180,7 +180,7 @@ void MembershipToken::observe(const std::string& value, TimePoint at) {
   observed_since_ = at;
 }
 
-void MembershipToken::acquire(Duration timeout) {
+void MembershipToken::acquire(Duration timeout, const std::function<bool()>& abandon) {
   SB_REQUIRE(!held(), "membership token \"{}\": \"{}\" already holds it", key_, holder_);
   const auto deadline = now() + timeout;
   auto pause = std::chrono::milliseconds(1);
@@ -237,6 +237,11 @@ void MembershipToken::acquire(Duration timeout) {
           key_, holder_, timeout.count(), lease.holder, lease.value, unchanged, holder_,
           lease.length.count(), lease.assumed ? ", assumed," : "",
           std::max<int64_t>(0, lease.length.count() - unchanged)));
+    }
+    if (abandon && abandon()) {
+      throw Error(ErrorCode::kCancelled,
+                  fmt::format("membership token \"{}\": \"{}\" stopped waiting for it", key_,
+                              holder_));
     }
     std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - t));
     pause = std::min(pause * 2, std::chrono::milliseconds(50));

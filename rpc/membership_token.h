@@ -97,8 +97,10 @@ class MembershipToken {
   // unchanged for the lease it carries; waits (polling the Store, 1 ms
   // doubling to 50 ms between tries) up to `timeout` for a taken one to be
   // released or to run out. What it has seen carries over to the next
-  // acquire() on this object. Precondition: not held.
-  void acquire(Duration timeout);
+  // acquire() on this object. `abandon`, when given, is asked between
+  // tries: true ends the wait with Error(kCancelled). Precondition: not
+  // held.
+  void acquire(Duration timeout, const std::function<bool()>& abandon = {});
   // Writes a new value, so that waiters start their count of the lease
   // again. Precondition: held.
   void renew();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
+#include "agents/pipe_info.h"
 #include "collective/tensor.h"
 #include "common/error.h"
 #include "common/logging.h"
@@ -26,6 +27,7 @@
 #include "rpc/rpc.h"
 #include "rpc/membership_token.h"
 #include "store/hash_store.h"
+#include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 #include "tests/util/subprocess.h"
@@ -402,4 +404,218 @@ TEST_CASE("a joiner killed mid-join, holding the token, holds the group up for o
                                                         int64_t{1}); }) != "none");
   store.set("release", Bytes{1});
   CHECK(member.wait() == 0);
+}
+
+// ---- one view of the group: the member list in the store -------------------
+
+namespace {
+
+// What the membership watcher of the group's members poll: every
+// heartbeat_timeout / 4 (250 ms here).
+std::shared_ptr<rpc::RpcBackendOptions> watched_options() {
+  return options(30s, {{"heartbeat_timeout_ms", "1000"}});
+}
+
+// Takes rank `rank` off the member list of the dynamic group in `store`,
+// under the token, with `why` as the record of its eviction: what a member
+// that lost it does.
+void evict_in_store(const std::shared_ptr<Store>& store, int rank, const std::string& why) {
+  auto pipe = std::make_shared<PrefixStore>("pipe", store);
+  rpc::MembershipToken token(pipe, "dyn/token", "the test");
+  token.acquire(kGuard);
+  std::vector<agents::Member> members = agents::decode_members(pipe->get("dyn/members"));
+  std::erase_if(members, [&](const agents::Member& m) { return m.rank == rank; });
+  pipe->set(fmt::format("dyn/evicted/{}", rank), Bytes(why.begin(), why.end()));
+  pipe->set("dyn/members", agents::encode_members(members));
+  token.release();
+}
+
+std::set<std::string> names_in_store(Store& store) {
+  std::set<std::string> out;
+  for (const agents::Member& m : agents::decode_members(store.get("pipe/dyn/members"))) {
+    out.insert(m.announcement.name);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a worker taken off the store's member list is dropped by every member, and "
+          "learns that it was evicted",
+          "[pipe][dynamic][membership]") {
+  auto store = std::make_shared<HashStore>();
+  Worker a("a", 0, store, watched_options());
+  Worker b("b", 1, store, watched_options());
+  Worker c("c", 2, store, watched_options());
+  REQUIRE(a.events.wait_joined({"b", "c"}));
+  REQUIRE(b.events.wait_joined({"c"}));
+
+  evict_in_store(store, 2, "by \"the test\": to see what follows");
+  // The members read the list and drop c; c finds itself off it and
+  // reports every member, itself included, as gone.
+  REQUIRE(a.events.wait_left({"c"}));
+  REQUIRE(b.events.wait_left({"c"}));
+  REQUIRE(c.events.wait_left({"a", "b", "c"}));
+
+  // Whether a saw the list or c's closed connection first, the call fails
+  // at once naming c.
+  const std::string to_c =
+      failure_of([&] { a.ctx.rpc_sync<std::string>("c", "whoami", with_timeout(0ms)); });
+  CHECK_THAT(to_c, Catch::StartsWith("ConnectionError"));
+  CHECK_THAT(to_c, Catch::Contains("worker \"c\" "));
+  const std::string from_c =
+      failure_of([&] { c.ctx.rpc_sync<std::string>("a", "whoami", with_timeout(0ms)); });
+  CHECK_THAT(from_c, Catch::StartsWith("ConnectionError"));
+  CHECK_THAT(from_c, Catch::Contains("this worker \"c\" was evicted from the dynamic group"));
+  CHECK_THAT(from_c, Catch::Contains("to see what follows"));
+
+  // The others go on as one group, and a joiner sees the same group.
+  CHECK(a.ctx.rpc_sync<std::string>("b", "whoami") == "b");
+  Worker d("d", 3, store, watched_options());
+  CHECK(d.members() == std::set<std::string>{"a", "b", "d"});
+  REQUIRE(a.events.wait_joined({"d"}));
+  CHECK(a.members() == std::set<std::string>{"a", "b", "d"});
+  CHECK(d.ctx.rpc_sync<std::string>("a", "whoami") == "a");
+  // An evicted worker leaves without touching the list.
+  c.ctx.shutdown(true, kGuard);
+  CHECK(names_in_store(*store) == std::set<std::string>{"a", "b", "d"});
+}
+
+TEST_CASE("a member that shuts down without leaving is taken off the member list by the "
+          "others",
+          "[pipe][dynamic][membership]") {
+  auto store = std::make_shared<HashStore>();
+  Worker a("a", 0, store, watched_options());
+  Worker b("b", 1, store, watched_options());
+  {
+    Worker c("c", 2, store, watched_options());
+    REQUIRE(a.events.wait_joined({"c"}));
+    c.ctx.shutdown(false);  // a goodbye, but the list still names it
+  }
+  REQUIRE(a.events.wait_left({"c"}));
+  // A member takes it off; wait for the list to say so (no timing).
+  store->wait({"pipe/dyn/evicted/2"}, kGuard);
+  CHECK(names_in_store(*store) == std::set<std::string>{"a", "b"});
+  const Bytes why = store->get("pipe/dyn/evicted/2");
+  CHECK_THAT(std::string(why.begin(), why.end()), Catch::Contains("shut down without leaving"));
+}
+
+// args: store port, name, rank. Joins with a 1 s heartbeat timeout, says
+// "joined", then waits until it is told that it left the group itself
+// (evicted), says "evicted", and what a call to "a" fails with.
+SB_CHILD_MAIN(evictable_worker) {
+  switchboard::init_logging("evictable_worker");
+  const auto port = static_cast<uint16_t>(std::stoi(args.at(0)));
+  auto store = std::make_shared<TcpStore>("127.0.0.1", port, client_options());
+  Worker me(args.at(1), std::stoi(args.at(2)), store, watched_options());
+  say("joined");
+  if (!me.events.wait_left({args.at(1)})) {
+    say("never learned that it was evicted");
+    return 1;
+  }
+  say("evicted");
+  say(failure_of([&] { me.ctx.rpc_sync<std::string>("a", "whoami", with_timeout(0ms)); }));
+  return 0;
+}
+
+// Holds c's process stopped while the list changes: the members learn it
+// from the list, not from c (which cannot close anything) nor from a
+// heartbeat (30 s, far beyond the guard of each wait).
+TEST_CASE("members drop a worker the list no longer names, even while its connection is up",
+          "[pipe][dynamic][membership][multiprocess]") {
+  TcpStoreServer server;
+  const std::string port = std::to_string(server.port());
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port(),
+                                                        client_options()); };
+  auto patient = options(30s, {{"heartbeat_timeout_ms", "30000"}});
+  Worker a("a", 0, client(), patient);
+  Worker b("b", 1, client(), patient);
+  Subprocess c = sbtest::spawn_child("evictable_worker", {port, "c", "2"});
+  REQUIRE(c.read_line(std::chrono::seconds(60)) == "joined");
+  REQUIRE(a.events.wait_joined({"c"}));
+  REQUIRE(b.events.wait_joined({"c"}));
+
+  c.kill(SIGSTOP);
+  evict_in_store(client(), 2, "by \"the test\": the list decides");
+  REQUIRE(a.events.wait_left({"c"}));
+  REQUIRE(b.events.wait_left({"c"}));
+  for (Worker* w : {&a, &b}) {
+    const std::string failure =
+        failure_of([&] { w->ctx.rpc_sync<std::string>("c", "whoami", with_timeout(0ms)); });
+    CHECK_THAT(failure, Catch::StartsWith("ConnectionError"));
+    CHECK_THAT(failure, Catch::Contains("worker \"c\" is no longer in the dynamic group: it "
+                                        "was taken off the member list by \"the test\": the "
+                                        "list decides"));
+  }
+  c.kill(SIGCONT);
+  CHECK(c.read_line(std::chrono::seconds(60)) == "evicted");
+  const std::string failure = c.read_line(std::chrono::seconds(60));
+  CHECK_THAT(failure, Catch::Contains("this worker \"c\" was evicted from the dynamic group "
+                                      "(by \"the test\": the list decides)"));
+  CHECK(c.wait() == 0);
+}
+
+TEST_CASE("a member stopped past the heartbeat timeout is evicted by all the others, and "
+          "learns it when it resumes",
+          "[pipe][dynamic][membership][multiprocess]") {
+  TcpStoreServer server;
+  const std::string port = std::to_string(server.port());
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", server.port(),
+                                                        client_options()); };
+  Worker a("a", 0, client(), watched_options());
+  Worker b("b", 1, client(), watched_options());
+  Subprocess c = sbtest::spawn_child("evictable_worker", {port, "c", "2"});
+  REQUIRE(c.read_line(std::chrono::seconds(60)) == "joined");
+  REQUIRE(a.events.wait_joined({"c"}));
+  REQUIRE(b.events.wait_joined({"c"}));
+
+  c.kill(SIGSTOP);
+  // Both members lose it by heartbeat, and one of them takes it off the
+  // list: the two agree, and so does the store.
+  REQUIRE(a.events.wait_left({"c"}));
+  REQUIRE(b.events.wait_left({"c"}));
+  TcpStore store("127.0.0.1", server.port(), client_options());
+  store.wait({"pipe/dyn/evicted/2"}, kGuard);
+  CHECK(names_in_store(store) == std::set<std::string>{"a", "b"});
+  CHECK(a.members() == std::set<std::string>{"a", "b"});
+  CHECK(b.members() == std::set<std::string>{"a", "b"});
+
+  c.kill(SIGCONT);
+  // Resumed, c does not evict the others (it finds itself off the list).
+  CHECK(c.read_line(std::chrono::seconds(60)) == "evicted");
+  const std::string failure = c.read_line(std::chrono::seconds(60));
+  CHECK_THAT(failure, Catch::StartsWith("ConnectionError"));
+  CHECK_THAT(failure, Catch::Contains("this worker \"c\" was evicted from the dynamic group"));
+  CHECK(c.wait() == 0);
+  CHECK(names_in_store(store) == std::set<std::string>{"a", "b"});
+  CHECK(a.ctx.rpc_sync<std::string>("b", "whoami") == "b");
+}
+
+TEST_CASE("a store restarted empty under a running group gets the group back from its "
+          "members, and a joiner joins that group",
+          "[pipe][dynamic][membership]") {
+  auto server = std::make_unique<TcpStoreServer>();
+  const uint16_t port = server->port();
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
+  Worker a("a", 0, client(), watched_options());
+  Worker b("b", 1, client(), watched_options());
+  REQUIRE(a.events.wait_joined({"b"}));
+  const Bytes group = client()->get("pipe/dyn/group");
+
+  server.reset();
+  TcpStoreServerOptions same_port;
+  same_port.port = port;
+  server = std::make_unique<TcpStoreServer>(same_port);
+  TcpStore store("127.0.0.1", port, client_options());
+  // A member notices the lost keys and writes them back (no timing: wait
+  // for the key).
+  store.wait({"pipe/dyn/members"}, kGuard);
+  CHECK(store.get("pipe/dyn/group") == group);
+  CHECK(names_in_store(store) == std::set<std::string>{"a", "b"});
+
+  Worker c("c", 2, client(), watched_options());
+  CHECK(c.members() == std::set<std::string>{"a", "b", "c"});
+  REQUIRE(a.events.wait_joined({"c"}));
+  CHECK(c.ctx.rpc_sync<std::string>("a", "whoami") == "a");
+  CHECK(b.ctx.rpc_sync<std::string>("c", "whoami") == "c");
 }
