@@ -17,13 +17,16 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collective/groups.h"
@@ -31,8 +34,10 @@
 #include "common/logging.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"
+#include "rpc/membership_token.h"
 #include "rpc/rpc.h"
 #include "store/file_store.h"
+#include "store/tcp_store.h"
 #include "tests/util/netns_cluster.h"
 #include "tests/util/subprocess.h"
 
@@ -247,6 +252,131 @@ SB_CHILD_MAIN(dynamic_member) {
   fmt::print("group: {}\n", fmt::join(names, " "));
   rpc::shutdown(false);
   return 0;
+}
+
+// The workers that left the group, as on_leave reports them, to wait for.
+class Departures {
+ public:
+  Departures() {
+    rpc::on_leave([this](const rpc::WorkerInfo& w) {
+      std::lock_guard lock(mu_);
+      names_.insert(w.name);
+      changed_.notify_all();
+    });
+  }
+  bool wait_for(const std::string& name) {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return names_.count(name); });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::set<std::string> names_;
+};
+
+std::string group_now() {
+  std::vector<std::string> names;
+  for (const auto& w : rpc::get_worker_infos()) names.push_back(w.name);
+  std::sort(names.begin(), names.end());
+  return fmt::format("{}", fmt::join(names, " "));
+}
+
+// A member of a dynamic PIPE group for the dynamic partition case (heartbeat
+// timeout 1.5 s), args: name, rank, role, control FileStore path.
+//   "member"  says "ready"; once the control key "cut" is set, waits for
+//             on_leave("c") and says how long after "cut" it came and the
+//             group then; once "joined" is set, calls "d"; leaves the
+//             group gracefully once "done" is set.
+//   "cutoff"  says "ready", waits for on_leave of itself (the group evicted
+//             it), says "evicted" and what a call to "a" fails with.
+//   "joiner"  says the group it joined and what "a" answered; stops once
+//             "done" is set.
+constexpr int kDynamicHeartbeatMs = 1500;
+
+SB_CHILD_MAIN(view_member) {
+  using Clock = std::chrono::steady_clock;
+  using std::chrono::milliseconds;
+  switchboard::init_logging("view_member");
+  const std::string name = args.at(0);
+  const std::string role = args.at(2);
+  switchboard::FileStore control(args.at(3));
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  rpc::register_function("where", [here]() { return here; });
+  Departures departures;
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), std::chrono::seconds(10), "env://",
+      {{"heartbeat_timeout_ms", std::to_string(kDynamicHeartbeatMs)}});
+  rpc::init_rpc(name, "PIPE", std::stoi(args.at(1)), rpc::kDynamicGroup, options);
+  if (role == "joiner") {
+    fmt::print("group: {}\n", group_now());
+    fmt::print("a answered {}\n", rpc::rpc_sync<std::string>("a", "where"));
+    std::fflush(stdout);
+    control.wait({"done"}, milliseconds(120'000));
+    rpc::shutdown(false);
+    return 0;
+  }
+  fmt::print("ready\n");
+  std::fflush(stdout);
+  if (role == "cutoff") {
+    if (!departures.wait_for(name)) {
+      fmt::print("never learned that it was evicted\n");
+      return 1;
+    }
+    fmt::print("evicted\n");
+    try {
+      rpc::rpc_sync<std::string>("a", "where");
+      fmt::print("a answered after the eviction\n");
+    } catch (const std::exception& e) {
+      fmt::print("calling a: {}\n", e.what());
+    }
+    std::fflush(stdout);
+    rpc::shutdown(false);
+    return 0;
+  }
+  control.wait({"cut"}, milliseconds(120'000));
+  const auto cut = Clock::now();
+  if (!departures.wait_for("c")) {
+    fmt::print("c never left\n");
+    return 1;
+  }
+  fmt::print("c left after {} ms; group: {}\n",
+             std::chrono::duration_cast<milliseconds>(Clock::now() - cut).count(), group_now());
+  std::fflush(stdout);
+  control.wait({"joined"}, milliseconds(120'000));
+  fmt::print("d answered {}\n", rpc::rpc_sync<std::string>("d", "where"));
+  std::fflush(stdout);
+  control.wait({"done"}, milliseconds(120'000));
+  rpc::shutdown(true, milliseconds(10'000));
+  fmt::print("left\n");
+  return 0;
+}
+
+// Holds the membership token of the dynamic group in the store at
+// MASTER_ADDR:MASTER_PORT with a lease of args[0] ms, renewing it every
+// quarter lease, as a worker in a long join or leave does. Says "held";
+// says "lost: <why>" when a renewal finds the token taken over.
+SB_CHILD_MAIN(token_holder) {
+  switchboard::init_logging("token_holder");
+  const std::chrono::milliseconds lease(std::stoi(args.at(0)));
+  switchboard::TcpStoreOptions options;
+  options.timeout = std::chrono::seconds(120);
+  auto store = std::make_shared<switchboard::TcpStore>(
+      std::getenv("MASTER_ADDR"), static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+      options);
+  rpc::MembershipToken token(store, "pipe/dyn/token", "holder", lease);
+  token.acquire(std::chrono::seconds(60));
+  fmt::print("held\n");
+  std::fflush(stdout);
+  for (;;) {
+    std::this_thread::sleep_for(lease / 4);  // the holder's own pace, not a test wait
+    try {
+      token.renew();
+    } catch (const std::exception& e) {
+      fmt::print("lost: {}\n", e.what());
+      return 0;
+    }
+  }
 }
 
 // A rank of a named Gloo group of two with a 4 s timeout; prints how long
@@ -553,6 +683,107 @@ TEST_CASE("init_collective_group with a peer that advertises an address no one c
     CHECK(std::stoi(out.substr(at + 15)) <= kGroupTimeoutMs + 3000);
     CHECK_THAT(out, !Catch::Contains(": ok"));
   }
+  store.kill(SIGTERM);
+  store.wait();
+}
+
+TEST_CASE("a dynamic group across hosts drops a host cut off mid-run, takes new joiners, and "
+          "the cut-off worker learns that it was evicted when the link comes back",
+          "[multihost][dynamic][partition]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 5});
+  const ControlFile control;
+  const std::string store_port = "29900";
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  auto env_of = [&](int host) {
+    return std::map<std::string, std::string>{
+        {"MASTER_ADDR", cluster.address(0)},
+        {"MASTER_PORT", store_port},
+        {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
+        {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
+  };
+  std::vector<Subprocess> members;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  for (int i = 0; i < 3; ++i) {
+    members.push_back(cluster.spawn_child(
+        i + 1, "view_member", {names[i], std::to_string(i), i == 2 ? "cutoff" : "member",
+                               control.path()},
+        env_of(i + 1)));
+    REQUIRE(members.back().read_line() == "ready");
+  }
+  cluster.cut(3);  // c's host
+  control.set("cut");
+  for (int i = 0; i < 2; ++i) {
+    const std::string line = members[i].read_line();
+    INFO(names[i] << " said: " << line);
+    REQUIRE_THAT(line, Catch::StartsWith("c left after "));
+    // The heartbeat timeout, then at most a poll of the member list.
+    CHECK(std::stoi(line.substr(13)) <= kDynamicHeartbeatMs + 3000);
+    CHECK_THAT(line, Catch::EndsWith("group: a b"));
+  }
+  Subprocess d = cluster.spawn_child(4, "view_member", {"d", "3", "joiner", control.path()},
+                                     env_of(4));
+  CHECK(d.read_line() == "group: a b d");
+  CHECK(d.read_line() == "a answered " + cluster.address(1));
+  control.set("joined");
+  for (int i = 0; i < 2; ++i) CHECK(members[i].read_line() == "d answered " + cluster.address(4));
+
+  cluster.restore(3);
+  // Back on the network, c finds itself off the member list.
+  CHECK(members[2].read_line() == "evicted");
+  const std::string call = members[2].read_line();
+  CHECK_THAT(call, Catch::Contains("this worker \"c\" was evicted from the dynamic group"));
+  CHECK(members[2].wait() == 0);
+
+  control.set("done");
+  for (int i = 0; i < 2; ++i) {
+    CHECK(members[i].read_line() == "left");
+    CHECK(members[i].wait() == 0);
+  }
+  CHECK(d.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
+}
+
+TEST_CASE("a host whose store link is cut while it holds the membership token holds the "
+          "others up for one lease",
+          "[multihost][dynamic][token]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 3});
+  const ControlFile control;
+  const std::string store_port = "29950";
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  auto env_of = [&](int host) {
+    return std::map<std::string, std::string>{
+        {"MASTER_ADDR", cluster.address(0)},
+        {"MASTER_PORT", store_port},
+        {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
+        {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
+  };
+  constexpr int kLeaseMs = 2000;
+  Subprocess holder =
+      cluster.spawn_child(1, "token_holder", {std::to_string(kLeaseMs)}, env_of(1));
+  REQUIRE(holder.read_line() == "held");
+  cluster.cut(1);
+  // A worker joining now waits for the token: one lease after it first
+  // sees the holder's last value, it takes the token over and joins.
+  Subprocess joiner = cluster.spawn_child(
+      2, "dynamic_member", {"j", "0", "joiner", control.path()}, env_of(2));
+  const std::string out = joiner.read_all();
+  INFO("the joiner printed:\n" << out);
+  CHECK(joiner.wait() == 0);
+  const size_t at = out.find("joined after ");
+  REQUIRE(at != std::string::npos);
+  const int ms = std::stoi(out.substr(at + 13));
+  CHECK(ms >= kLeaseMs);
+  CHECK(ms <= kLeaseMs + 3000);
+  CHECK_THAT(out, Catch::Contains("group: j\n"));
+  // Back on the network, the holder's next renewal finds the token gone.
+  cluster.restore(1);
+  const std::string lost = holder.read_line();
+  CHECK_THAT(lost, Catch::StartsWith("lost: "));
+  CHECK_THAT(lost, Catch::Contains("\"holder\" lost it"));
+  CHECK(holder.wait() == 0);
   store.kill(SIGTERM);
   store.wait();
 }
