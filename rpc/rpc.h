@@ -153,8 +153,10 @@ class RpcContext {
   WorkerInfo get_worker_info(const std::string& name) const;
   std::vector<WorkerInfo> get_worker_infos() const;
   // Dynamic groups: called on the pool with each worker that joins or
-  // leaves (not for those present at init_rpc, nor for this worker). Kept
-  // across shutdown and re-init; any number may be registered.
+  // leaves (not for those present at init_rpc, nor for this worker, except
+  // that on_leave names this worker when the group evicted it:
+  // docs/pipe.md, "Dynamic groups"). Kept across shutdown and re-init; any
+  // number may be registered.
   void on_join(std::function<void(const WorkerInfo&)> callback);
   void on_leave(std::function<void(const WorkerInfo&)> callback);
   // The options init_rpc used (Error(kFailedPrecondition) before init_rpc).

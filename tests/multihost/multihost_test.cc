@@ -292,6 +292,7 @@ std::string group_now() {
 //             it), says "evicted" and what a call to "a" fails with.
 //   "joiner"  says the group it joined and what "a" answered; stops once
 //             "done" is set.
+//   "steady"  says "ready"; leaves the group gracefully once "done" is set.
 constexpr int kDynamicHeartbeatMs = 1500;
 
 SB_CHILD_MAIN(view_member) {
@@ -318,6 +319,12 @@ SB_CHILD_MAIN(view_member) {
   }
   fmt::print("ready\n");
   std::fflush(stdout);
+  if (role == "steady") {
+    control.wait({"done"}, milliseconds(120'000));
+    rpc::shutdown(true, milliseconds(10'000));
+    fmt::print("left\n");
+    return 0;
+  }
   if (role == "cutoff") {
     if (!departures.wait_for(name)) {
       fmt::print("never learned that it was evicted\n");
@@ -349,6 +356,19 @@ SB_CHILD_MAIN(view_member) {
   control.wait({"done"}, milliseconds(120'000));
   rpc::shutdown(true, milliseconds(10'000));
   fmt::print("left\n");
+  return 0;
+}
+
+// Waits (a minute at most) until the store at MASTER_ADDR:MASTER_PORT has
+// the keys in args, then says "ok".
+SB_CHILD_MAIN(store_wait) {
+  switchboard::TcpStoreOptions options;
+  options.timeout = std::chrono::seconds(60);
+  switchboard::TcpStore store(std::getenv("MASTER_ADDR"),
+                              static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+                              options);
+  store.wait(args, std::chrono::seconds(60));
+  fmt::print("ok\n");
   return 0;
 }
 
@@ -687,21 +707,27 @@ TEST_CASE("init_collective_group with a peer that advertises an address no one c
   store.wait();
 }
 
-TEST_CASE("a dynamic group across hosts drops a host cut off mid-run, takes new joiners, and "
-          "the cut-off worker learns that it was evicted when the link comes back",
+// The store on host 0, members a, b and c on hosts 1 to 3, a joiner on 4.
+std::map<std::string, std::string> dynamic_env(const NetnsCluster& cluster, int host,
+                                               const std::string& store_port) {
+  return {{"MASTER_ADDR", cluster.address(0)},
+          {"MASTER_PORT", store_port},
+          {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
+          {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
+}
+
+TEST_CASE("a dynamic group across hosts drops a member cut off or stopped mid-run, takes new "
+          "joiners, and the lost worker learns that it was evicted when it is back",
           "[multihost][dynamic][partition]") {
   if (skipped()) return;
+  // Host 3's link cut and restored, or c's process stopped and continued.
+  const bool stop = GENERATE(false, true);
+  INFO((stop ? "c stopped (SIGSTOP)" : "host 3's link cut"));
   NetnsCluster cluster({.hosts = 5});
   const ControlFile control;
   const std::string store_port = "29900";
   Subprocess store = cluster.spawn_store_server(0, store_port);
-  auto env_of = [&](int host) {
-    return std::map<std::string, std::string>{
-        {"MASTER_ADDR", cluster.address(0)},
-        {"MASTER_PORT", store_port},
-        {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
-        {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
-  };
+  auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
   std::vector<Subprocess> members;
   const std::vector<std::string> names = {"a", "b", "c"};
   for (int i = 0; i < 3; ++i) {
@@ -711,7 +737,11 @@ TEST_CASE("a dynamic group across hosts drops a host cut off mid-run, takes new 
         env_of(i + 1)));
     REQUIRE(members.back().read_line() == "ready");
   }
-  cluster.cut(3);  // c's host
+  if (stop) {
+    members[2].kill(SIGSTOP);
+  } else {
+    cluster.cut(3);  // c's host
+  }
   control.set("cut");
   for (int i = 0; i < 2; ++i) {
     const std::string line = members[i].read_line();
@@ -728,8 +758,12 @@ TEST_CASE("a dynamic group across hosts drops a host cut off mid-run, takes new 
   control.set("joined");
   for (int i = 0; i < 2; ++i) CHECK(members[i].read_line() == "d answered " + cluster.address(4));
 
-  cluster.restore(3);
-  // Back on the network, c finds itself off the member list.
+  if (stop) {
+    members[2].kill(SIGCONT);
+  } else {
+    cluster.restore(3);
+  }
+  // Back, c finds itself off the member list (it evicts no one).
   CHECK(members[2].read_line() == "evicted");
   const std::string call = members[2].read_line();
   CHECK_THAT(call, Catch::Contains("this worker \"c\" was evicted from the dynamic group"));
@@ -753,13 +787,7 @@ TEST_CASE("a host whose store link is cut while it holds the membership token ho
   const ControlFile control;
   const std::string store_port = "29950";
   Subprocess store = cluster.spawn_store_server(0, store_port);
-  auto env_of = [&](int host) {
-    return std::map<std::string, std::string>{
-        {"MASTER_ADDR", cluster.address(0)},
-        {"MASTER_PORT", store_port},
-        {"SWITCHBOARD_STORE", fmt::format("tcp://{}:{}", cluster.address(0), store_port)},
-        {"SB_TEST_HOST_ADDRESS", cluster.address(host)}};
-  };
+  auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
   constexpr int kLeaseMs = 2000;
   Subprocess holder =
       cluster.spawn_child(1, "token_holder", {std::to_string(kLeaseMs)}, env_of(1));
@@ -786,4 +814,43 @@ TEST_CASE("a host whose store link is cut while it holds the membership token ho
   CHECK(holder.wait() == 0);
   store.kill(SIGTERM);
   store.wait();
+}
+
+TEST_CASE("a store server restarted empty under a dynamic group across hosts gets the group "
+          "back from its members, and a joiner joins that group",
+          "[multihost][dynamic][store]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 4});
+  const ControlFile control;
+  const std::string store_port = "29990";
+  auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  std::vector<Subprocess> members;
+  const std::vector<std::string> names = {"a", "b"};
+  for (int i = 0; i < 2; ++i) {
+    members.push_back(cluster.spawn_child(
+        i + 1, "view_member", {names[i], std::to_string(i), "steady", control.path()},
+        env_of(i + 1)));
+    REQUIRE(members.back().read_line() == "ready");
+  }
+  store.kill(SIGTERM);
+  store.wait();
+  Subprocess again = cluster.spawn_store_server(0, store_port);
+  // A member writes the group back; the joiner comes after that.
+  Subprocess restored = cluster.spawn_child(
+      0, "store_wait", {"pipe/dyn/group", "pipe/dyn/members"}, env_of(0));
+  REQUIRE(restored.read_line() == "ok");
+  CHECK(restored.wait() == 0);
+  Subprocess d = cluster.spawn_child(3, "view_member", {"d", "2", "joiner", control.path()},
+                                     env_of(3));
+  CHECK(d.read_line() == "group: a b d");
+  CHECK(d.read_line() == "a answered " + cluster.address(1));
+  control.set("done");
+  for (int i = 0; i < 2; ++i) {
+    CHECK(members[i].read_line() == "left");
+    CHECK(members[i].wait() == 0);
+  }
+  CHECK(d.wait() == 0);
+  again.kill(SIGTERM);
+  again.wait();
 }
