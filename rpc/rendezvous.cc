@@ -104,14 +104,17 @@ std::optional<int> env_world_size() {
 }
 
 Rendezvous rendezvous(const std::string& init_method, int rank,
-                      std::optional<int> world_size, std::chrono::milliseconds timeout) {
+                      std::optional<int> world_size, std::chrono::milliseconds timeout,
+                      bool dynamic) {
+  SB_REQUIRE(!dynamic || !world_size, "rendezvous: a dynamic group with world_size {}",
+             world_size.value_or(0));
   Rendezvous out;
   out.rank = rank;
   out.world_size = world_size;
   const std::string_view method = init_method;
   if (method == "env://" || method.empty()) {
     if (out.rank < 0) out.rank = env_rank().value_or(-1);
-    if (!out.world_size) out.world_size = env_world_size();
+    if (!out.world_size && !dynamic) out.world_size = env_world_size();
     auto addr = env("MASTER_ADDR");
     auto port = env("MASTER_PORT");
     SB_REQUIRE(addr && port, "init_method \"env://\": environment variable{} not set",

@@ -47,9 +47,13 @@ std::optional<int> env_rank();
 std::optional<int> env_world_size();
 
 // Resolves everything; `rank` < 0 and `world_size` nullopt mean "from the
-// environment" (a dynamic group keeps world_size nullopt). `timeout` bounds
-// connecting to the store.
+// environment" (a group without a world size there is dynamic).
+// `dynamic`: the caller asked for a dynamic group (rpc::kDynamicGroup), so
+// no world size is read from the environment (tools/launch sets
+// WORLD_SIZE for every worker) and the rank is not held to one. `timeout`
+// bounds connecting to the store.
 Rendezvous rendezvous(const std::string& init_method, int rank,
-                      std::optional<int> world_size, std::chrono::milliseconds timeout);
+                      std::optional<int> world_size, std::chrono::milliseconds timeout,
+                      bool dynamic = false);
 
 }  // namespace switchboard::rpc

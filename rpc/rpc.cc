@@ -269,7 +269,7 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
     state->store = std::move(store);
   } else {
     Rendezvous found = rendezvous(options->init_method, rank, world_size,
-                                  options->rpc_timeout);
+                                  options->rpc_timeout, forced_dynamic);
     state->store = std::move(found.store);
     rank = found.rank;
     world_size = forced_dynamic ? std::nullopt : found.world_size;

@@ -30,6 +30,7 @@
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
+#include "tests/util/scoped_env.h"
 #include "tests/util/subprocess.h"
 #include "tests/util/threads.h"
 
@@ -618,4 +619,22 @@ TEST_CASE("a store restarted empty under a running group gets the group back fro
   REQUIRE(a.events.wait_joined({"c"}));
   CHECK(c.ctx.rpc_sync<std::string>("a", "whoami") == "a");
   CHECK(b.ctx.rpc_sync<std::string>("c", "whoami") == "c");
+}
+
+TEST_CASE("a dynamic worker's rank is not held to the WORLD_SIZE of its environment",
+          "[pipe][dynamic][rendezvous]") {
+  // What tools/launch gives every worker, here two; the worker asks for a
+  // dynamic group with rank 5 through env://.
+  TcpStoreServer server;
+  sbtest::ScopedEnv addr("MASTER_ADDR", "127.0.0.1");
+  sbtest::ScopedEnv port("MASTER_PORT", std::to_string(server.port()));
+  sbtest::ScopedEnv store("SWITCHBOARD_STORE", "tcp://127.0.0.1:" + std::to_string(server.port()));
+  sbtest::ScopedEnv world("WORLD_SIZE", "2");
+  sbtest::ScopedEnv rank("RANK", "1");
+  RpcContext ctx;
+  ctx.register_function("whoami", [] { return std::string("d5"); });
+  ctx.init_rpc("d5", "PIPE", 5, rpc::kDynamicGroup, options());
+  CHECK(ctx.get_worker_info().id == 5);
+  CHECK(ctx.rpc_sync<std::string>("d5", "whoami") == "d5");
+  ctx.shutdown(true, kGuard);
 }
