@@ -249,7 +249,9 @@ void Membership::stop() {
     stopping_ = true;
     wake_.notify_all();
   }
-  if (watcher_.joinable()) watcher_.join();
+  // From the watcher itself (a call it failed ran a callback that shut the
+  // agent down): it ends after this step; the destructor joins it.
+  if (watcher_.joinable() && watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
 }
 
 // ------------------------------------------------------------------ watching
