@@ -280,12 +280,19 @@ std::pair<uint8_t*, size_t> FrameReader::next_buffer() {
   return {buffer_.data() + end_, offered_};
 }
 
-// Ensures kReadBufferSize free bytes after end_, and room for the rest of
-// the current frame's body.
+// Ensures kReadBufferSize free bytes after end_, and room for more of the
+// current frame's body: the rest of it, but never more than the body bytes
+// that already came (at least kReadBufferSize). A header that announces a
+// large body (a peer may send anything, also before its hello) costs
+// memory only as the body's bytes arrive; the room doubles, so a large body
+// is moved a bounded number of times per byte.
 void FrameReader::make_room() {
   size_t need = kReadBufferSize;
-  if (state_ == State::kBody)
-    need = std::max(need, header_.body_size() - (end_ - begin_));
+  if (state_ == State::kBody) {
+    const size_t have = end_ - begin_;
+    const size_t rest = header_.body_size() - have;
+    need = std::max(need, std::min(rest, std::max(have, kReadBufferSize)));
+  }
   if (buffer_.size() - end_ >= need) return;
   if (begin_ > 0) {
     std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);

@@ -176,8 +176,9 @@ class FrameReader {
 
   // Where the next received bytes go: free space at the end of the internal
   // buffer (at least kReadBufferSize bytes, more when the current frame's
-  // body needs it) or the unfilled remainder of the current tensor's
-  // storage. Never empty. The span stays valid until the next commit();
+  // body needs it, growing with the body bytes received, never by what a
+  // header merely announces) or the unfilled remainder of the current
+  // tensor's storage. Never empty. The span stays valid until the next commit();
   // calling next_buffer() again before that returns the same span.
   // Throws ProtocolError after a failure, or if the buffer cannot grow.
   std::pair<uint8_t*, size_t> next_buffer();

@@ -442,6 +442,58 @@ TEST_CASE("a connection that never says hello is closed after the heartbeat time
   pair.check_round_trips();
 }
 
+namespace {
+
+// This process' peak resident set (VmHWM), in bytes; 0 when unknown.
+size_t peak_rss() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  if (!status) return 0;
+  char line[256];
+  size_t kib = 0;
+  while (std::fgets(line, sizeof line, status)) {
+    if (std::sscanf(line, "VmHWM: %zu kB", &kib) == 1) break;
+  }
+  std::fclose(status);
+  return kib * 1024;
+}
+
+// Resets the peak (Linux: "5" to clear_refs); false when it cannot.
+bool reset_peak_rss() {
+  FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
+}
+
+}  // namespace
+
+TEST_CASE("headers announcing huge bodies before any hello cost no memory until the bytes "
+          "come",
+          "[pipe][protocol][limits]") {
+  AgentPair pair(300ms);
+  if (!reset_peak_rss()) {
+    fmt::print("skipped: /proc/self/clear_refs cannot reset the peak resident set here\n");
+    return;
+  }
+  const size_t before = peak_rss();
+  agents::pipe::FrameHeader header;
+  header.kind = agents::pipe::FrameKind::kHello;
+  header.payload_length =
+      static_cast<uint32_t>(agents::pipe::FrameLimits{}.max_payload_bytes);
+  // Three strangers, each announcing a 1 GiB hello and sending none of it;
+  // each is closed when its hello does not come.
+  std::vector<std::unique_ptr<RawSocket>> strangers;
+  for (int i = 0; i < 3; ++i) {
+    strangers.push_back(std::make_unique<RawSocket>(pair.agents[0]->listen_port()));
+    REQUIRE(strangers.back()->send_all(header_bytes(header)));
+  }
+  for (auto& stranger : strangers) CHECK(stranger->closed_by_peer(kGuard));
+  const size_t grew = peak_rss() - before;
+  INFO("peak RSS grew by " << grew / (1 << 20) << " MiB");
+  CHECK(grew < (64u << 20));
+  pair.check_round_trips();
+}
+
 // ---- 4. the listen address ----------------------------------------------------
 
 namespace {

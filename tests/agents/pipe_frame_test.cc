@@ -401,11 +401,23 @@ TEST_CASE("a body larger than the free space grows the buffer", "[pipe_frame]") 
   std::memcpy(buffer, stream.data(), 100);
   reader.commit(100);
   REQUIRE(reader.mid_frame());
-  // The rest of the body fits in the next buffer offered.
-  auto [rest, rest_capacity] = reader.next_buffer();
-  REQUIRE(rest_capacity >= stream.size() - 100);
-  std::memcpy(rest, stream.data() + 100, stream.size() - 100);
-  reader.commit(stream.size() - 100);
+  // The room offered grows with the body bytes received (doubling), never
+  // to what the header announced before they came.
+  size_t fed = 100;
+  size_t largest = 0;
+  int reads = 0;
+  while (fed < stream.size()) {
+    auto [rest, rest_capacity] = reader.next_buffer();
+    CHECK(rest_capacity <= std::max(fed, kReadBufferSize) + kReadBufferSize);
+    largest = std::max(largest, rest_capacity);
+    const size_t n = std::min(rest_capacity, stream.size() - fed);
+    std::memcpy(rest, stream.data() + fed, n);
+    reader.commit(n);
+    fed += n;
+    ++reads;
+  }
+  CHECK(largest > kReadBufferSize);  // it grew
+  CHECK(reads <= 8);                 // by doubling: a few reads for 3 MiB
   InboundFrame f;
   REQUIRE(reader.pop(f));
   require_same(f, m);
@@ -788,4 +800,48 @@ TEST_CASE("random garbage throws ProtocolError or waits for more bytes", "[pipe_
   REQUIRE(errors > 500);
   REQUIRE(waiting > 0);
   REQUIRE(complete > 0);
+}
+
+TEST_CASE("a header announcing a large body makes the reader offer room only as the body's "
+          "bytes arrive",
+          "[pipe_frame][limits]") {
+  FrameHeader header;
+  header.kind = FrameKind::kHello;
+  header.payload_length = static_cast<uint32_t>(FrameLimits{}.max_payload_bytes);
+  Bytes bytes(kHeaderSize);
+  encode_header(header, bytes.data());
+  FrameReader reader;
+  auto [at, room] = reader.next_buffer();
+  REQUIRE(room >= bytes.size());
+  std::memcpy(at, bytes.data(), bytes.size());
+  reader.commit(bytes.size());
+  // Nothing of the 1 GiB body came yet: no gigabyte buffer.
+  size_t received = 0;
+  for (int step = 0; step < 6; ++step) {
+    auto [to, offered] = reader.next_buffer();
+    INFO("after " << received << " body bytes");
+    CHECK(offered <= std::max(received, kReadBufferSize) + kReadBufferSize);
+    std::memset(to, 0, offered);
+    reader.commit(offered);
+    received += offered;
+  }
+  // It still completes the frame when the bytes do come (a smaller frame
+  // than 1 GiB, so that the test stays light: 8 MiB).
+  FrameReader small;
+  header.payload_length = 8u << 20;
+  encode_header(header, bytes.data());
+  Bytes frame = bytes;
+  frame.resize(kHeaderSize + header.payload_length, 7);
+  size_t fed = 0;
+  while (fed < frame.size()) {
+    auto [to, offered] = small.next_buffer();
+    const size_t n = std::min(offered, frame.size() - fed);
+    std::memcpy(to, frame.data() + fed, n);
+    small.commit(n);
+    fed += n;
+  }
+  InboundFrame out;
+  REQUIRE(small.pop(out));
+  CHECK(out.message.payload.size() == header.payload_length);
+  CHECK(out.message.payload.back() == 7);
 }
