@@ -41,8 +41,9 @@ bool retryable(int error) {
 
 }  // namespace
 
-ClientConnection::ClientConnection(std::string host, uint16_t port)
-    : host_(std::move(host)), port_(port) {}
+ClientConnection::ClientConnection(std::string host, uint16_t port,
+                                   std::shared_ptr<const Secret> secret)
+    : host_(std::move(host)), port_(port), secret_(std::move(secret)) {}
 
 ClientConnection::~ClientConnection() { close(); }
 
@@ -118,13 +119,53 @@ void ClientConnection::ensure_open(Deadline deadline, bool retry) {
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
     int error = try_connect(deadline);
-    if (error == 0) return;
+    if (error == 0) {
+      if (secret_) authenticate(deadline);
+      return;
+    }
     if (!retry || !retryable(error) || Clock::now() + backoff >= deadline) {
       throw ConnectionError(fmt::format("TcpStore could not connect to {}: {}",
                                         address(), std::strerror(error)));
     }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+void ClientConnection::authenticate(Deadline deadline) {
+  const Nonce mine = random_nonce();
+  Bytes hello(kAuthMagic, kAuthMagic + sizeof(kAuthMagic));
+  hello.insert(hello.end(), mine.begin(), mine.end());
+  uint8_t challenge[kAuthNonceBytes + kAuthMacBytes];
+  try {
+    write(hello, deadline);
+    read(challenge, sizeof(challenge), deadline);
+  } catch (const ConnectionError& e) {
+    if (!peer_closed_) throw;
+    fail("authenticating with",
+         "the server closed the connection before proving the job secret: it has no "
+         "secret (a client with one talks only to a server that proves it; give the server "
+         "the same SWITCHBOARD_SECRET_FILE or --secret-file) or is not a Switchboard store "
+         "server");
+  }
+  Nonce theirs;
+  std::memcpy(theirs.data(), challenge, kAuthNonceBytes);
+  if (!secret_->verify({challenge + kAuthNonceBytes, kAuthMacBytes},
+                       {bytes_of(kAuthServerLabel), mine, theirs})) {
+    fail("authenticating with",
+         "the server's proof does not match this client's job secret (the server has "
+         "another secret); not talking to it");
+  }
+  const Mac proof = secret_->mac({bytes_of(kAuthClientLabel), theirs, mine});
+  write(Bytes(proof.begin(), proof.end()), deadline);
+  uint8_t verdict = kAuthRefused;
+  try {
+    verdict = read_u8(deadline);
+  } catch (const ConnectionError&) {
+    if (!peer_closed_) throw;
+  }
+  if (verdict != kAuthAccepted) {
+    fail("authenticating with", "the server refused this client's proof of the job secret");
   }
 }
 

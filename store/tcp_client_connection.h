@@ -14,9 +14,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "store/store.h"
 
 namespace switchboard::tcpstore {
@@ -29,12 +31,17 @@ Deadline deadline_after(std::chrono::milliseconds timeout);
 
 class ClientConnection {
  public:
-  ClientConnection(std::string host, uint16_t port);
+  // With `secret`, every connection made authenticates first (the
+  // handshake in tcp_protocol.h), proving the secret and checking the
+  // server's proof of it.
+  ClientConnection(std::string host, uint16_t port,
+                   std::shared_ptr<const Secret> secret = nullptr);
   ~ClientConnection();
 
-  // Opens the connection unless it is open. Throws ConnectionError naming
-  // host:port and the last error when the deadline passes first. With
-  // `retry` false, makes one attempt only.
+  // Opens the connection unless it is open, and authenticates it when
+  // there is a secret. Throws ConnectionError naming host:port and the
+  // last error when the deadline passes first, or what went wrong in the
+  // handshake (not retried). With `retry` false, makes one attempt only.
   void ensure_open(Deadline deadline, bool retry = true);
   bool is_open() const;
   void close();
@@ -67,9 +74,12 @@ class ClientConnection {
   // the deadline. Returns the byte count; throws on timeout, EOF or error.
   size_t receive(uint8_t* dst, size_t size, Deadline deadline);
   [[noreturn]] void fail(const std::string& what, const std::string& reason);
+  // The client's side of the handshake on a new connection.
+  void authenticate(Deadline deadline);
 
   const std::string host_;
   const uint16_t port_;
+  const std::shared_ptr<const Secret> secret_;
   int fd_ = -1;
   // Bytes received but not yet consumed: buffer_[begin_, end_).
   std::vector<uint8_t> buffer_ = std::vector<uint8_t>(64 * 1024);

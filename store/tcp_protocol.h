@@ -46,6 +46,24 @@ constexpr uint8_t kMaxQueryType = 12;
 // The last query type PyTorch 1.13 knows.
 constexpr QueryType kLastLegacyQuery = QueryType::kDeleteKey;
 
+// Authentication (a server started with a job secret; not in PyTorch's
+// protocol, and never used without a secret). Before any request:
+//   client -> server  kAuthMagic (8 bytes), client nonce Nc (32)
+//   server -> client  server nonce Ns (32),
+//                     HMAC(secret, kServerLabel | Nc | Ns) (32)
+//   client -> server  HMAC(secret, kClientLabel | Ns | Nc) (32), after
+//                     checking the server's proof
+//   server -> client  u8 kAuthAccepted, or kAuthRefused and close
+// The magic's first byte is no query type, so a server without a secret
+// closes such a connection as it closes any unknown query.
+inline constexpr char kAuthMagic[8] = {'S', 'B', 'A', 'U', 'T', 'H', '0', '1'};
+inline constexpr size_t kAuthNonceBytes = 32;
+inline constexpr size_t kAuthMacBytes = 32;
+inline constexpr std::string_view kAuthServerLabel = "switchboard store server";
+inline constexpr std::string_view kAuthClientLabel = "switchboard store client";
+inline constexpr uint8_t kAuthAccepted = 1;
+inline constexpr uint8_t kAuthRefused = 0;
+
 enum class CheckResponse : uint8_t { kReady = 0, kNotReady = 1 };
 enum class WaitResponse : uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
 enum class WatchResponse : uint8_t {

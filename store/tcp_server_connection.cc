@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cstring>
 #include <utility>
 
 namespace switchboard::tcpstore {
@@ -32,7 +33,12 @@ std::string endpoint_name(const boost::asio::ip::tcp::endpoint& endpoint) {
 
 Connection::Connection(ServerContext& context, boost::asio::ip::tcp::socket socket,
                        ClientId id)
-    : context_(context), socket_(std::move(socket)), id_(id), stream_(context.limits) {
+    : context_(context),
+      socket_(std::move(socket)),
+      id_(id),
+      stream_(context.limits),
+      authenticated_(context.secret == nullptr),
+      handshake_timer_(socket_.get_executor()) {
   boost::system::error_code error;
   auto endpoint = socket_.remote_endpoint(error);
   peer_name_ = error ? std::string("unknown peer") : endpoint_name(endpoint);
@@ -46,7 +52,63 @@ void Connection::start() {
   if (context_.log_connections) {
     spdlog::info("store server: connection from {} opened ({} open)", peer_name_, open);
   }
+  if (!authenticated_) {
+    handshake_timer_.expires_after(context_.handshake_timeout);
+    handshake_timer_.async_wait(
+        [self = shared_from_this()](const boost::system::error_code& error) {
+          if (error || self->authenticated_ || self->closed_) return;
+          self->refuse(fmt::format("it did not authenticate within {} ms",
+                                   self->context_.handshake_timeout.count()));
+        });
+  }
   read();
+}
+
+bool Connection::authenticate() {
+  if (authenticated_) return true;
+  if (draining_ || closed_) return false;
+  const Secret& secret = *context_.secret;
+  if (!challenged_) {
+    constexpr size_t kHello = sizeof(kAuthMagic) + kAuthNonceBytes;
+    // Judge the first bytes as soon as they can be: a client that sends a
+    // request instead of the magic is refused without waiting for more.
+    const size_t seen = std::min(stream_.buffered(), sizeof(kAuthMagic));
+    if (std::memcmp(stream_.data(), kAuthMagic, seen) != 0) {
+      refuse("its first bytes are not an authentication request (this server requires the "
+             "job secret; a client without it, or a PyTorch client, cannot use it)");
+      return false;
+    }
+    if (stream_.buffered() < kHello) return false;
+    std::memcpy(client_nonce_.data(), stream_.data() + sizeof(kAuthMagic), kAuthNonceBytes);
+    stream_.consume(kHello);
+    server_nonce_ = random_nonce();
+    const Mac proof = secret.mac({bytes_of(kAuthServerLabel), client_nonce_, server_nonce_});
+    output_.insert(output_.end(), server_nonce_.begin(), server_nonce_.end());
+    output_.insert(output_.end(), proof.begin(), proof.end());
+    challenged_ = true;
+  }
+  if (stream_.buffered() < kAuthMacBytes) return false;
+  const bool valid =
+      secret.verify({stream_.data(), kAuthMacBytes},
+                    {bytes_of(kAuthClientLabel), server_nonce_, client_nonce_});
+  stream_.consume(kAuthMacBytes);
+  if (!valid) {
+    output_.push_back(kAuthRefused);
+    refuse("its proof does not match this server's secret");
+    return false;
+  }
+  output_.push_back(kAuthAccepted);
+  authenticated_ = true;
+  handshake_timer_.cancel();
+  return true;
+}
+
+// A client that did not prove the secret: logged with its address, counted,
+// and closed once what is queued for it (a refusal) has gone out.
+void Connection::refuse(const std::string& reason) {
+  ++context_.auth_failures;
+  spdlog::warn("store server: refused the connection from {}: {}", peer_name_, reason);
+  close_after_output("not authenticated");
 }
 
 void Connection::read() {
@@ -74,6 +136,11 @@ void Connection::on_read(const boost::system::error_code& error, size_t size) {
 // of the whole batch with one write.
 void Connection::process() {
   processing_ = true;
+  if (!authenticate()) {
+    processing_ = false;
+    write();
+    return;
+  }
   for (;;) {
     ParseStatus status = stream_.next(&request_, &error_);
     if (status == ParseStatus::kNeedMore) break;
@@ -89,6 +156,11 @@ void Connection::process() {
 }
 
 void Connection::on_end_of_stream() {
+  if (!authenticated_) {
+    return refuse(fmt::format("it closed the connection during the handshake ({} byte(s) "
+                              "sent)",
+                              stream_.buffered()));
+  }
   if (stream_.buffered() == 0) return close_after_output("closed by peer");
   fail(fmt::format("connection closed inside a request ({} bytes of at least {})",
                    stream_.buffered(), stream_.needed()));
@@ -116,6 +188,7 @@ void Connection::close(const std::string& why) {
   closed_ = true;
   auto self = shared_from_this();  // erasing from `connections` must not free us
   context_.state.remove_client(id_);
+  handshake_timer_.cancel();
   boost::system::error_code ignored;
   socket_.shutdown(boost::asio::ip::tcp::socket::shutdown_both, ignored);
   socket_.close(ignored);

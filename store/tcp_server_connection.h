@@ -22,11 +22,13 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <unordered_map>
 
+#include "common/auth.h"
 #include "store/tcp_protocol.h"
 #include "store/tcp_server_state.h"
 #include "store/tcp_server_stream.h"
@@ -41,12 +43,17 @@ struct ServerContext {
   ServerState state;
   Limits limits;
   bool log_connections = false;
+  // With a secret, every connection authenticates before its first request
+  // (tcp_protocol.h), within handshake_timeout.
+  std::shared_ptr<const Secret> secret;
+  std::chrono::milliseconds handshake_timeout{10'000};
   // Open connections, so stop() can close them.
   std::unordered_map<ClientId, std::shared_ptr<Connection>> connections;
 
   std::atomic<size_t> num_connections{0};
   std::atomic<uint64_t> total_connections{0};
   std::atomic<uint64_t> protocol_errors{0};
+  std::atomic<uint64_t> auth_failures{0};  // refused, or too slow to prove
   std::atomic<size_t> num_keys{0};
 };
 
@@ -74,6 +81,11 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   void on_read(const boost::system::error_code& error, size_t size);
   void process();
   void on_end_of_stream();
+  // The handshake on the bytes buffered so far: true once authenticated
+  // (the rest are requests), false while it needs more bytes or after it
+  // failed (the connection is closing).
+  bool authenticate();
+  void refuse(const std::string& reason);
   void fail(const std::string& reason);
   void close_after_output(const std::string& why);
   void write();
@@ -86,6 +98,13 @@ class Connection final : public Peer, public std::enable_shared_from_this<Connec
   RequestStream stream_;
   Request request_;  // reused for every request
   std::string error_;
+
+  // The handshake: authenticated at once without a secret.
+  bool authenticated_ = false;
+  bool challenged_ = false;  // the server's nonce and proof went out
+  Nonce client_nonce_{};
+  Nonce server_nonce_{};
+  boost::asio::steady_timer handshake_timer_;
 
   Bytes output_;   // messages queued behind the write in flight
   Bytes sending_;  // the bytes of the write in flight

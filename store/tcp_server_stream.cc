@@ -40,6 +40,12 @@ ParseStatus RequestStream::next(Request* request, std::string* error) {
   return status;
 }
 
+void RequestStream::consume(size_t size) {
+  begin_ += std::min(size, end_ - begin_);
+  needed_ = 1;
+  if (begin_ == end_) begin_ = end_ = 0;
+}
+
 // Makes room for kChunk more bytes: moves the buffered bytes to the front
 // when that frees enough, else grows (at least doubling, so a large request
 // is copied O(1) times per byte).

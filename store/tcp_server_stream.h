@@ -45,6 +45,10 @@ class RequestStream {
 
   // Bytes received and not consumed by a complete request.
   size_t buffered() const { return end_ - begin_; }
+  // The buffered bytes, and dropping the first `size` of them (what came
+  // before the requests: the authentication handshake).
+  const uint8_t* data() const { return data_.get() + begin_; }
+  void consume(size_t size);
   // After kNeedMore: a lower bound on the size of the incomplete request.
   size_t needed() const { return needed_; }
 

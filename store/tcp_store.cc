@@ -40,7 +40,8 @@ constexpr const char* kInitKey = "init/";
 // method requires `mutex`.
 class TcpStore::Connection {
  public:
-  Connection(std::string host, uint16_t port) : socket(std::move(host), port) {}
+  Connection(std::string host, uint16_t port, std::shared_ptr<const Secret> secret)
+      : socket(std::move(host), port, std::move(secret)) {}
 
   // Encodes and writes `request` (reconnecting first if needed).
   void send(const Request& request, Deadline deadline) SB_REQUIRES(mutex) {
@@ -102,10 +103,11 @@ TcpStore::TcpStore(std::string host, uint16_t port, TcpStoreOptions options)
     TcpStoreServerOptions server_options;
     server_options.host = host_;
     server_options.port = port_;
+    server_options.secret = options.secret;
     server_ = std::make_unique<TcpStoreServer>(server_options);
     port_ = server_->port();
   }
-  connection_ = std::make_unique<Connection>(host_, port_);
+  connection_ = std::make_unique<Connection>(host_, port_, options.secret);
   {
     MutexLock lock(connection_->mutex);
     connection_->socket.ensure_open(tcpstore::deadline_after(options.timeout));

@@ -34,6 +34,7 @@
 #include <optional>
 #include <string>
 
+#include "common/auth.h"
 #include "store/store.h"
 #include "store/store_metrics.h"
 
@@ -55,6 +56,11 @@ struct TcpStoreOptions {
   bool wait_for_workers = true;
   // Default timeout of get()/wait(), and the connect timeout.
   std::chrono::milliseconds timeout = Store::kDefaultTimeout;
+  // The job secret: each connection proves it to the server and checks the
+  // server's proof (a server without it is refused). With is_master, the
+  // server started requires it. Null: none (PyTorch's protocol).
+  // Secret::from_environment() is SWITCHBOARD_SECRET_FILE's.
+  std::shared_ptr<const Secret> secret;
 };
 
 class TcpStore : public Store {

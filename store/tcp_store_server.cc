@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <boost/asio.hpp>
 #include <chrono>
 #include <thread>
@@ -58,7 +59,19 @@ class TcpStoreServer::Impl {
 TcpStoreServer::Impl::Impl(TcpStoreServerOptions options) : options_(std::move(options)) {
   context_.limits = options_.limits;
   context_.log_connections = options_.log_connections;
-  listen(resolve());
+  context_.secret = options_.secret;
+  context_.handshake_timeout = options_.handshake_timeout;
+  const tcp::endpoint endpoint = resolve();
+  listen(endpoint);
+  if (!options_.secret && !endpoint.address().is_loopback()) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      spdlog::warn("store server: listening on {} without a job secret: anyone who can reach "
+                   "port {} can read, change and delete the job's keys (set {} or "
+                   "--secret-file; docs/security.md)",
+                   options_.host, port_, Secret::kEnvironmentVariable);
+    }
+  }
   accept();
   thread_ = std::thread([this] { run(); });
 }
@@ -176,6 +189,9 @@ uint64_t TcpStoreServer::total_connections() const {
 }
 uint64_t TcpStoreServer::protocol_errors() const {
   return impl_->context().protocol_errors.load();
+}
+uint64_t TcpStoreServer::auth_failures() const {
+  return impl_->context().auth_failures.load();
 }
 size_t TcpStoreServer::num_keys() const { return impl_->context().num_keys.load(); }
 

@@ -9,6 +9,15 @@
 // the WAIT inside a client's get() are parked on the server and woken by the
 // write that creates their keys: there is no polling.
 //
+// Authentication: a server given a job secret (common/auth.h) requires
+// every connection to prove it before its first request (mutual
+// challenge-response, HMAC-SHA256 over both sides' nonces: the handshake in
+// store/tcp_protocol.h), within handshake_timeout. A connection that does
+// not is closed with a warning naming its address, and counted
+// (auth_failures()). Without a secret the server speaks PyTorch's protocol
+// byte for byte, and warns once per process when it listens on an address
+// that is not loopback.
+//
 // Bad input (an unknown query type, a length over the limits, GET of a
 // missing key, ADD on a non-integer) closes that one connection with a
 // logged reason; the server keeps serving everyone else and loses no key.
@@ -20,11 +29,13 @@
 // the stored keys; everything is released by stop().
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "common/auth.h"
 #include "store/tcp_protocol.h"
 
 namespace switchboard {
@@ -41,6 +52,10 @@ struct TcpStoreServerOptions {
   // Log one line per connection open/close (protocol errors are always
   // logged). The standalone store_server turns this on.
   bool log_connections = false;
+  // The job secret every client must prove (null: none, PyTorch's
+  // protocol), and how long a client may take to.
+  std::shared_ptr<const Secret> secret;
+  std::chrono::milliseconds handshake_timeout{10'000};
 };
 
 class TcpStoreServer {
@@ -66,6 +81,7 @@ class TcpStoreServer {
   size_t num_connections() const;        // open right now
   uint64_t total_connections() const;    // accepted since start
   uint64_t protocol_errors() const;      // connections closed for bad input
+  uint64_t auth_failures() const;        // connections refused: no or wrong proof, too slow
   size_t num_keys() const;               // keys stored right now
 
  private:
