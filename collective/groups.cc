@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "collective/registry.h"
+#include "common/auth.h"
 #include "common/error.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -125,6 +126,7 @@ std::shared_ptr<Store> store_from_env(std::string_view what, GroupTimeout timeou
       parse_integer(fmt::format("{}: MASTER_PORT", what), port, 1, 65535);
   TcpStoreOptions options;
   options.timeout = timeout;
+  options.secret = Secret::from_environment();  // the job's, when it has one
   return std::make_shared<TcpStore>(addr, static_cast<uint16_t>(port_number), options);
 }
 

@@ -11,6 +11,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::kCancelled: return "Cancelled";
     case ErrorCode::kFailedPrecondition: return "FailedPrecondition";
     case ErrorCode::kRegistry: return "Registry";
+    case ErrorCode::kUnauthenticated: return "Unauthenticated";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

@@ -23,6 +23,7 @@ enum class ErrorCode {
   kCancelled,          // the operation was cancelled (e.g. by shutdown)
   kFailedPrecondition, // the state does not allow this (e.g. non-integer add)
   kRegistry,           // a registry lookup or registration failed
+  kUnauthenticated,    // a side did not prove the job secret; retrying will not help
   kInternal,           // a bug in Switchboard
 };
 
@@ -74,6 +75,16 @@ class ProtocolError : public Error {
  public:
   explicit ProtocolError(const std::string& message)
       : Error(ErrorCode::kUnavailable, message) {}
+};
+
+// Authentication failed: the other side did not prove the job secret (a
+// server or peer with another secret, or none), or refused this side's
+// proof. The message names the other side and which proof failed. Not a
+// ConnectionError: reconnecting with the same secret fails the same way.
+class AuthenticationError : public Error {
+ public:
+  explicit AuthenticationError(const std::string& message)
+      : Error(ErrorCode::kUnauthenticated, message) {}
 };
 
 // A registry rejected a registration or lookup (duplicate or unknown name).

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "common/auth.h"
 #include "common/check.h"
 #include "common/listen_address.h"
 #include "store/file_store.h"
@@ -81,6 +82,9 @@ std::shared_ptr<Store> tcp_store(const HostPort& at, std::string_view where, int
   options.world_size = world_size;
   options.wait_for_workers = false;
   options.timeout = timeout;
+  // The job secret, when the job has one: proven to the store (and
+  // required by rank 0's).
+  options.secret = Secret::from_environment();
   return std::make_shared<TcpStore>(at.host, at.port, options);
 }
 

@@ -142,19 +142,24 @@ void ClientConnection::authenticate(Deadline deadline) {
     read(challenge, sizeof(challenge), deadline);
   } catch (const ConnectionError& e) {
     if (!peer_closed_) throw;
-    fail("authenticating with",
-         "the server closed the connection before proving the job secret: it has no "
+    close();
+    throw AuthenticationError(fmt::format(
+        "TcpStore authenticating with {}: the server closed the connection before proving "
+        "the job secret: it has no "
          "secret (a client with one talks only to a server that proves it; give the server "
-         "the same SWITCHBOARD_SECRET_FILE or --secret-file) or is not a Switchboard store "
-         "server");
+        "the same SWITCHBOARD_SECRET_FILE or --secret-file) or is not a Switchboard store "
+        "server",
+        address()));
   }
   Nonce theirs;
   std::memcpy(theirs.data(), challenge, kAuthNonceBytes);
   if (!secret_->verify({challenge + kAuthNonceBytes, kAuthMacBytes},
                        {bytes_of(kAuthServerLabel), mine, theirs})) {
-    fail("authenticating with",
-         "the server's proof does not match this client's job secret (the server has "
-         "another secret); not talking to it");
+    close();
+    throw AuthenticationError(fmt::format(
+        "TcpStore authenticating with {}: the server's proof does not match this client's "
+        "job secret (the server has another secret); not talking to it",
+        address()));
   }
   const Mac proof = secret_->mac({bytes_of(kAuthClientLabel), theirs, mine});
   write(Bytes(proof.begin(), proof.end()), deadline);
@@ -165,7 +170,11 @@ void ClientConnection::authenticate(Deadline deadline) {
     if (!peer_closed_) throw;
   }
   if (verdict != kAuthAccepted) {
-    fail("authenticating with", "the server refused this client's proof of the job secret");
+    close();
+    throw AuthenticationError(fmt::format(
+        "TcpStore authenticating with {}: the server refused this client's proof of the job "
+        "secret",
+        address()));
   }
 }
 

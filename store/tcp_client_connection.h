@@ -41,7 +41,8 @@ class ClientConnection {
   // Opens the connection unless it is open, and authenticates it when
   // there is a secret. Throws ConnectionError naming host:port and the
   // last error when the deadline passes first, or what went wrong in the
-  // handshake (not retried). With `retry` false, makes one attempt only.
+  // handshake (AuthenticationError when a proof failed; not retried).
+  // With `retry` false, makes one attempt only.
   void ensure_open(Deadline deadline, bool retry = true);
   bool is_open() const;
   void close();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "tests/util/netns_cluster.h"
 #include "tests/util/subprocess.h"
 
@@ -73,16 +74,32 @@ std::string lonely_launch() {
   return path;
 }
 
+// A job secret file (0600) with `fill` bytes, made once per fill: what every
+// node of a job is given (--secret-file), as a shared file system would.
+std::string secret_file(char fill = 's') {
+  static std::map<char, std::string> made;
+  auto it = made.find(fill);
+  if (it != made.end()) return it->second;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = fmt::format("{}/sb-secret-XXXXXX", tmp ? tmp : "/tmp");
+  REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  const std::string path = dir + "/secret";
+  switchboard::Secret(std::vector<uint8_t>(32, static_cast<uint8_t>(fill))).write_file(path);
+  return made[fill] = path;
+}
+
 // Runs `launch` in host `node` with the flags of a job of `nnodes` nodes of
-// `nproc` workers each; stdout and stderr both come back on the pipe.
+// `nproc` workers each, and the job's secret; stdout and stderr both come
+// back on the pipe.
 Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc,
                     const std::vector<std::string>& worker_args,
-                    const std::vector<std::string>& extra = {}) {
+                    const std::vector<std::string>& extra = {},
+                    const std::string& secret = secret_file()) {
   std::vector<std::string> argv = {
       "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
       "--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(node),
       "--nproc-per-node", std::to_string(nproc), "--master-addr", cluster.address(0),
-      "--master-port", kMasterPort, "--timeout-stop", "5"};
+      "--master-port", kMasterPort, "--timeout-stop", "5", "--secret-file", secret};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.insert(argv.end(), {"--", self_exe(), "--sb-child", "launched"});
   argv.insert(argv.end(), worker_args.begin(), worker_args.end());
@@ -168,6 +185,27 @@ TEST_CASE("a node that does not arrive within --join-timeout fails every node, n
   check_nothing_left(cluster);
 }
 
+TEST_CASE("a node whose launcher has another secret is refused by the job's store, and the "
+          "job fails naming it",
+          "[multihost][launch][auth]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  Subprocess node0 = launcher(cluster, 0, 2, 1, {"exit"}, {"--join-timeout", "2"});
+  Subprocess node1 =
+      launcher(cluster, 1, 2, 1, {"exit"}, {"--join-timeout", "2"}, secret_file('x'));
+  const std::string out1 = node1.read_all();
+  INFO("node 1 printed:\n" << out1);
+  CHECK(node1.wait() == 1);
+  CHECK_THAT(out1, Catch::Contains("cannot reach the job's store"));
+  CHECK_THAT(out1, Catch::Contains("does not match this client's job secret"));
+  const std::string out0 = node0.read_all();
+  INFO("node 0 printed:\n" << out0);
+  CHECK(node0.wait() == 1);
+  CHECK_THAT(out0, Catch::Contains("node(s) 1 did not arrive within 2 s"));
+  CHECK_THAT(out0 + out1, !Catch::Contains("rank="));  // no worker started
+  check_nothing_left(cluster);
+}
+
 TEST_CASE("SIGINT to one launcher stops the job on every node", "[multihost][launch]") {
   if (NetnsCluster::skipped()) return;
   NetnsCluster cluster({.hosts = 2});
@@ -196,7 +234,8 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
   if (NetnsCluster::skipped()) return;
   NetnsCluster cluster({.hosts = 4});
   const std::string store_port = "29600";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store =
+      cluster.spawn_store_server(0, store_port, {"--secret-file", secret_file()});
   const std::string url = fmt::format("tcp://{}:{}", cluster.address(0), store_port);
   std::vector<Subprocess> launchers;
   // Nodes 0..2 on hosts 1..3: rank 0 (the ps) on host 1, trainer-1 and the
@@ -206,7 +245,7 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
         node + 1,
         {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
          "--nnodes", "3", "--node-rank", std::to_string(node), "--nproc-per-node", "1",
-         "--store", url, "--", sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
+         "--store", url, "--secret-file", secret_file(), "--", sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
          "--late-joiner", "2", "--leaver", "0"}));
   }
   std::vector<std::string> out;

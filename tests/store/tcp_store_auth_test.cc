@@ -44,6 +44,8 @@ std::string failure_of(const std::function<void()>& run) {
     run();
   } catch (const ConnectionError& e) {
     return std::string("ConnectionError: ") + e.what();
+  } catch (const AuthenticationError& e) {
+    return std::string("AuthenticationError: ") + e.what();
   } catch (const std::exception& e) {
     return std::string("other: ") + e.what();
   }
@@ -115,7 +117,7 @@ TEST_CASE("a server with a secret refuses clients that cannot prove it, and keep
   SECTION("another secret: the client finds the server's proof wrong and stops") {
     const std::string failure =
         failure_of([&] { TcpStore("127.0.0.1", server.port(), client(secret_of('x'))); });
-    CHECK_THAT(failure, Catch::StartsWith("ConnectionError"));
+    CHECK_THAT(failure, Catch::StartsWith("AuthenticationError"));
     CHECK_THAT(failure, Catch::Contains("does not match this client's job secret"));
   }
   SECTION("another secret, by hand: the server refuses the proof") {
@@ -171,7 +173,7 @@ TEST_CASE("a client with a secret refuses a server that cannot prove it", "[stor
   TcpStoreServer open_server;  // no secret: PyTorch's protocol
   const std::string failure = failure_of(
       [&] { TcpStore("127.0.0.1", open_server.port(), client(secret_of('k'))); });
-  CHECK_THAT(failure, Catch::StartsWith("ConnectionError"));
+  CHECK_THAT(failure, Catch::StartsWith("AuthenticationError"));
   CHECK_THAT(failure, Catch::Contains("closed the connection before proving the job secret"));
 }
 

@@ -53,7 +53,8 @@ TEST_CASE("launch flags: every flag, in both forms", "[launch][cli]") {
 TEST_CASE("launch flags: several nodes, torchrun's spelling", "[launch][cli]") {
   Parsed p = parse({"--nnodes", "4", "--node-rank=3", "--nproc-per-node", "8",
                     "--master-addr", "10.0.0.1", "--master-port", "29500", "--join-timeout",
-                    "2.5", "--job-id", "run7", "--node-timeout", "4", "--", "worker"});
+                    "2.5", "--job-id", "run7", "--node-timeout", "4", "--secret-file", "/s",
+                    "--", "worker"});
   INFO(p.outcome.error);
   REQUIRE(p.outcome.ok());
   CHECK(p.flags.nnodes == 4);
@@ -76,7 +77,7 @@ TEST_CASE("launch flags: --store names an existing store server, which is where 
       {"node-0.cluster:29500", "node-0.cluster", 29500},
   }));
   Parsed p = parse({"--nnodes", "2", "--node-rank", "1", "--nproc", "1", "--store", url,
-                    "--", "worker"});
+                    "--no-secret", "--", "worker"});
   INFO(url << ": " << p.outcome.error);
   REQUIRE(p.outcome.ok());
   CHECK(p.flags.store == url);
@@ -135,6 +136,12 @@ TEST_CASE("launch flags: usage errors name the flag and the value", "[launch][cl
        "--store \"tcp://host:0\": the port must be 1 to 65535, got \"0\""},
       {{"--nproc", "2", "--nnodes", "0", "--", "true"},
        "--nnodes: '0' is not an integer from 1 to 4096"},
+      {{"--nproc", "2", "--nnodes", "2", "--master-port", "1", "--", "true"},
+       "--nnodes 2 needs a job secret that every node has: --secret-file PATH (the same file "
+       "on every node, e.g. made with `head -c 32 /dev/urandom > PATH; chmod 600 PATH`) or "
+       "SWITCHBOARD_SECRET_FILE; or --no-secret to let anyone who can reach the job in"},
+      {{"--nproc", "2", "--secret-file", "/s", "--no-secret", "--", "true"},
+       "--secret-file and --no-secret contradict each other"},
   }));
   Parsed p = parse(args);
   CHECK_FALSE(p.outcome.help);
@@ -159,6 +166,7 @@ TEST_CASE("launch flags: the help starts with the usage line and lists every fla
   for (const char* flag : {"--nproc N", "--master-addr ADDR", "--master-port PORT",
                            "--store-server PATH", "--timeout-stop S", "--no-prefix",
                            "--nproc-per-node", "--nnodes N", "--node-rank R", "--store URL",
+                           "--secret-file PATH", "--no-secret",
                            "--join-timeout S", "--job-id ID", "--node-timeout S"}) {
     CHECK_THAT(help, Catch::Contains(flag));
   }

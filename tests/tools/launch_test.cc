@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/auth.h"
+#include "common/error.h"
 #include "store/tcp_store.h"
 #include "tests/util/subprocess.h"
 
@@ -53,9 +55,12 @@ void say(const std::string& line) {
   std::fflush(stdout);
 }
 
-TcpStore connect_store() {
+// The launcher's store, with the job's secret (SWITCHBOARD_SECRET_FILE),
+// as init_rpc connects to it; `secret` false: without it.
+TcpStore connect_store(bool secret = true) {
   switchboard::TcpStoreOptions options;
   options.timeout = std::chrono::seconds(60);
+  if (secret) options.secret = switchboard::Secret::from_environment();
   return TcpStore(env_string("MASTER_ADDR"),
                   static_cast<uint16_t>(env_int("MASTER_PORT")), options);
 }
@@ -88,6 +93,27 @@ SB_CHILD_MAIN(rendezvous) {
   for (int r = 0; r < world_size; ++r) keys.push_back(fmt::format("rank/{}", r));
   store.wait(keys);
   if (rank == 0) say(fmt::format("count={}", store.add("count", 0)));
+  return 0;
+}
+
+// Says where the job's secret is and its mode, and whether the store
+// serves a client with it and one without it.
+SB_CHILD_MAIN(secret_check) {
+  const std::string path = env_string("SWITCHBOARD_SECRET_FILE");
+  struct stat info {};
+  const bool exists = path != "<unset>" && ::stat(path.c_str(), &info) == 0;
+  say(fmt::format("secret file {} mode {:o}", path, exists ? (info.st_mode & 0777) : 0));
+  TcpStore with = connect_store(true);
+  with.set("k", "v");
+  say(fmt::format("with the secret: {}", with.get("k") == switchboard::Bytes{'v'} ? "served"
+                                                                                   : "wrong"));
+  TcpStore without = connect_store(false);
+  try {
+    without.get("k");
+    say("without the secret: served");
+  } catch (const switchboard::ConnectionError&) {
+    say("without the secret: refused");
+  }
   return 0;
 }
 
@@ -265,12 +291,25 @@ std::string write_script(const std::string& dir, const std::string& text) {
   return path;
 }
 
+// A job secret the test knows (for --secret-file), in a file of its own.
+const std::string& test_secret_file() {
+  static const std::string path = [] {
+    const std::string file = temp_dir() + "/secret";
+    switchboard::Secret::random().write_file(file);
+    return file;
+  }();
+  return path;
+}
+
 // Runs the fail_one job: rank 1 fails once every other rank blocks.
 // Returns the output; checks that every other worker has ended by the time
 // the launcher exits, and that it exits 1.
 std::string run_failing_job(int nproc, const std::string& how, const std::string& others,
                             const std::vector<std::string>& extra_flags = {}) {
-  std::vector<std::string> flags = {"--nproc", std::to_string(nproc)};
+  // The test itself tells the workers to go through the job's store: with
+  // a secret it holds.
+  std::vector<std::string> flags = {"--nproc", std::to_string(nproc), "--secret-file",
+                                    test_secret_file()};
   flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
   Subprocess launch = start_launch(flags, worker("fail_one", {"1", how, others}));
   std::string output;
@@ -283,7 +322,10 @@ std::string run_failing_job(int nproc, const std::string& how, const std::string
        read_until(launch, std::regex(R"(blocking pid=(\d+))"), nproc - 1, &output)) {
     siblings.emplace_back(pid);
   }
-  TcpStore("127.0.0.1", port).set("go", std::string_view("1"));
+  switchboard::TcpStoreOptions with_secret;
+  with_secret.secret =
+      std::make_shared<const switchboard::Secret>(switchboard::Secret::from_file(test_secret_file()));
+  TcpStore("127.0.0.1", port, with_secret).set("go", std::string_view("1"));
   output += launch.read_all(kGuard);
   CHECK(launch.wait() == 1);
   for (const ProcessWatch& sibling : siblings) {
@@ -318,6 +360,31 @@ TEST_CASE("every worker gets torchrun's environment and the same store port",
     ports.insert(match[1]);
   }
   CHECK(ports.size() == 1);
+}
+
+TEST_CASE("a job gets a secret of its own: its store serves only those who hold it, and the "
+          "secret is gone after the job",
+          "[launch][auth]") {
+  Finished run = run_launch({"--nproc", "1"}, worker("secret_check"));
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  const std::vector<std::string> lines = rank_lines(run.output, 0);
+  REQUIRE(lines.size() == 3);
+  std::smatch match;
+  REQUIRE(std::regex_search(lines[0], match, std::regex("^secret file (/\\S+) mode 600$")));
+  CHECK(lines[1] == "with the secret: served");
+  CHECK(lines[2] == "without the secret: refused");
+  CHECK_FALSE(std::filesystem::exists(match[1].str()));
+}
+
+TEST_CASE("--no-secret runs a job whose store anyone may use", "[launch][auth]") {
+  Finished run = run_launch({"--nproc", "1", "--no-secret"}, worker("secret_check"));
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  const std::vector<std::string> lines = rank_lines(run.output, 0);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0] == "secret file <unset> mode 0");
+  CHECK(lines[2] == "without the secret: served");
 }
 
 TEST_CASE("workers rendezvous through the launcher's store server", "[launch]") {

@@ -7,9 +7,12 @@
 
 namespace sbtest {
 
-Subprocess NetnsCluster::spawn_store_server(int host, const std::string& port) const {
-  Subprocess server = spawn(host, {runfile("tools/store_server/store_server"), "--host",
-                                   address(host), "--port", port, "--quiet"});
+Subprocess NetnsCluster::spawn_store_server(int host, const std::string& port,
+                                            const std::vector<std::string>& extra) const {
+  std::vector<std::string> argv = {runfile("tools/store_server/store_server"), "--host",
+                                   address(host), "--port", port, "--quiet"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Subprocess server = spawn(host, argv);
   if (const std::string line = server.read_line(); line != "port=" + port) {
     throw std::runtime_error("NetnsCluster: the store server printed \"" + line +
                              "\", not port=" + port);

@@ -29,8 +29,10 @@ class NetnsCluster : public switchboard::netns::NetnsCluster {
     return Subprocess(command(host, argv, env));
   }
   // Starts //tools/store_server (a data dependency of the test) in host
-  // `host` on its address and `port`, and waits for its "port=N" line.
-  Subprocess spawn_store_server(int host, const std::string& port) const;
+  // `host` on its address and `port`, with `extra` flags (e.g.
+  // --secret-file), and waits for its "port=N" line.
+  Subprocess spawn_store_server(int host, const std::string& port,
+                                const std::vector<std::string>& extra = {}) const;
   // Starts this test binary's child `name` (SB_CHILD_MAIN) in host `host`.
   Subprocess spawn_child(int host, const std::string& name,
                          const std::vector<std::string>& args = {},

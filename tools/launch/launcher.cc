@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/error.h"
 #include "store/tcp_store.h"
 #include "tools/launch/line_relay.h"
@@ -82,8 +84,8 @@ std::string store_url(const std::string& addr, uint16_t port) {
 // done; node 0, which hosts the store, keeps it up until every node is.
 class NodeLink {
  public:
-  NodeLink(const LaunchOptions& options, uint16_t port)
-      : store_(options.master_addr, port, store_options(options)),
+  NodeLink(const LaunchOptions& options, uint16_t port, std::shared_ptr<const Secret> secret)
+      : store_(options.master_addr, port, store_options(options, std::move(secret))),
         prefix_(fmt::format("launch/{}/", options.job_id)),
         node_rank_(options.node_rank),
         nnodes_(options.nnodes) {}
@@ -125,9 +127,11 @@ class NodeLink {
   }
 
  private:
-  static TcpStoreOptions store_options(const LaunchOptions& options) {
+  static TcpStoreOptions store_options(const LaunchOptions& options,
+                                       std::shared_ptr<const Secret> secret) {
     TcpStoreOptions o;
     o.timeout = std::chrono::milliseconds(5000);  // each request; joining retries
+    o.secret = std::move(secret);
     return o;
   }
   static std::string host_name() {
@@ -154,6 +158,11 @@ class Supervisor {
  private:
   bool multi_node() const { return options_.nnodes > 1; }
   bool hosts_store() const { return options_.store.empty() && options_.node_rank == 0; }
+  // Chooses the job secret (LaunchOptions::secret_file) and where the
+  // children find it; false (exit 2 said) when the file is refused.
+  bool prepare_secret();
+  // SWITCHBOARD_SECRET_FILE for the children: the job's, or removed.
+  std::string secret_variable() const;
   bool join_nodes();
   bool wait_signals_for(std::chrono::milliseconds timeout);
   void monitor_job(TimePoint now);
@@ -207,6 +216,11 @@ class Supervisor {
   std::map<int, std::pair<int64_t, TimePoint>> heartbeats_;
   std::optional<TimePoint> next_heartbeat_;
   std::optional<TimePoint> store_grace_until_;  // node 0 after a failure
+  // The job secret and its file; a file made for this job lives in
+  // secret_dir_, removed when the launcher ends.
+  std::shared_ptr<const Secret> secret_;
+  std::string secret_path_;
+  std::string secret_dir_;
 };
 
 Supervisor::~Supervisor() {
@@ -223,9 +237,51 @@ Supervisor::~Supervisor() {
   for (int fd : {signal_fd_, dev_null_, store_stdout_}) {
     if (fd >= 0) ::close(fd);
   }
+  if (!secret_dir_.empty()) {
+    ::unlink(secret_path_.c_str());
+    ::rmdir(secret_dir_.c_str());
+  }
+}
+
+bool Supervisor::prepare_secret() {
+  try {
+    if (options_.no_secret) return true;
+    if (!options_.secret_file.empty()) {
+      secret_ = std::make_shared<const Secret>(Secret::from_file(options_.secret_file));
+      secret_path_ = std::filesystem::absolute(options_.secret_file).string();
+      return true;
+    }
+    if ((secret_ = Secret::from_environment())) {
+      secret_path_ = std::getenv(Secret::kEnvironmentVariable);
+      return true;
+    }
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "launch: {}\n", e.what());
+    exit_code_ = 2;
+    return false;
+  }
+  // One node that runs its own store server: a secret made for this job,
+  // in a folder only this user can enter. Otherwise (another store server,
+  // which has its own secret or none) the job runs without one.
+  if (!hosts_store() || multi_node()) return true;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = fmt::format("{}/switchboard-job-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (::mkdtemp(dir.data()) == nullptr) throw_errno("mkdtemp for the job secret");
+  secret_dir_ = dir;
+  secret_path_ = dir + "/secret";
+  const Secret made = Secret::random();
+  made.write_file(secret_path_);
+  secret_ = std::make_shared<const Secret>(made);
+  return true;
+}
+
+std::string Supervisor::secret_variable() const {
+  if (secret_path_.empty()) return Secret::kEnvironmentVariable;  // removed
+  return fmt::format("{}={}", Secret::kEnvironmentVariable, secret_path_);
 }
 
 int Supervisor::run() {
+  if (!prepare_secret()) return exit_code_;
   setup_signals();
   bool ready = true;
   if (hosts_store()) {
@@ -262,7 +318,13 @@ bool Supervisor::join_nodes() {
   std::string last_error;
   while (!link_) {
     try {
-      link_ = std::make_unique<NodeLink>(options_, port_);
+      link_ = std::make_unique<NodeLink>(options_, port_, secret_);
+    } catch (const AuthenticationError& e) {
+      // Another secret than the job's: trying again cannot help.
+      fmt::print(stderr, "launch: node {}: cannot reach the job's store at {}: {}\n",
+                 options_.node_rank, at, e.what());
+      begin_stop(SIGTERM, 1);
+      return false;
     } catch (const std::exception& e) {
       last_error = e.what();
       if (Clock::now() >= deadline) {
@@ -431,7 +493,7 @@ bool Supervisor::start_store_server() {
                         "--port",
                         std::to_string(options_.master_port),
                         "--quiet"};
-  spawn_options.env = environment_with({});
+  spawn_options.env = environment_with({secret_variable()});
   spawn_options.stdin_fd = dev_null_;
   spawn_options.stdout_fd = out[1];
   spawn_options.stderr_fd = err[1];
@@ -545,6 +607,7 @@ bool Supervisor::start_worker(int local, const std::string& path) {
       fmt::format("MASTER_ADDR={}", addr),
       fmt::format("MASTER_PORT={}", port_),
       fmt::format("SWITCHBOARD_STORE={}", store_url(addr, port_)),
+      secret_variable(),
   });
   if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"))
     spawn_options.workdir = dir;

@@ -119,6 +119,15 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
       ->type_name("S")
       ->default_str(fmt::format("{}", options->stop_timeout.count() / 1000.0))
       ->check(cli::number_in(0, kMaxStopSeconds));
+  app.add_option("--secret-file", options->secret_file,
+                 "the job secret, a file only its owner can read, the same on every node "
+                 "(default: $SWITCHBOARD_SECRET_FILE, else one made for this job when this "
+                 "launcher runs the store server on a single node)")
+      ->type_name("PATH")
+      ->check(cli::non_empty("a path"));
+  app.add_flag("--no-secret", options->no_secret,
+               "run the job without a secret: the store server and the workers let in "
+               "anyone who can reach them");
   app.add_flag_callback(
       "--no-prefix", [options] { options->prefix_output = false; },
       "leave worker output as is (default: \"[rank N] \" before every line of "
@@ -148,6 +157,19 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
       throw CLI::ValidationError(fmt::format(
           "--nnodes {} needs --master-port (every node must know where node 0's store "
           "server listens) or --store",
+          options->nnodes));
+    }
+    if (options->no_secret && !options->secret_file.empty()) {
+      throw CLI::ValidationError("--secret-file and --no-secret contradict each other");
+    }
+    const char* env_secret = std::getenv("SWITCHBOARD_SECRET_FILE");
+    if (options->nnodes > 1 && !options->no_secret && options->secret_file.empty() &&
+        (env_secret == nullptr || *env_secret == '\0')) {
+      throw CLI::ValidationError(fmt::format(
+          "--nnodes {} needs a job secret that every node has: --secret-file PATH (the same "
+          "file on every node, e.g. made with `head -c 32 /dev/urandom > PATH; chmod 600 "
+          "PATH`) or SWITCHBOARD_SECRET_FILE; or --no-secret to let anyone who can reach "
+          "the job in",
           options->nnodes));
     }
   });

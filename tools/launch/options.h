@@ -42,6 +42,11 @@ struct LaunchOptions {
   // How long stopped workers (and the store server) get between the first
   // signal and SIGKILL.
   std::chrono::milliseconds stop_timeout{5000};
+  // The job secret (docs/security.md): a file every node has (--secret-file),
+  // else $SWITCHBOARD_SECRET_FILE, else one made for the job when this
+  // launcher runs the store server on one node; none with --no-secret.
+  std::string secret_file;
+  bool no_secret = false;
   bool prefix_output = true;         // "[rank N] " before each output line
   std::vector<std::string> command;  // the worker program and its arguments
 };
@@ -52,8 +57,10 @@ struct LaunchOptions {
 // flag starts the worker command, which is kept as given. Parsing then fails
 // (cli::parse()'s error) on an unknown flag, a value out of range (naming the
 // flag and the value), a missing --nproc, a missing program, a --node-rank
-// not below --nnodes, several nodes without --master-port (or --store), or a
-// --store that is not tcp://HOST:PORT.
+// not below --nnodes, several nodes without --master-port (or --store),
+// several nodes without a job secret (--secret-file or
+// $SWITCHBOARD_SECRET_FILE) or --no-secret, --secret-file with --no-secret,
+// or a --store that is not tcp://HOST:PORT.
 //
 // --nproc-per-node is --nproc's torchrun spelling.
 void add_launch_flags(CLI::App& app, LaunchOptions* options);

@@ -108,7 +108,8 @@ Spawned spawn(const SpawnOptions& options) {
 std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
   auto overridden = [&](std::string_view entry) {
     for (const auto& o : overrides) {
-      std::string_view name = std::string_view(o).substr(0, o.find('=') + 1);
+      const size_t eq = o.find('=');
+      const std::string name = eq == std::string::npos ? o + "=" : o.substr(0, eq + 1);
       if (entry.substr(0, name.size()) == name) return true;
     }
     return false;
@@ -117,7 +118,9 @@ std::vector<std::string> environment_with(const std::vector<std::string>& overri
   for (char** entry = environ; *entry != nullptr; ++entry) {
     if (!overridden(*entry)) env.emplace_back(*entry);
   }
-  env.insert(env.end(), overrides.begin(), overrides.end());
+  for (const auto& o : overrides) {
+    if (o.find('=') != std::string::npos) env.push_back(o);
+  }
   return env;
 }
 

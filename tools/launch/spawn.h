@@ -45,7 +45,8 @@ struct Spawned {
 Spawned spawn(const SpawnOptions& options);
 
 // Our environment without the variables named in `overrides` (by their
-// "NAME=" part), followed by `overrides`.
+// "NAME=" part), followed by `overrides`. An entry without '=' ("NAME")
+// only removes NAME.
 std::vector<std::string> environment_with(const std::vector<std::string>& overrides);
 
 }  // namespace switchboard::launch

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <optional>
 
+#include "common/auth.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "store/tcp_store_server.h"
@@ -40,7 +41,9 @@ void add_flags(CLI::App& app, switchboard::TcpStoreServerOptions* options) {
   app.description(kDescription);
   app.footer(kFooter);
   switchboard::cli::set_synopsis(
-      app, "store_server [--host ADDRESS] [--port PORT] [--max-value-bytes N] [--quiet]");
+      app,
+      "store_server [--host ADDRESS] [--port PORT] [--secret-file PATH] [--max-value-bytes N] "
+      "[--quiet]");
   app.add_option(
          "--host", options->host,
          "address to listen on (\"::\" for dual-stack IPv6+IPv4, as PyTorch binds)")
@@ -49,6 +52,15 @@ void add_flags(CLI::App& app, switchboard::TcpStoreServerOptions* options) {
   app.add_option("--port", options->port, "port to listen on; 0 picks one")
       ->type_name("PORT")
       ->check(switchboard::cli::in_range(0, 65535));
+  app.add_option_function<std::string>(
+         "--secret-file",
+         [options](const std::string& path) {
+           options->secret =
+               std::make_shared<const switchboard::Secret>(switchboard::Secret::from_file(path));
+         },
+         "the job secret every client must prove (a file only its owner can read); "
+         "default: $SWITCHBOARD_SECRET_FILE, else none (PyTorch's protocol)")
+      ->type_name("PATH");
   app.add_option("--max-value-bytes", options->limits.max_value_bytes,
                  "close connections announcing larger values")
       ->type_name("N")
@@ -78,6 +90,12 @@ int main(int argc, char** argv) {
   switchboard::init_logging("store_server");
   switchboard::TcpStoreServerOptions options;
   options.log_connections = true;
+  try {
+    options.secret = switchboard::Secret::from_environment();
+  } catch (const std::invalid_argument& e) {
+    spdlog::error("store server: {}", e.what());
+    return 2;
+  }
   CLI::App app;
   add_flags(app, &options);
   if (auto status =
@@ -104,7 +122,8 @@ int main(int argc, char** argv) {
   }
   fmt::print("port={}\n", server->port());
   std::fflush(stdout);
-  spdlog::info("store server: listening on {}:{}", options.host, server->port());
+  spdlog::info("store server: listening on {}:{}{}", options.host, server->port(),
+               options.secret ? ", clients must prove the job secret" : "");
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
