@@ -75,6 +75,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       options(options),
       device_count(options.device_count >= 0 ? options.device_count
                                              : registered_cuda_device_count()),
+      auth(options.secret ? options.secret : Secret::from_environment(), this->name, rank),
       peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
   TcpTransportOptions tcp;
@@ -88,11 +89,11 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   transport = make_tcp_transport(*this, std::move(tcp));
   if (dynamic) {
     membership = std::make_unique<Membership>(
-        this->store, this->name, rank, capacity, this->options, peers, *transport, calls,
-        owner.pool(), [this](int peer, const std::string& why) { drop_peer(peer, why); });
+        this->store, this->name, rank, capacity, this->options, peers, *transport, auth,
+        calls, owner.pool(), [this](int peer, const std::string& why) { drop_peer(peer, why); });
   } else {
     rendezvous = std::make_unique<StaticRendezvous>(this->name, rank, capacity,
-                                                    this->options, peers, *transport);
+                                                    this->options, peers, *transport, auth);
   }
 }
 
@@ -135,6 +136,12 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     connection_failed(connection, "protocol error: a frame before the hello");
     return false;
   }
+  // The connecting side knows its peer's rank from the start: nothing but
+  // hellos is read until the peer proved the secret.
+  if (auth.enabled() && !connection->authenticated) {
+    connection_failed(connection, "protocol error: a frame before the authentication");
+    return false;
+  }
   switch (frame.kind) {
     case pipe::FrameKind::kHeartbeat:
       return true;
@@ -163,47 +170,126 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
                                const Message& frame) {
   if (peers.defer_hello(connection, frame)) return false;  // replayed once filled
   Hello hello;
-  WorkerAnnouncement joiner;
   try {
     hello = decode_hello(frame.payload);
-    if (hello.kind == Hello::Kind::kJoin && dynamic) {
-      joiner = decode_announcement(hello.announcement.data(), hello.announcement.size());
-    }
   } catch (const std::exception& e) {
     connection_failed(connection, fmt::format("protocol error: {}", e.what()));
     return false;
   }
-  std::string problem;
   switch (hello.kind) {
+    case Hello::Kind::kChallenge:
+      return on_challenge(connection, hello);
+    case Hello::Kind::kProof:
+      return on_proof(connection, hello);
     case Hello::Kind::kWelcome:
-      if (!dynamic || connection->peer < 0 || hello.rank != connection->peer) {
-        problem = fmt::format("an unexpected welcome from rank {}", hello.rank);
-        break;
+      if (!dynamic || connection->peer < 0 || hello.rank != connection->peer ||
+          (auth.enabled() && !connection->authenticated)) {
+        connection_failed(connection, fmt::format("protocol error: an unexpected welcome "
+                                                  "from rank {}",
+                                                  hello.rank));
+        return false;
       }
       membership->on_welcome(hello);
       return true;
-    case Hello::Kind::kJoin:
-      if (!dynamic) {
-        problem = fmt::format(
-            "worker \"{}\" (rank {}) tried to join as a member of a dynamic group, but "
-            "this is a static group (world_size {})",
-            hello.name, hello.rank, capacity);
-      } else if (connection->peer >= 0) {
-        problem = "a second hello";
-      } else {
-        return membership->on_join_hello(connection, hello, joiner);
-      }
-      break;
     case Hello::Kind::kStatic:
-      if (dynamic) {
-        problem = fmt::format(
-            "worker \"{}\" (rank {}) said hello as a member of a static group, but this "
-            "is a dynamic group",
-            hello.name, hello.rank);
-      } else {
-        problem = rendezvous->accept_hello(hello, connection);
-      }
+    case Hello::Kind::kJoin:
       break;
+  }
+  if (connection->peer >= 0 || connection->auth_claim) {
+    connection_failed(connection, "protocol error: a second hello");
+    return false;
+  }
+  // A claim with a nonce asks to authenticate; so does this worker with a
+  // secret. Either way the claim waits for its proof (or is refused).
+  if (auth.enabled() || !hello.nonce.empty()) {
+    const Hello answer = auth.challenge(*connection, hello, frame);
+    const std::vector<uint8_t> bytes = encode_hello(answer);
+    connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+    if (answer.accepted) return true;
+    spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\" (rank {}): {}", name,
+                 hello.name, hello.rank, answer.reason);
+    connection->close_after_flush();
+    return false;
+  }
+  return accept_claim(connection, hello);
+}
+
+bool PipeAgent::Impl::on_proof(const std::shared_ptr<Connection>& connection,
+                               const Hello& hello) {
+  if (!connection->auth_claim || connection->peer >= 0) {
+    connection_failed(connection, "protocol error: a proof without a claim");
+    return false;
+  }
+  if (!auth.check_proof(*connection, hello)) {
+    spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\": its proof does not "
+                 "match this worker's job secret",
+                 name, connection->auth_peer_name);
+    connection_failed(connection, "its proof of the job secret is wrong");
+    return false;
+  }
+  connection->authenticated = true;
+  const Hello claim = decode_hello(connection->auth_claim->payload);  // decoded before
+  connection->auth_claim.reset();
+  return accept_claim(connection, claim);
+}
+
+bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection,
+                                   const Hello& hello) {
+  const int peer = connection->peer;
+  if (peer < 0 || connection->authenticated) {
+    connection_failed(connection, "protocol error: an unexpected challenge");
+    return false;
+  }
+  Hello proof;
+  const std::string problem = auth.check_challenge(*connection, hello, peers.name_of(peer),
+                                                   &proof);
+  if (!problem.empty()) {
+    spdlog::warn("rpc agent \"{}\": {}", name, problem);
+    // A joiner without the secret learns it as a refusal of its join.
+    if (!auth.enabled() && dynamic && !hello.accepted) {
+      Hello refusal = hello;
+      refusal.kind = Hello::Kind::kWelcome;
+      refusal.rank = peer;
+      refusal.reason = problem;
+      membership->on_welcome(refusal);
+    }
+    peers.refused(peer, connection, problem);
+    connection_failed(connection, problem);
+    return false;
+  }
+  const std::vector<uint8_t> bytes = encode_hello(proof);
+  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+  connection->authenticated = true;
+  peers.authenticated(peer, connection);
+  return true;
+}
+
+bool PipeAgent::Impl::accept_claim(const std::shared_ptr<Connection>& connection,
+                                   const Hello& hello) {
+  std::string problem;
+  if (hello.kind == Hello::Kind::kJoin) {
+    if (!dynamic) {
+      problem = fmt::format(
+          "worker \"{}\" (rank {}) tried to join as a member of a dynamic group, but this "
+          "is a static group (world_size {})",
+          hello.name, hello.rank, capacity);
+    } else {
+      WorkerAnnouncement joiner;
+      try {
+        joiner = decode_announcement(hello.announcement.data(), hello.announcement.size());
+      } catch (const std::exception& e) {
+        connection_failed(connection, fmt::format("protocol error: {}", e.what()));
+        return false;
+      }
+      return membership->on_join_hello(connection, hello, joiner);
+    }
+  } else if (dynamic) {
+    problem = fmt::format(
+        "worker \"{}\" (rank {}) said hello as a member of a static group, but this is a "
+        "dynamic group",
+        hello.name, hello.rank);
+  } else {
+    problem = rendezvous->accept_hello(hello, connection);
   }
   if (problem.empty()) return true;
   connection_failed(connection, "protocol error: " + problem);

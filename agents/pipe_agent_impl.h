@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "agents/host_buffer_cache.h"
+#include "agents/pipe_auth.h"
 #include "agents/pipe_agent.h"
 #include "agents/pipe_connection.h"
 #include "agents/pipe_info.h"
@@ -61,9 +62,17 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   void fail_calls_to(int peer, const std::string& why);
   // A connection accepted by the transport (I/O thread).
   void on_accept(std::shared_ptr<Connection> connection);
-  // A hello: identifies the connection (static), or is a join or a
-  // welcome (dynamic). False when the connection is not to be read on.
+  // A hello: a claim (kStatic, kJoin: challenged first with a secret,
+  // agents/pipe_auth.h), a challenge or a proof, or a welcome (dynamic).
+  // False when the connection is not to be read on.
   bool on_hello(const std::shared_ptr<Connection>& connection, const rpc::Message& frame);
+  // A claim, once authenticated (or without a secret): identifies the
+  // connection (static) or admits the joiner (dynamic).
+  bool accept_claim(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  // The connecting side's check of a challenge, and the accepting side's
+  // check of a proof.
+  bool on_challenge(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  bool on_proof(const std::shared_ptr<Connection>& connection, const Hello& hello);
 
   // Calls and replies.
   void accept_request(int from, pipe::InboundFrame request);
@@ -99,6 +108,8 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // Large received tensors come from here.
   const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
 
+  // Proofs of the job secret in the hello (none without a secret).
+  const PipeAuth auth;
   PeerTable peers;
   std::unique_ptr<PipeTransport> transport;
   std::unique_ptr<StaticRendezvous> rendezvous;  // static groups

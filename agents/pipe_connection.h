@@ -18,10 +18,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "agents/pipe_frame.h"
+#include "common/auth.h"
 #include "collective/tensor.h"
 #include "rpc/message.h"
 
@@ -86,6 +88,17 @@ class Connection {
   std::atomic<int> peer{-1};
   std::atomic<bool> failed{false};
   std::atomic<int64_t> last_recv_ns{now_ns()};
+
+  // Authentication with the job secret (agents/pipe_auth.h), on the
+  // connection's strand (the connecting side writes auth_nonce before it
+  // starts reading): this side's nonce and the peer's, the name the peer
+  // claimed and its claim, held until its proof (accepting side), and
+  // whether the connection is authenticated.
+  Nonce auth_nonce{};
+  Nonce auth_peer_nonce{};
+  std::string auth_peer_name;
+  std::optional<rpc::Message> auth_claim;
+  std::atomic<bool> authenticated{false};
 };
 
 }  // namespace switchboard::agents

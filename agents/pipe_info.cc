@@ -113,25 +113,42 @@ void check_unique_names(const std::vector<WorkerAnnouncement>& all) {
   }
 }
 
+// On the wire: [kind, rank, name, announcement, accepted, reason, nonce,
+// proof]; versions before authentication sent the first six, which still
+// decode (with no nonce and no proof).
 std::vector<uint8_t> encode_hello(const Hello& hello) {
   return pack(std::make_tuple(static_cast<int>(hello.kind), hello.rank, hello.name,
-                              hello.announcement, hello.accepted, hello.reason));
+                              hello.announcement, hello.accepted, hello.reason, hello.nonce,
+                              hello.proof));
 }
 
 Hello decode_hello(const std::vector<uint8_t>& payload) {
-  using Wire = std::tuple<int, int, std::string, std::vector<uint8_t>, bool, std::string>;
-  auto [kind, rank, name, announcement, accepted, reason] =
-      unpack_as<Wire>(payload.data(), payload.size(), "hello");
-  if (kind < 0 || kind > static_cast<int>(Hello::Kind::kWelcome)) {
+  using Older = std::tuple<int, int, std::string, std::vector<uint8_t>, bool, std::string>;
+  using Wire = std::tuple<int, int, std::string, std::vector<uint8_t>, bool, std::string,
+                          std::vector<uint8_t>, std::vector<uint8_t>>;
+  Hello hello;
+  int kind = -1;
+  try {
+    msgpack::object_handle handle =
+        msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
+    const msgpack::object& o = handle.get();
+    if (o.type != msgpack::type::ARRAY || (o.via.array.size != 6 && o.via.array.size != 8)) {
+      throw std::invalid_argument("not an array of 6 or 8 fields");
+    }
+    if (o.via.array.size == 6) {
+      std::tie(kind, hello.rank, hello.name, hello.announcement, hello.accepted,
+               hello.reason) = o.as<Older>();
+    } else {
+      std::tie(kind, hello.rank, hello.name, hello.announcement, hello.accepted, hello.reason,
+               hello.nonce, hello.proof) = o.as<Wire>();
+    }
+  } catch (const std::exception& e) {
+    throw ProtocolError(fmt::format("PIPE agent: malformed hello: {}", e.what()));
+  }
+  if (kind < 0 || kind > static_cast<int>(Hello::Kind::kProof)) {
     throw ProtocolError(fmt::format("PIPE agent: a hello of unknown kind {}", kind));
   }
-  Hello hello;
   hello.kind = static_cast<Hello::Kind>(kind);
-  hello.rank = rank;
-  hello.name = std::move(name);
-  hello.announcement = std::move(announcement);
-  hello.accepted = accepted;
-  hello.reason = std::move(reason);
   return hello;
 }
 

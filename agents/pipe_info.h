@@ -40,20 +40,28 @@ std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup
 void check_unique_names(const std::vector<WorkerAnnouncement>& all);
 
 // A hello frame's payload.
-//   kStatic   a static group's connecting worker (the higher rank) says who
-//             it is;
-//   kJoin     a worker joining a dynamic group introduces itself to a
-//             member, with its announcement;
-//   kWelcome  the member's answer to kJoin: accepted, or refused with the
-//             reason (the joiner then aborts its join).
+//   kStatic    a static group's connecting worker (the higher rank) says who
+//              it is;
+//   kJoin      a worker joining a dynamic group introduces itself to a
+//              member, with its announcement;
+//   kWelcome   the member's answer to kJoin: accepted, or refused with the
+//              reason (the joiner then aborts its join);
+//   kChallenge with a job secret (agents/pipe_auth.h), the accepting
+//              worker's answer to a kStatic or kJoin claim: its nonce and
+//              its proof; or, refused, why (no nonce in a claim to a worker
+//              with a secret, or a claim with a nonce to one without);
+//   kProof     the connecting worker's proof, after it checked the
+//              challenge.
 struct Hello {
-  enum class Kind : int { kStatic = 0, kJoin = 1, kWelcome = 2 };
+  enum class Kind : int { kStatic = 0, kJoin = 1, kWelcome = 2, kChallenge = 3, kProof = 4 };
   Kind kind = Kind::kStatic;
   int rank = -1;
   std::string name;
   std::vector<uint8_t> announcement;  // kJoin: encode_announcement()
-  bool accepted = true;               // kWelcome
-  std::string reason;                 // kWelcome, when refused
+  bool accepted = true;               // kWelcome, kChallenge
+  std::string reason;                 // kWelcome, kChallenge, when refused
+  std::vector<uint8_t> nonce;         // kStatic, kJoin (with a secret), kChallenge
+  std::vector<uint8_t> proof;         // kChallenge, kProof
 };
 
 std::vector<uint8_t> encode_hello(const Hello& hello);

@@ -58,8 +58,9 @@ rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
 
 Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
                        int capacity, const PipeAgentOptions& options, PeerTable& peers,
-                       PipeTransport& transport, rpc::CallTable& calls,
-                       std::shared_ptr<rpc::ThreadPool> pool, DropPeer drop)
+                       PipeTransport& transport, const PipeAuth& auth,
+                       rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool,
+                       DropPeer drop)
     : store_(std::move(store)),
       name_(std::move(name)),
       rank_(rank),
@@ -67,6 +68,7 @@ Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
       options_(options),
       peers_(peers),
       transport_(transport),
+      auth_(auth),
       calls_(calls),
       pool_(std::move(pool)),
       drop_(std::move(drop)) {}
@@ -133,7 +135,6 @@ void Membership::join(const WorkerAnnouncement& mine) {
   hello.rank = rank_;
   hello.name = name_;
   hello.announcement = encode_announcement(mine);
-  const std::vector<uint8_t> bytes = encode_hello(hello);
   // Every member at once, each connect bounded by the step's timeout: one
   // member behind a cut link must not hold up the others (nor the
   // heartbeats on the connections already made, which run on the I/O
@@ -141,18 +142,29 @@ void Membership::join(const WorkerAnnouncement& mine) {
   std::vector<int> reached;
   {
     std::vector<std::string> failures(members.size());
+    // A member that refused this worker's proof of the secret (or failed to
+    // prove its own) is no reason to drop it: the join fails.
+    std::vector<std::string> refusals(members.size());
     std::vector<std::thread> connecting;
     connecting.reserve(members.size());
     for (size_t i = 0; i < members.size(); ++i) {
       connecting.emplace_back([&, i] {
         try {
-          peers_.connect(members[i].rank, transport_, bytes, timeout);
+          peers_.connect(members[i].rank, transport_, auth_, hello, timeout);
         } catch (const ConnectionError& e) {
           failures[i] = e.what();
+        } catch (const AuthenticationError& e) {
+          refusals[i] = e.what();
         }
       });
     }
     for (std::thread& t : connecting) t.join();
+    for (const std::string& refusal : refusals) {
+      if (!refusal.empty()) {
+        throw AuthenticationError(fmt::format(
+            "PIPE agent \"{}\": cannot join the dynamic group: {}", name_, refusal));
+      }
+    }
     for (size_t i = 0; i < members.size(); ++i) {
       const Member& m = members[i];
       if (failures[i].empty()) {

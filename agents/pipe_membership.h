@@ -55,6 +55,7 @@
 #include <thread>
 #include <vector>
 
+#include "agents/pipe_auth.h"
 #include "agents/pipe_options.h"
 #include "agents/pipe_info.h"
 #include "agents/pipe_peers.h"
@@ -88,7 +89,8 @@ class Membership {
   // ranks; listeners run on `pool`; `drop` as above.
   Membership(std::shared_ptr<Store> store, std::string name, int rank, int capacity,
              const PipeAgentOptions& options, PeerTable& peers, PipeTransport& transport,
-             rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool, DropPeer drop);
+             const PipeAuth& auth, rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool,
+             DropPeer drop);
   ~Membership();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
@@ -156,6 +158,7 @@ class Membership {
   const PipeAgentOptions& options_;
   PeerTable& peers_;
   PipeTransport& transport_;
+  const PipeAuth& auth_;
   rpc::CallTable& calls_;
   const std::shared_ptr<rpc::ThreadPool> pool_;
   const DropPeer drop_;

@@ -5,11 +5,13 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "agents/pipe_frame.h"
 #include "collective/tensor.h"
+#include "common/auth.h"
 #include "rpc/backend_registry.h"
 #include "rpc/device_map.h"
 
@@ -41,6 +43,10 @@ struct PipeAgentOptions {
   // renewing it (rpc/membership_token.h).
   int max_dynamic_ranks = 1024;
   std::chrono::milliseconds membership_lease{10'000};
+  // The job secret every connection must prove in its hello
+  // (agents/pipe_auth.h); null: SWITCHBOARD_SECRET_FILE's when it is set,
+  // else none.
+  std::shared_ptr<const Secret> secret;
   // CUDA devices of this machine as the maps are validated against; -1
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
   // a binary that does not link //collective:cuda_allocator).

@@ -109,9 +109,9 @@ bool PeerTable::add_unidentified(const std::shared_ptr<Connection>& connection) 
   return true;
 }
 
-void PeerTable::connect(int peer, PipeTransport& transport,
-                        const std::vector<uint8_t>& hello,
-                        std::chrono::milliseconds timeout) {
+void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth,
+                        const Hello& hello, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   const WorkerAnnouncement& a = infos_[peer].announcement;
   std::shared_ptr<Connection> connection;
   try {
@@ -122,15 +122,64 @@ void PeerTable::connect(int peer, PipeTransport& transport,
                     self_name_, name_of(peer), a.address, a.port, e.what()));
   }
   connection->peer = peer;
-  connection->enqueue_control(pipe::FrameKind::kHello, hello.data(), hello.size());
+  const std::vector<uint8_t> bytes = auth.claim(*connection, hello);
+  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
   {
     MutexLock lock(mu_);
-    status_[peer].connection = connection;
-    status_[peer].state = State::kUp;
-    set_metrics_state(peer, rpc::ConnectionState::kConnected);
-    changed_.notify_all();
+    Status& s = status_[peer];
+    s.connection = connection;
+    s.refused = false;
+    if (!auth.enabled()) {
+      s.state = State::kUp;
+      set_metrics_state(peer, rpc::ConnectionState::kConnected);
+      changed_.notify_all();
+    }
   }
   connection->start_reading();
+  if (!auth.enabled()) return;
+  MutexLock lock(mu_);
+  const Status& s = status_[peer];
+  changed_.wait_until(mu_, deadline, [&]() SB_REQUIRES(mu_) {
+    return stopping_ || s.connection != connection || s.state != State::kConnecting;
+  });
+  if (s.connection == connection && s.state == State::kUp) return;
+  if (s.connection == connection && s.state == State::kConnecting) {
+    connection->close_now();
+    throw ConnectionError(fmt::format(
+        "PIPE agent \"{}\": worker \"{}\" at {}:{} did not answer the authentication "
+        "within {} ms",
+        self_name_, name_of(peer), a.address, a.port, timeout.count()));
+  }
+  const std::string why = s.reason.empty() ? std::string("this worker is stopping") : s.reason;
+  if (s.refused) {
+    throw AuthenticationError(fmt::format("PIPE agent \"{}\": connecting to worker \"{}\" "
+                                          "at {}:{}: {}",
+                                          self_name_, name_of(peer), a.address, a.port, why));
+  }
+  throw ConnectionError(fmt::format("PIPE agent \"{}\": connecting to worker \"{}\" at {}:{}: "
+                                    "it {}",
+                                    self_name_, name_of(peer), a.address, a.port, why));
+}
+
+void PeerTable::authenticated(int peer, const std::shared_ptr<Connection>& connection) {
+  MutexLock lock(mu_);
+  Status& s = status_[peer];
+  if (s.connection != connection || s.state != State::kConnecting) return;
+  s.state = State::kUp;
+  set_metrics_state(peer, rpc::ConnectionState::kConnected);
+  changed_.notify_all();
+}
+
+void PeerTable::refused(int peer, const std::shared_ptr<Connection>& connection,
+                        const std::string& why) {
+  MutexLock lock(mu_);
+  Status& s = status_[peer];
+  if (s.connection != connection) return;
+  s.state = State::kLost;
+  s.reason = why;
+  s.refused = true;
+  set_metrics_state(peer, rpc::ConnectionState::kFailed);
+  changed_.notify_all();
 }
 
 bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection) {
@@ -201,6 +250,7 @@ PeerTable::Loss PeerTable::lose(const std::shared_ptr<Connection>& connection,
   } else if (s.state != State::kLost) {
     s.state = State::kLost;
     s.reason = fmt::format("lost its connection ({})", reason);
+    changed_.notify_all();
     // Losses while stopping are this worker closing its connections.
     set_metrics_state(
         peer, stopping_ ? rpc::ConnectionState::kClosed : rpc::ConnectionState::kFailed);

@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "agents/pipe_auth.h"
 #include "agents/pipe_connection.h"
 #include "agents/pipe_info.h"
 #include "agents/pipe_transport.h"
@@ -112,12 +113,23 @@ class PeerTable {
   // An accepted connection that has not said hello; false (the caller
   // drops it) once stop() ran.
   bool add_unidentified(const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
-  // Connects to `peer` through `transport` (waiting `timeout` at most),
-  // sends `hello` (a hello frame's payload) and makes the connection the
-  // peer's, up, reading. Throws ConnectionError naming this worker, the peer
-  // and its address.
-  void connect(int peer, PipeTransport& transport, const std::vector<uint8_t>& hello,
+  // Connects to `peer` through `transport`, sends `hello` (a claim:
+  // kStatic or kJoin) sealed by `auth` and makes the connection the peer's,
+  // reading. Without a secret the peer is up at once; with one, it is up
+  // once the agent found its challenge right (authenticated()). Waits
+  // `timeout` at most for both. Throws ConnectionError naming this worker,
+  // the peer and its address, or AuthenticationError (the peer refused,
+  // or did not prove the secret: refused()).
+  void connect(int peer, PipeTransport& transport, const PipeAuth& auth, const Hello& hello,
                std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
+  // The connecting side's authentication of `peer` over `connection`
+  // succeeded: the peer is up.
+  void authenticated(int peer, const std::shared_ptr<Connection>& connection)
+      SB_EXCLUDES(mu_);
+  // ... or failed (`why`): the peer is lost, and connect() throws
+  // AuthenticationError with `why`.
+  void refused(int peer, const std::shared_ptr<Connection>& connection, const std::string& why)
+      SB_EXCLUDES(mu_);
   // Makes `connection` (which said hello as `peer`) the peer's, up; false,
   // changing nothing, when the peer has a connection already.
   bool identify(int peer, const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
@@ -205,6 +217,7 @@ class PeerTable {
     std::shared_ptr<Connection> connection;
     State state = State::kConnecting;
     std::string reason;  // why it is down
+    bool refused = false;  // down because authentication failed
   };
 
   // Who `rank` (`info`, `announcement`) is, with its counters unless it is

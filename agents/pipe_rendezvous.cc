@@ -16,13 +16,14 @@ using Clock = std::chrono::steady_clock;
 
 StaticRendezvous::StaticRendezvous(std::string name, int rank, int world_size,
                                    const PipeAgentOptions& options, PeerTable& peers,
-                                   PipeTransport& transport)
+                                   PipeTransport& transport, const PipeAuth& auth)
     : name_(std::move(name)),
       rank_(rank),
       world_size_(world_size),
       options_(options),
       peers_(peers),
-      transport_(transport) {}
+      transport_(transport),
+      auth_(auth) {}
 
 StaticRendezvous::~StaticRendezvous() = default;
 
@@ -54,8 +55,9 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
   Hello hello;
   hello.rank = rank_;
   hello.name = name_;
-  const std::vector<uint8_t> bytes = encode_hello(hello);
-  for (int r = 0; r < rank_; ++r) peers_.connect(r, transport_, bytes, options_.rpc_timeout);
+  for (int r = 0; r < rank_; ++r) {
+    peers_.connect(r, transport_, auth_, hello, options_.rpc_timeout);
+  }
 
   const std::vector<std::string> missing = peers_.wait_all_up(options_.rpc_timeout);
   if (!missing.empty()) {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "agents/pipe_auth.h"
 #include "agents/pipe_options.h"
 #include "agents/pipe_info.h"
 #include "agents/pipe_peers.h"
@@ -39,7 +40,7 @@ class StaticRendezvous {
   // This worker is `name`, rank `rank` of `world_size`.
   StaticRendezvous(std::string name, int rank, int world_size,
                    const PipeAgentOptions& options, PeerTable& peers,
-                   PipeTransport& transport);
+                   PipeTransport& transport, const PipeAuth& auth);
   ~StaticRendezvous();
   StaticRendezvous(const StaticRendezvous&) = delete;
   StaticRendezvous& operator=(const StaticRendezvous&) = delete;
@@ -69,6 +70,7 @@ class StaticRendezvous {
   const PipeAgentOptions& options_;
   PeerTable& peers_;
   PipeTransport& transport_;
+  const PipeAuth& auth_;
   std::unique_ptr<collective::GlooProcessGroup> gloo_;  // see Thread safety
 };
 

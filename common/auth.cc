@@ -111,7 +111,10 @@ Mac Secret::mac(std::initializer_list<std::span<const uint8_t>> parts) const {
 
 bool Secret::verify(std::span<const uint8_t> proof,
                     std::initializer_list<std::span<const uint8_t>> parts) const {
-  const Mac expected = mac(parts);
+  return same_mac(proof, mac(parts));
+}
+
+bool same_mac(std::span<const uint8_t> proof, const Mac& expected) {
   return proof.size() == expected.size() &&
          CRYPTO_memcmp(proof.data(), expected.data(), expected.size()) == 0;
 }

@@ -66,6 +66,9 @@ class Secret {
 // A fresh nonce from the system's cryptographic generator.
 Nonce random_nonce();
 
+// Whether `proof` is `expected`, compared in constant time.
+bool same_mac(std::span<const uint8_t> proof, const Mac& expected);
+
 // The bytes of a string, for Secret::mac's parts.
 inline std::span<const uint8_t> bytes_of(std::string_view text) {
   return {reinterpret_cast<const uint8_t*>(text.data()), text.size()};

@@ -1,0 +1,71 @@
+// PipeAuth: PIPE's hello authenticated with the job secret (common/auth.h;
+// docs/security.md). Internal to //agents.
+//
+// With a secret, a connection is authenticated in the hello before any
+// other frame is read from it:
+//   connector -> acceptor  its claim (kStatic or kJoin) with a fresh nonce Na
+//   acceptor -> connector  kChallenge: a fresh nonce Nb and its proof,
+//                          HMAC(secret, "switchboard pipe accept" | Na | Nb |
+//                          connector name | 0 | acceptor name)
+//   connector -> acceptor  kProof, once it checked that proof:
+//                          HMAC(secret, "switchboard pipe connect" | Na | Nb |
+//                          connector name | 0 | acceptor name)
+// The acceptor acts on the claim (identifies the peer, admits the joiner)
+// only once the proof is right; the connector counts the peer up only once
+// the challenge is right. Both proofs bind both nonces and both names, so a
+// hello recorded on one connection proves nothing on another. A worker
+// with a secret refuses a claim without a nonce (kChallenge, refused, with
+// the reason), and one without a secret refuses a claim with a nonce.
+//
+// The per-connection state (nonces, the claim held until its proof) lives
+// on the Connection, used on its strand.
+//
+// Thread safety: immutable after construction; any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agents/pipe_connection.h"
+#include "agents/pipe_info.h"
+#include "common/auth.h"
+
+namespace switchboard::agents {
+
+class PipeAuth {
+ public:
+  // `secret` null: no authentication (claims carry no nonce).
+  PipeAuth(std::shared_ptr<const Secret> secret, std::string self_name, int self_rank);
+
+  bool enabled() const { return secret_ != nullptr; }
+
+  // Connecting side: the claim's bytes, with a fresh nonce kept on
+  // `connection` when enabled.
+  std::vector<uint8_t> claim(Connection& connection, Hello hello) const;
+
+  // Accepting side, a claim that arrived on `connection` as `frame`: the
+  // challenge to send, the claim kept on the connection until its proof;
+  // or (accepted false) the refusal, when the claim does not match this
+  // worker's use of a secret.
+  Hello challenge(Connection& connection, const Hello& claim,
+                  const rpc::Message& frame) const;
+
+  // Connecting side: "" when `challenge` proves the secret as the worker
+  // `expected_name` (then *proof is what to send), else why not.
+  std::string check_challenge(Connection& connection, const Hello& challenge,
+                              const std::string& expected_name, Hello* proof) const;
+
+  // Accepting side: whether `proof` proves the claim kept on `connection`.
+  bool check_proof(const Connection& connection, const Hello& proof) const;
+
+ private:
+  Mac mac(std::string_view label, const Nonce& connector_nonce, const Nonce& acceptor_nonce,
+          const std::string& connector, const std::string& acceptor) const;
+
+  const std::shared_ptr<const Secret> secret_;
+  const std::string self_name_;
+  const int self_rank_;
+};
+
+}  // namespace switchboard::agents

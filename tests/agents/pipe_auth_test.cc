@@ -1,0 +1,340 @@
+// PIPE's hello authenticated with the job secret (agents/pipe_auth.h):
+// workers that share the secret form static and dynamic groups; a worker
+// with another secret, or none, does not get in, and the group is
+// unchanged; a stranger's hello without a proof, or with a proof recorded
+// on another connection, is refused before any of its requests is read.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agents/pipe_agent.h"
+#include "agents/pipe_frame.h"
+#include "agents/pipe_info.h"
+#include "common/auth.h"
+#include "common/error.h"
+#include "common/mutex.h"
+#include "rpc/future.h"
+#include "store/hash_store.h"
+#include "tests/util/threads.h"
+
+using namespace switchboard;
+using namespace switchboard::agents;
+using namespace std::chrono_literals;
+using rpc::Future;
+using rpc::Message;
+using rpc::MessageType;
+using rpc::WorkerInfo;
+using testing::on_threads;
+
+namespace {
+
+constexpr std::chrono::milliseconds kGuard = 60s;
+
+std::shared_ptr<const Secret> secret_of(char fill) {
+  return std::make_shared<const Secret>(std::vector<uint8_t>(32, static_cast<uint8_t>(fill)));
+}
+
+// A secret that no SWITCHBOARD_SECRET_FILE gives: "no secret" for an agent.
+std::shared_ptr<const Secret> no_secret() { return nullptr; }
+
+PipeAgentOptions options_with(std::shared_ptr<const Secret> secret,
+                              std::chrono::milliseconds timeout = 30s) {
+  PipeAgentOptions options;
+  options.listen_address = "127.0.0.1";
+  options.num_worker_threads = 2;
+  options.rpc_timeout = timeout;
+  options.secret = std::move(secret);
+  return options;
+}
+
+// Echoes payloads; records the functions it served.
+class Served {
+ public:
+  void serve(PipeAgent& agent) {
+    agent.start([this](Message m, const WorkerInfo&) {
+      {
+        MutexLock lock(mu_);
+        functions_.push_back(m.function);
+      }
+      Message reply;
+      reply.type = MessageType::kResponse;
+      reply.payload = std::move(m.payload);
+      return Future<Message>::ready(std::move(reply));
+    });
+  }
+  bool served(const std::string& function) {
+    MutexLock lock(mu_);
+    return std::find(functions_.begin(), functions_.end(), function) != functions_.end();
+  }
+
+ private:
+  Mutex mu_;
+  std::vector<std::string> functions_ SB_GUARDED_BY(mu_);
+};
+
+Message request(const std::string& function, std::vector<uint8_t> payload = {1, 2, 3}) {
+  Message m;
+  m.type = MessageType::kRequest;
+  m.function = function;
+  m.payload = std::move(payload);
+  return m;
+}
+
+bool round_trip(PipeAgent& from, const std::string& to) {
+  Future<Message> reply = from.send(from.worker(to), request("echo"), kGuard);
+  return reply.wait_for(kGuard) && !reply.has_error() &&
+         reply.value().payload == std::vector<uint8_t>{1, 2, 3};
+}
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const AuthenticationError& e) {
+    return std::string("AuthenticationError: ") + e.what();
+  } catch (const TimeoutError& e) {
+    return std::string("TimeoutError: ") + e.what();
+  } catch (const ConnectionError& e) {
+    return std::string("ConnectionError: ") + e.what();
+  } catch (const std::invalid_argument& e) {
+    return std::string("invalid_argument: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("other: ") + e.what();
+  }
+  return "none";
+}
+
+// A static group of `secrets.size()` workers "w<r>", worker r with
+// secrets[r]; each construction's error ("none" when it joined).
+struct StaticGroup {
+  explicit StaticGroup(const std::vector<std::shared_ptr<const Secret>>& secrets,
+                       std::chrono::milliseconds timeout = 30s) {
+    auto store = std::make_shared<HashStore>();
+    const int n = static_cast<int>(secrets.size());
+    agents.resize(n);
+    errors.resize(n);
+    on_threads(n, [&](int r) {
+      errors[r] = error_of([&] {
+        agents[r] = std::make_unique<PipeAgent>(store, fmt::format("w{}", r), r, n,
+                                                options_with(secrets[r], timeout));
+      });
+    });
+    for (auto& agent : agents) {
+      if (agent) served.serve(*agent);
+    }
+  }
+  std::vector<std::unique_ptr<PipeAgent>> agents;
+  std::vector<std::string> errors;
+  Served served;
+};
+
+// A plain TCP client of 127.0.0.1:port that speaks frames.
+class RawPeer {
+ public:
+  explicit RawPeer(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) ==
+            0);
+  }
+  ~RawPeer() { ::close(fd_); }
+
+  void send_hello(const Hello& hello) {
+    const std::vector<uint8_t> payload = encode_hello(hello);
+    std::vector<uint8_t> bytes;
+    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+                               payload.size());
+    send(bytes);
+  }
+  void send_request(const std::string& function) {
+    std::vector<uint8_t> bytes;
+    pipe::append_frame(bytes, request(function));
+    send(bytes);
+  }
+  // The next hello the agent sends (heartbeats skipped); nullopt when it
+  // closed the connection first.
+  std::optional<Hello> read_hello() {
+    for (;;) {
+      pipe::InboundFrame frame;
+      while (reader_.pop(frame)) {
+        if (frame.kind == pipe::FrameKind::kHello) return decode_hello(frame.message.payload);
+      }
+      if (!receive()) return std::nullopt;
+    }
+  }
+  // Whether the agent closes the connection (within the guard).
+  bool closed_by_peer() {
+    for (;;) {
+      pipe::InboundFrame frame;
+      while (reader_.pop(frame)) {
+      }
+      if (!receive()) return true;
+    }
+  }
+
+ private:
+  void send(const std::vector<uint8_t>& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return;  // closed: what it had was enough to judge
+      sent += static_cast<size_t>(n);
+    }
+  }
+  // Reads some bytes into the frame reader; false on EOF or reset.
+  bool receive() {
+    pollfd p{fd_, POLLIN, 0};
+    REQUIRE(::poll(&p, 1, static_cast<int>(kGuard.count())) == 1);
+    auto [buffer, room] = reader_.next_buffer();
+    const ssize_t n = ::recv(fd_, buffer, room, 0);
+    if (n <= 0) return false;
+    reader_.commit(static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  pipe::FrameReader reader_;
+};
+
+}  // namespace
+
+TEST_CASE("workers that share the job secret form a static group and call each other",
+          "[pipe][auth]") {
+  const auto secret = secret_of('s');
+  StaticGroup group({secret, secret, secret});
+  for (const std::string& error : group.errors) CHECK(error == "none");
+  for (int from = 0; from < 3; ++from) {
+    for (int to = 0; to < 3; ++to) {
+      INFO("w" << from << " to w" << to);
+      CHECK(round_trip(*group.agents[from], fmt::format("w{}", to)));
+    }
+  }
+}
+
+TEST_CASE("a worker with another secret cannot join a static group; it says why", "[pipe][auth]") {
+  const auto secret = secret_of('s');
+  StaticGroup group({secret, secret, secret_of('x')}, 3s);
+  CHECK_THAT(group.errors[2], Catch::StartsWith("AuthenticationError"));
+  CHECK_THAT(group.errors[2], Catch::Contains("proof does not match this worker's job secret"));
+  // The others never count it in: they time out naming it.
+  for (int r = 0; r < 2; ++r) {
+    INFO("w" << r << ": " << group.errors[r]);
+    CHECK_THAT(group.errors[r], Catch::StartsWith("TimeoutError"));
+    CHECK_THAT(group.errors[r], Catch::Contains("\"w2\""));
+  }
+}
+
+TEST_CASE("a hello without a proof is refused before any request after it is read",
+          "[pipe][auth]") {
+  const auto secret = secret_of('s');
+  StaticGroup group({secret, secret});
+  REQUIRE(group.errors == std::vector<std::string>{"none", "none"});
+  RawPeer stranger(group.agents[0]->listen_port());
+  Hello claim;  // as w1, with no nonce: what a worker without the secret sends
+  claim.rank = 1;
+  claim.name = "w1";
+  stranger.send_hello(claim);
+  stranger.send_request("sneaky");
+  const std::optional<Hello> answer = stranger.read_hello();
+  REQUIRE(answer);
+  CHECK(answer->kind == Hello::Kind::kChallenge);
+  CHECK_FALSE(answer->accepted);
+  CHECK_THAT(answer->reason, Catch::Contains("requires the job secret"));
+  CHECK(stranger.closed_by_peer());
+  CHECK_FALSE(group.served.served("sneaky"));
+  CHECK(round_trip(*group.agents[0], "w1"));
+  CHECK(round_trip(*group.agents[1], "w0"));
+}
+
+TEST_CASE("a proof recorded on one connection is refused on another", "[pipe][auth]") {
+  const auto secret = secret_of('s');
+  StaticGroup group({secret, secret});
+  REQUIRE(group.errors == std::vector<std::string>{"none", "none"});
+  const int port = group.agents[0]->listen_port();
+  Hello claim;
+  claim.rank = 1;
+  claim.name = "w1";
+  const Nonce nonce = random_nonce();
+  claim.nonce.assign(nonce.begin(), nonce.end());
+  // Someone who saw a proof for the challenge on a first connection...
+  std::vector<uint8_t> recorded;
+  {
+    RawPeer first(port);
+    first.send_hello(claim);
+    const std::optional<Hello> challenge = first.read_hello();
+    REQUIRE(challenge);
+    REQUIRE(challenge->accepted);
+    const std::string connector = "w1";
+    const std::string acceptor = "w0";
+    static constexpr uint8_t kSeparator[1] = {0};
+    const Mac proof = secret->mac({bytes_of("switchboard pipe connect"), nonce,
+                                   challenge->nonce, bytes_of(connector), kSeparator,
+                                   bytes_of(acceptor)});
+    recorded.assign(proof.begin(), proof.end());
+  }
+  // ... replays it with the same claim on a second one: a new challenge.
+  RawPeer replay(port);
+  replay.send_hello(claim);
+  const std::optional<Hello> challenge = replay.read_hello();
+  REQUIRE(challenge);
+  Hello proof;
+  proof.kind = Hello::Kind::kProof;
+  proof.rank = 1;
+  proof.name = "w1";
+  proof.proof = recorded;
+  replay.send_hello(proof);
+  replay.send_request("replayed");
+  CHECK(replay.closed_by_peer());
+  CHECK_FALSE(group.served.served("replayed"));
+  CHECK(round_trip(*group.agents[1], "w0"));
+}
+
+TEST_CASE("a joiner with another secret, or none, cannot join a dynamic group, which is "
+          "unchanged",
+          "[pipe][auth][dynamic]") {
+  const auto secret = secret_of('s');
+  auto store = std::make_shared<HashStore>();
+  PipeAgent m0(store, "m0", 0, std::nullopt, options_with(secret));
+  PipeAgent m1(store, "m1", 1, std::nullopt, options_with(secret));
+  Served served;
+  served.serve(m0);
+  served.serve(m1);
+  std::vector<std::string> joined;
+  Mutex mu;
+  m0.set_membership_listener([&](const rpc::MembershipChange& change) {
+    MutexLock lock(mu);
+    if (change.kind == rpc::MembershipChange::Kind::kJoined) joined.push_back(change.worker.name);
+  });
+
+  const std::string other = error_of(
+      [&] { PipeAgent j(store, "j", 2, std::nullopt, options_with(secret_of('x'), 5s)); });
+  CHECK_THAT(other, Catch::StartsWith("AuthenticationError"));
+  CHECK_THAT(other, Catch::Contains("cannot join the dynamic group"));
+  CHECK_THAT(other, Catch::Contains("does not match this worker's job secret"));
+
+  const std::string none = error_of(
+      [&] { PipeAgent j(store, "k", 3, std::nullopt, options_with(no_secret(), 5s)); });
+  CHECK_THAT(none, Catch::StartsWith("invalid_argument"));
+  CHECK_THAT(none, Catch::Contains("requires the job secret"));
+
+  // Nobody got in; a joiner with the secret does.
+  PipeAgent good(store, "good", 4, std::nullopt, options_with(secret));
+  served.serve(good);
+  CHECK(m0.workers().size() == 3);
+  CHECK(round_trip(good, "m0"));
+  CHECK(round_trip(m1, "good"));
+  MutexLock lock(mu);
+  CHECK(std::find(joined.begin(), joined.end(), "j") == joined.end());
+  CHECK(std::find(joined.begin(), joined.end(), "k") == joined.end());
+}
