@@ -105,6 +105,9 @@ PipeAgent::Impl::~Impl() {
 }
 
 void PipeAgent::Impl::start_up() {
+  if (auth.enabled()) {
+    spdlog::info("rpc agent \"{}\": every PIPE connection proves the job secret", name);
+  }
   transport->listen(resolve_listen_address(options.listen_address),
                     [this](std::shared_ptr<Connection> c) { on_accept(std::move(c)); });
   WorkerAnnouncement mine;
