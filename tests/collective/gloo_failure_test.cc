@@ -6,14 +6,23 @@
 // Every failure must surface as a typed error naming what was waited for,
 // in bounded time; nothing here sleeps hoping for an order: an idle rank is
 // simply one that issues nothing (or blocks on a promise).
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <future>
 #include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
 #include <vector>
 
 #include "collective/gloo_process_group.h"
@@ -449,4 +458,116 @@ TEST_CASE("a Gloo group makes SIGPIPE harmless unless the program handles it",
   sbtest::Subprocess handled = sbtest::spawn_child("sigpipe_handler");
   CHECK(handled.read_all() == "after handler\n");
   CHECK(handled.wait() == 0);
+}
+
+namespace {
+
+// The TCP ports listening on 127.0.0.1 in this network namespace
+// (/proc/net/tcp; IPv4).
+std::set<int> loopback_listeners() {
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // header
+  std::set<int> out;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    fields >> slot >> local >> remote >> state;
+    if (state != "0A" || local.substr(0, 8) != "0100007F") continue;
+    out.insert(static_cast<int>(std::stoul(local.substr(9), nullptr, 16)));
+  }
+  return out;
+}
+
+// Connects to 127.0.0.1:port; -1 when refused.
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("a stranger's bytes sent to a Gloo listener while the group forms crash nothing: "
+          "the group's ops end in a typed error or succeed, and a new group works",
+          "[collective][gloo][hostile]") {
+  const std::string group = sbtest::unique_group_name("stranger");
+  HashStore store;
+  const std::set<int> before = loopback_listeners();
+  std::unique_ptr<ProcessGroup> ranks[2];
+  std::string construction[2];
+  auto construct = [&](int r) {
+    try {
+      ranks[r] = std::make_unique<GlooProcessGroup>(store, r, 2, options_for(group, 3s));
+    } catch (const Error& e) {
+      construction[r] = e.what();
+    }
+  };
+  std::thread first([&] { construct(0); });
+  // Rank 0 listens while it waits for rank 1 (which has not started): find
+  // its port, a condition polled under a guard.
+  std::set<int> fresh;
+  const auto guard = Clock::now() + 30s;
+  while (fresh.empty() && Clock::now() < guard) {
+    for (int port : loopback_listeners()) {
+      if (!before.count(port)) fresh.insert(port);
+    }
+    if (fresh.empty()) std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE_FALSE(fresh.empty());
+  std::vector<int> strangers;
+  std::mt19937 rng(7);
+  for (int port : fresh) {
+    // Garbage, all-ones bytes (a huge length or rank), and a connection
+    // that says nothing and stays open.
+    for (int kind = 0; kind < 3; ++kind) {
+      const int fd = connect_to(port);
+      if (fd < 0) continue;
+      std::vector<uint8_t> bytes(kind == 0 ? 4096 : 16);
+      for (auto& b : bytes) b = static_cast<uint8_t>(rng());
+      if (kind == 1) std::fill(bytes.begin(), bytes.end(), 0xff);
+      if (kind < 2) (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      strangers.push_back(fd);
+    }
+  }
+  construct(1);
+  first.join();
+  // Gloo cannot tell a stranger from a peer: the group may be wedged (its
+  // ops then time out, as with a lost peer), but the process lives and
+  // every error is a typed one, in bounded time.
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << construction[r]);
+    CHECK((ranks[r] != nullptr || !construction[r].empty()));
+  }
+  if (ranks[0] && ranks[1]) {
+    Tensor a = ones(4);
+    Tensor b = ones(4);
+    Work wa = ranks[0]->allreduce(a);
+    Work wb = ranks[1]->allreduce(b);
+    const Outcome oa = wait_for_failure(wa);
+    const Outcome ob = wait_for_failure(wb);
+    INFO("rank 0: " << oa.kind << " " << oa.message << "; rank 1: " << ob.kind << " "
+                    << ob.message);
+    for (const Outcome* o : {&oa, &ob}) {
+      CHECK((o->kind == "none" || o->kind == "TimeoutError" || o->kind == "ConnectionError"));
+      CHECK(o->elapsed < 30s);
+    }
+  }
+  for (int fd : strangers) ::close(fd);
+  // A new group of the same process works.
+  auto again = sbtest::make_groups(store, 2, group + "-again", 30s);
+  Tensor a = ones(4);
+  Tensor b = ones(4);
+  Work wa = again[0]->allreduce(a);
+  Work wb = again[1]->allreduce(b);
+  wa.wait();
+  wb.wait();
+  CHECK(a.data_as<float>()[0] == 2.0f);
 }
