@@ -495,7 +495,7 @@ int connect_to(int port) {
 
 }  // namespace
 
-TEST_CASE("a stranger's bytes sent to a Gloo listener while the group forms crash nothing: "
+TEST_CASE("a stranger's bytes sent to a Gloo listener while the group forms crash nothing; "
           "the group's ops end in a typed error or succeed, and a new group works",
           "[collective][gloo][hostile]") {
   const std::string group = sbtest::unique_group_name("stranger");
