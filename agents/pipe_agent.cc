@@ -247,7 +247,6 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection
   const std::string problem = auth.check_challenge(*connection, hello, peers.name_of(peer),
                                                    &proof);
   if (!problem.empty()) {
-    spdlog::warn("rpc agent \"{}\": {}", name, problem);
     // A joiner without the secret learns it as a refusal of its join.
     if (!auth.enabled() && dynamic && !hello.accepted) {
       Hello refusal = hello;
@@ -256,7 +255,8 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection
       refusal.reason = problem;
       membership->on_welcome(refusal);
     }
-    peers.refused(peer, connection, problem);
+    // Logged once, by connection_failed(), as the peer's reason.
+    peers.refused(peer, connection, "failed the authentication: " + problem);
     connection_failed(connection, problem);
     return false;
   }

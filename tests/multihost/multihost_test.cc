@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "agents/pipe_agent.h"
+#include "agents/pipe_info.h"
 #include "collective/groups.h"
 #include "collective/tensor.h"
 #include "common/logging.h"
@@ -36,7 +38,9 @@
 #include "rpc/backend_registry.h"
 #include "rpc/membership_token.h"
 #include "rpc/rpc.h"
+#include "common/auth.h"
 #include "store/file_store.h"
+#include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "tests/util/netns_cluster.h"
 #include "tests/util/subprocess.h"
@@ -290,8 +294,8 @@ std::string group_now() {
 //             group gracefully once "done" is set.
 //   "cutoff"  says "ready", waits for on_leave of itself (the group evicted
 //             it), says "evicted" and what a call to "a" fails with.
-//   "joiner"  says the group it joined and what "a" answered; stops once
-//             "done" is set.
+//   "joiner"  says the group it joined and what "a" (or args[4]) answered;
+//             stops once "done" is set.
 //   "steady"  says "ready"; leaves the group gracefully once "done" is set.
 constexpr int kDynamicHeartbeatMs = 1500;
 
@@ -311,7 +315,8 @@ SB_CHILD_MAIN(view_member) {
   rpc::init_rpc(name, "PIPE", std::stoi(args.at(1)), rpc::kDynamicGroup, options);
   if (role == "joiner") {
     fmt::print("group: {}\n", group_now());
-    fmt::print("a answered {}\n", rpc::rpc_sync<std::string>("a", "where"));
+    const std::string callee = args.size() > 4 ? args.at(4) : "a";
+    fmt::print("{} answered {}\n", callee, rpc::rpc_sync<std::string>(callee, "where"));
     std::fflush(stdout);
     control.wait({"done"}, milliseconds(120'000));
     rpc::shutdown(false);
@@ -369,6 +374,78 @@ SB_CHILD_MAIN(store_wait) {
                               options);
   store.wait(args, std::chrono::seconds(60));
   fmt::print("ok\n");
+  return 0;
+}
+
+// A member of a dynamic PIPE group whose store and workers require the job
+// secret (SWITCHBOARD_SECRET_FILE, from the test). args: name, rank,
+// control FileStore path. Says the sockets it listens on and "ready";
+// serves "where" (saying so on stdout); stops once "done" is set.
+SB_CHILD_MAIN(secret_member) {
+  switchboard::init_logging("secret_member");
+  const std::string here = std::getenv("SB_TEST_HOST_ADDRESS");
+  rpc::register_function("where", [here]() {
+    fmt::print("served where\n");
+    std::fflush(stdout);
+    return here;
+  });
+  rpc::init_rpc(args.at(0), "PIPE", std::stoi(args.at(1)), rpc::kDynamicGroup);
+  fmt::print("listening {}\n", fmt::join(listening_sockets(), " "));
+  fmt::print("ready\n");
+  std::fflush(stdout);
+  switchboard::FileStore control(args.at(2));
+  control.wait({"done"}, std::chrono::milliseconds(120'000));
+  rpc::shutdown(false);
+  return 0;
+}
+
+// An outsider on the network, args: a member's "address:port", and the
+// secret it has ("none", or a secret file's path). Tries to read the
+// group's member list from the store at MASTER_ADDR:MASTER_PORT, then to
+// join the group at the member's address (which it learned some other way)
+// with our own PIPE agent, and says how each ended.
+SB_CHILD_MAIN(outsider) {
+  switchboard::init_logging("outsider");
+  const std::string at = args.at(0);
+  std::shared_ptr<const switchboard::Secret> secret;
+  if (args.at(1) != "none") {
+    secret = std::make_shared<const switchboard::Secret>(switchboard::Secret::from_file(args.at(1)));
+  }
+  auto outcome = [](const std::function<void()>& run) -> std::string {
+    try {
+      run();
+      return "ok";
+    } catch (const switchboard::AuthenticationError& e) {
+      return fmt::format("AuthenticationError: {}", e.what());
+    } catch (const switchboard::ConnectionError& e) {
+      return fmt::format("ConnectionError: {}", e.what());
+    } catch (const std::exception& e) {
+      return fmt::format("refused: {}", e.what());
+    }
+  };
+  fmt::print("store: {}\n", outcome([&] {
+    switchboard::TcpStoreOptions options;
+    options.timeout = std::chrono::seconds(10);
+    options.secret = secret;
+    switchboard::TcpStore store(std::getenv("MASTER_ADDR"),
+                                static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
+                                options);
+    store.get("pipe/dyn/members");
+  }));
+  std::fflush(stdout);
+  fmt::print("join: {}\n", outcome([&] {
+    auto local = std::make_shared<switchboard::HashStore>();
+    switchboard::agents::WorkerAnnouncement member;
+    member.name = "m0";
+    member.address = at.substr(0, at.find(':'));
+    member.port = std::stoi(at.substr(at.find(':') + 1));
+    local->set("pipe/dyn/members", switchboard::agents::encode_members({{0, member}}));
+    switchboard::agents::PipeAgentOptions options;
+    options.rpc_timeout = std::chrono::seconds(10);
+    options.secret = secret;
+    switchboard::agents::PipeAgent agent(local, "intruder", 7, std::nullopt, options);
+  }));
+  std::fflush(stdout);
   return 0;
 }
 
@@ -853,4 +930,64 @@ TEST_CASE("a store server restarted empty under a dynamic group across hosts get
   CHECK(d.wait() == 0);
   again.kill(SIGTERM);
   again.wait();
+}
+
+TEST_CASE("with a job secret, an outsider on the network can neither read the group from the "
+          "store nor join it, and the group keeps working",
+          "[multihost][auth]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 4});
+  const ControlFile control;
+  const std::string dir = control.path().substr(0, control.path().rfind('/'));
+  const std::string secret = dir + "/secret";
+  const std::string wrong = dir + "/wrong";
+  switchboard::Secret::random().write_file(secret);
+  switchboard::Secret::random().write_file(wrong);
+  const std::string store_port = "29970";
+  Subprocess store = cluster.spawn_store_server(0, store_port, {"--secret-file", secret});
+  auto env_of = [&](int host) {
+    auto env = dynamic_env(cluster, host, store_port);
+    env["SWITCHBOARD_SECRET_FILE"] = secret;
+    return env;
+  };
+  Subprocess m0 = cluster.spawn_child(1, "secret_member", {"m0", "0", control.path()}, env_of(1));
+  const std::string line = m0.read_line();
+  REQUIRE_THAT(line, Catch::StartsWith("listening "));
+  const std::string at = line.substr(10, line.find(' ', 10) - 10);
+  REQUIRE(m0.read_line() == "ready");
+  Subprocess m1 = cluster.spawn_child(2, "secret_member", {"m1", "1", control.path()}, env_of(2));
+  m1.read_line();
+  REQUIRE(m1.read_line() == "ready");
+
+  for (const std::string& has : {std::string("none"), wrong}) {
+    INFO("the outsider's secret: " << has);
+    Subprocess outsider =
+        cluster.spawn_child(3, "outsider", {at, has}, dynamic_env(cluster, 3, store_port));
+    const std::string out = outsider.read_all();
+    INFO("it printed:\n" << out);
+    CHECK(outsider.wait() == 0);
+    CHECK_THAT(out, Catch::Contains("store: ") && !Catch::Contains("store: ok"));
+    CHECK_THAT(out, Catch::Contains("join: ") && !Catch::Contains("join: ok"));
+    if (has == "none") {
+      CHECK_THAT(out, Catch::Contains("requires the job secret"));
+    } else {
+      CHECK_THAT(out, Catch::Contains("store: AuthenticationError"));
+      CHECK_THAT(out, Catch::Contains("join: AuthenticationError"));
+    }
+  }
+  // A worker with the secret joins and calls the members; only it was served.
+  Subprocess joiner = cluster.spawn_child(
+      3, "view_member", {"j", "5", "joiner", control.path(), "m0"}, env_of(3));
+  CHECK(joiner.read_line() == "group: j m0 m1");
+  CHECK(joiner.read_line() == "m0 answered " + cluster.address(1));
+  control.set("done");
+  CHECK(joiner.wait() == 0);
+  // m0 served the joiner's call, and nothing else.
+  const std::string served = m0.read_all();
+  CHECK(served == "served where\n");
+  CHECK(m0.wait() == 0);
+  m1.read_all();
+  CHECK(m1.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
 }
