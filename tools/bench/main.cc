@@ -3,6 +3,7 @@
 //   bazel run -c opt //tools/bench -- store [--seconds S]
 //   bazel run -c opt //tools/bench -- collective [--rounds N]
 //   bazel run -c opt //tools/bench -- rpc [--quick]
+//   bazel run -c opt //tools/bench -- auth [--rounds N]
 //
 // Each subcommand prints `# ...` header lines and `name=value` results.
 // `bench --help` lists the subcommands, `bench SUBCOMMAND --help` their
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "tools/bench/auth_bench.h"
 #include "tools/bench/collective_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/bench/store_bench.h"
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
       add_store_bench(app, argv0),
       add_collective_bench(app, argv0),
       add_rpc_bench(app, argv0),
+      add_auth_bench(app, argv0),
   };
   if (auto status = cli::report(app, cli::parse(app, argc, argv))) return *status;
   for (const Subcommand& bench : benches) {
