@@ -63,6 +63,8 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   options->membership_lease = std::chrono::milliseconds(
       read_int(reader, "membership_lease_ms", 1, 86'400'000,
                options->membership_lease.count()));
+  options->max_requests_per_peer = read_int(reader, "max_requests_per_peer", 0, 1 << 30,
+                                            options->max_requests_per_peer);
   reader.finish();
   return options;
 }
@@ -82,6 +84,7 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
     options.heartbeat_timeout = typed->heartbeat_timeout;
     options.device_count = typed->device_count;
     options.membership_lease = typed->membership_lease;
+    options.max_requests_per_peer = static_cast<size_t>(typed->max_requests_per_peer);
     options.device_maps = typed->device_maps;
     options.devices = typed->devices;
   }

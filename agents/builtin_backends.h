@@ -65,6 +65,8 @@ struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
   std::chrono::milliseconds heartbeat_timeout = PipeAgentOptions{}.heartbeat_timeout;
   int device_count = PipeAgentOptions{}.device_count;
   std::chrono::milliseconds membership_lease = PipeAgentOptions{}.membership_lease;
+  int64_t max_requests_per_peer =
+      static_cast<int64_t>(PipeAgentOptions{}.max_requests_per_peer);
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
 

@@ -87,6 +87,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
     return buffers->empty(shape, dtype);
   };
   transport = make_tcp_transport(*this, std::move(tcp));
+  calls.set_max_requests_per_peer(options.max_requests_per_peer);
   if (dynamic) {
     membership = std::make_unique<Membership>(
         this->store, this->name, rank, capacity, this->options, peers, *transport, auth,

@@ -13,6 +13,7 @@
 #include "collective/tensor.h"
 #include "common/auth.h"
 #include "rpc/backend_registry.h"
+#include "rpc/call_table.h"
 #include "rpc/device_map.h"
 
 namespace switchboard::agents {
@@ -33,6 +34,9 @@ struct PipeAgentOptions {
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds heartbeat_timeout{5'000};
   pipe::FrameLimits limits;
+  // Requests of one caller this worker takes at once (waiting or running);
+  // more are refused at once with Error(kResourceExhausted) (0: no limit).
+  size_t max_requests_per_peer = rpc::kDefaultMaxRequestsPerPeer;
   // Device maps (local device → the target's device) per target worker,
   // and the devices this worker uses (empty: derived, as PyTorch does).
   rpc::DeviceMaps device_maps;

@@ -116,6 +116,12 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
   // with someone in wait_idle() (see wake_idle_waiters()).
   std::atomic<size_t> in_flight{0};
   std::atomic<size_t> handling{0};
+  // Requests of each peer (by worker id) accepted whose reply has not been
+  // given yet, for the limit per peer; ids past the array share the map,
+  // under `mu`.
+  std::atomic<size_t> max_per_peer{kDefaultMaxRequestsPerPeer};
+  std::array<std::atomic<uint32_t>, 4096> by_peer{};
+  std::unordered_map<int, size_t> by_far_peer SB_GUARDED_BY(mu);
   // Threads in wait_idle(); changed under `mu`.
   std::atomic<int> idle_waiters{0};
   std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
@@ -221,6 +227,38 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     if (handling.fetch_sub(1) == 1) wake_idle_waiters();
   }
 
+  // Counts a request from `peer` in, unless the peer has `max_per_peer`
+  // (non-zero) already: false then.
+  bool reserve(int peer) SB_EXCLUDES(mu) {
+    const size_t limit = max_per_peer.load(std::memory_order_relaxed);
+    if (peer >= 0 && static_cast<size_t>(peer) < by_peer.size()) {
+      std::atomic<uint32_t>& n = by_peer[peer];
+      const uint32_t before = n.fetch_add(1, std::memory_order_relaxed);
+      if (limit == 0 || before < limit) return true;
+      n.fetch_sub(1, std::memory_order_relaxed);
+      return false;
+    }
+    MutexLock lock(mu);
+    size_t& n = by_far_peer[peer];
+    if (limit != 0 && n >= limit) return false;
+    ++n;
+    return true;
+  }
+  void release(int peer) SB_EXCLUDES(mu) {
+    if (peer >= 0 && static_cast<size_t>(peer) < by_peer.size()) {
+      by_peer[peer].fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    MutexLock lock(mu);
+    auto it = by_far_peer.find(peer);
+    if (it != by_far_peer.end() && --it->second == 0) by_far_peer.erase(it);
+  }
+  // A request is over (replied to, or dropped).
+  void request_done(int peer) SB_EXCLUDES(mu) {
+    release(peer);
+    handling_done();
+  }
+
   // A count reached 0: wakes wait_idle(), if anyone waits. The waiter adds
   // itself to idle_waiters before it reads the counts, and this reads
   // idle_waiters after the count dropped (all sequentially consistent), so
@@ -278,8 +316,9 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
         stats = &stats_for(request.message.function);
       }
     }
+    const int from = request.from.id;
     if (!h) {  // closed since it was accepted: dropped
-      handling_done();
+      request_done(from);
       return;
     }
     const uint64_t id = request.message.id;
@@ -293,12 +332,12 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     }
     std::weak_ptr<State> weak = weak_from_this();
     result.add_callback(
-        [weak, id, stats, reply = std::move(request.reply)](const Future<Message>& done) {
-          if (auto self = weak.lock()) self->answer(id, done, *stats, reply);
+        [weak, id, from, stats, reply = std::move(request.reply)](const Future<Message>& done) {
+          if (auto self = weak.lock()) self->answer(id, from, done, *stats, reply);
         });
   }
 
-  void answer(uint64_t id, const Future<Message>& done, FunctionStats& stats,
+  void answer(uint64_t id, int from, const Future<Message>& done, FunctionStats& stats,
               const std::function<void(Message)>& reply) SB_EXCLUDES(mu) {
     Message m;
     try {
@@ -331,7 +370,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
                    e.what());
     }
-    handling_done();
+    request_done(from);
   }
 
   // Gives `m` to `reply`; when the agent cannot send it (its encoder
@@ -364,6 +403,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
 
   // Hands an accepted request (counted in `handling`) to the executor.
   bool post(Request request) SB_EXCLUDES(mu) {
+    const int from = request.from.id;
     try {
       executor->post([self = shared_from_this(), request = std::move(request)]() mutable {
         self->serve(std::move(request));
@@ -371,7 +411,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       return true;
     } catch (const std::exception& e) {
       spdlog::debug("rpc agent \"{}\": request dropped: {}", name, e.what());
-      handling_done();
+      request_done(from);
       return false;
     }
   }
@@ -510,16 +550,49 @@ bool CallTable::started() const {
 
 bool CallTable::accept(Request request) {
   State& s = *state_;
+  const int from = request.from.id;
+  if (!s.reserve(from)) {
+    // A peer with this many requests here already is refused at once: the
+    // memory a flood takes stays bounded, and the others are served.
+    const size_t limit = s.max_per_peer.load();
+    const Message refusal = s.error_reply(
+        request.message.id,
+        std::make_exception_ptr(Error(
+            ErrorCode::kResourceExhausted,
+            fmt::format("rpc agent \"{}\": worker \"{}\" already has {} requests waiting or "
+                        "running here (the limit per caller, max_requests_per_peer); function "
+                        "\"{}\" refused, try again once some are answered",
+                        s.name, request.from.name, limit, request.message.function))));
+    spdlog::debug("rpc agent \"{}\": refused a request of \"{}\": {} in progress", s.name,
+                  request.from.name, limit);
+    try {
+      if (request.reply) request.reply(refusal);
+    } catch (const std::exception& e) {
+      spdlog::debug("rpc agent \"{}\": the refusal was not sent: {}", s.name, e.what());
+    }
+    return false;
+  }
+  bool closed = false;
   {
     MutexLock lock(s.mu);
-    if (s.closed) return false;
-    ++s.handling;
-    if (!s.started) {
-      s.early.push_back(std::move(request));
-      return true;
+    closed = s.closed;
+    if (!closed) {
+      ++s.handling;
+      if (!s.started) {
+        s.early.push_back(std::move(request));
+        return true;
+      }
     }
   }
+  if (closed) {
+    s.release(from);
+    return false;
+  }
   return s.post(std::move(request));
+}
+
+void CallTable::set_max_requests_per_peer(size_t limit) {
+  state_->max_per_peer.store(limit);
 }
 
 Message CallTable::error_reply(uint64_t id, std::exception_ptr error) const {
@@ -571,6 +644,7 @@ CallTable::Load CallTable::load() const {
 void CallTable::close() {
   State& s = *state_;
   std::vector<Failure> cancelled;
+  std::vector<int> dropped_peers;  // of the requests that waited for start()
   {
     MutexLock lock(s.mu);
     if (s.closed) return;
@@ -582,11 +656,13 @@ void CallTable::close() {
     s.pending.clear();
     s.deadlines.clear();
     s.handling -= s.early.size();
+    for (const Request& r : s.early) dropped_peers.push_back(r.from.id);
     s.early.clear();
     s.handler.reset();  // what it holds may hold the agent
     s.timer_cv.notify_all();
     s.idle_cv.notify_all();
   }
+  for (int peer : dropped_peers) s.release(peer);
   s.settle(std::move(cancelled));
   if (timer_.joinable()) {
     if (timer_.get_id() == std::this_thread::get_id()) {

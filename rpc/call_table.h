@@ -63,6 +63,11 @@
 
 namespace switchboard::rpc {
 
+// How many requests of one peer a worker takes at once (waiting for the
+// pool or running), by default: a flood from one caller is refused beyond
+// it, so that its memory stays bounded and the others keep being served.
+inline constexpr size_t kDefaultMaxRequestsPerPeer = 1024;
+
 class CallTable {
  public:
   using Clock = std::chrono::steady_clock;
@@ -153,8 +158,14 @@ class CallTable {
   bool started() const;
   // Takes `request` to be handled on the executor (or, before start(),
   // once started). False, dropping it, once closed or when the executor
-  // refuses it (shut down).
+  // refuses it (shut down). A peer (Request::from.id) that has
+  // max_requests_per_peer requests accepted and not yet replied to gets
+  // this one refused at once: its reply is an Error(kResourceExhausted)
+  // naming the peer and the limit (given to Request::reply on this
+  // thread), and accept() returns false.
   bool accept(Request request);
+  // The limit per peer (0: none); kDefaultMaxRequestsPerPeer by default.
+  void set_max_requests_per_peer(size_t limit);
   // A kError reply to `id` for `error`, naming this worker.
   Message error_reply(uint64_t id, std::exception_ptr error) const;
   // A Request::reply that calls `(owner->*respond)(to, reply)` while

@@ -494,6 +494,80 @@ TEST_CASE("headers announcing huge bodies before any hello cost no memory until 
   pair.check_round_trips();
 }
 
+TEST_CASE("a caller that floods a worker is refused beyond its limit, and the others are "
+          "still served",
+          "[pipe][limits][flood]") {
+  // w0 takes 2 requests of each caller at once; its pool has 4 threads.
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<PipeAgent>> agents(3);
+  rethrow_first(on_threads(3, [&](int rank) {
+    PipeAgentOptions options;
+    options.listen_address = "127.0.0.1";
+    options.num_worker_threads = 4;
+    options.rpc_timeout = 30s;
+    options.max_requests_per_peer = 2;
+    agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, 3, options);
+  }));
+  auto gate = std::make_shared<Gate>(kGuard);
+  for (auto& agent : agents) {
+    agent->start([gate](Message m, const WorkerInfo&) {
+      if (m.function == "slow") gate->pass();
+      Message reply;
+      reply.type = MessageType::kResponse;
+      reply.payload = std::move(m.payload);
+      return Future<Message>::ready(std::move(reply));
+    });
+  }
+  PipeAgent& w0 = *agents[0];
+  PipeAgent& w1 = *agents[1];
+  PipeAgent& w2 = *agents[2];
+  // w1 floods w0 with 200 slow calls: two are taken (and wait at the gate),
+  // the rest are refused at once.
+  std::vector<Future<Message>> flood;
+  for (int i = 0; i < 200; ++i) {
+    flood.push_back(w1.send(w1.worker("w0"), request("slow", {1}), kGuard));
+  }
+  REQUIRE(gate->wait_arrived(2));
+  // The calls after the first two (one connection keeps their order) are
+  // answered while the gate is still shut: refused, not queued. (An agent
+  // delivers an error reply as a kError message; rpc_sync raises it.)
+  auto refused_with = [](const Future<Message>& f) -> std::string {
+    if (f.has_error() || f.value().type != MessageType::kError) return "";
+    return rpc::decode_remote_error(f.value()).what();
+  };
+  int refused = 0;
+  std::string refusal;
+  for (size_t i = 2; i < flood.size(); ++i) {
+    REQUIRE(flood[i].wait_for(kGuard));
+    CHECK_FALSE(refused_with(flood[i]).empty());
+  }
+  CHECK_FALSE(flood[0].wait_for(0ms));
+  CHECK_FALSE(flood[1].wait_for(0ms));
+  // w2 is served meanwhile, by the pool's free threads.
+  Future<Message> other = w2.send(w2.worker("w0"), request("fast", {2}), kGuard);
+  REQUIRE(other.wait_for(kGuard));
+  CHECK(refused_with(other).empty());
+  CHECK(other.value().type == MessageType::kResponse);
+  gate->open();
+  for (auto& f : flood) {
+    REQUIRE(f.wait_for(kGuard));
+    const std::string why = refused_with(f);
+    if (!why.empty()) {
+      ++refused;
+      refusal = why;
+    }
+  }
+  INFO("a refusal: " << refusal);
+  CHECK(refused == 198);
+  CHECK_THAT(refusal, Catch::Contains("\"w1\" already has 2 requests waiting or running"));
+  CHECK_THAT(refusal, Catch::Contains("max_requests_per_peer"));
+  // Once answered, w1 is served again.
+  Future<Message> again = w1.send(w1.worker("w0"), request("fast", {3}), kGuard);
+  REQUIRE(again.wait_for(kGuard));
+  CHECK(again.value().type == MessageType::kResponse);
+  for (auto& agent : agents) agent->shutdown();
+}
+
 // ---- 4. the listen address ----------------------------------------------------
 
 namespace {
