@@ -1,5 +1,7 @@
 #include "rpc/function_registry.h"
 
+#include "rpc/call_context.h"
+
 #include <fmt/format.h>
 
 #include "common/error.h"
@@ -82,6 +84,8 @@ Future<Message> FunctionRegistry::call(const Message& request,
       throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"", worker,
                                       request.function));
     }
+    const CallContext context{from, request.function, request.id};
+    ScopedCallContext scope(&context);
     return (*handler)(request, worker);
   } catch (...) {
     return Future<Message>::ready(

@@ -71,7 +71,8 @@ class FunctionRegistry {
   void set_worker_name(std::string worker_name) SB_EXCLUDES(mutex_);
 
   // Serves `request` (type kRequest; request.function names the function)
-  // from `from` (currently unused: functions do not see their caller).
+  // from `from`, which the function sees as current_call()
+  // (rpc/call_context.h) while it runs.
   // Synchronous functions run inline, on the calling thread, and the
   // returned future is already complete. An async function's response
   // completes on the thread that completes its future (or that future's

@@ -32,6 +32,7 @@
 
 #include "common/mutex.h"
 #include "rpc/backend_registry.h"
+#include "rpc/call_context.h"
 #include "rpc/function_registry.h"
 #include "rpc/future.h"
 #include "rpc/message.h"

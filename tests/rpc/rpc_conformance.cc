@@ -237,6 +237,27 @@ TEST_CASE("future callbacks run on the agent's pool", "[rpc]") {
   CHECK(w0.rpc_sync<bool>("w1", "on_pool"));
 }
 
+TEST_CASE("a function sees who called it and under which name", "[rpc][context]") {
+  Cluster cluster(2, [](int, RpcContext& self) {
+    self.register_function("caller", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      if (call == nullptr) return std::string("no call");
+      return fmt::format("{} {} {}", call->caller.name, call->caller.id, call->function);
+    });
+    // An async function's synchronous part sees it too; the thread that
+    // completes its future later does not.
+    self.register_function("caller_async", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      return rpc::Future<std::string>::ready(call ? call->caller.name : "no call");
+    });
+  });
+  CHECK(cluster[1].rpc_sync<std::string>("w0", "caller") == "w1 1 caller");
+  CHECK(cluster[0].rpc_sync<std::string>("w1", "caller") == "w0 0 caller");
+  CHECK(cluster[0].rpc_sync<std::string>("w0", "caller") == "w0 0 caller");  // itself
+  CHECK(cluster[1].rpc_async<std::string>("w0", "caller_async").value() == "w1");
+  CHECK(rpc::current_call() == nullptr);  // not on this thread
+}
+
 TEST_CASE("worker infos name every worker by rank", "[rpc]") {
   auto cluster = common_cluster(3, std::make_shared<Gate>(kGuard));
   for (int rank = 0; rank < 3; ++rank) {

@@ -1,0 +1,50 @@
+// CallContext: what a registered function can know about the call it is
+// serving, while it runs: who called it and under which name.
+//
+//   rpc::register_function("whoami", [] {
+//     const rpc::CallContext* call = rpc::current_call();
+//     return call ? call->caller.name : std::string("(not in a call)");
+//   });
+//
+// current_call() is set on the thread that runs a registered function, for
+// as long as the function's own code runs there (an async function's
+// synchronous part included, not the code that completes its future
+// later). Copy what you need before handing work to another thread. A call
+// made from inside a function (a nested call) does not change it.
+//
+// Not there yet (docs/api.md): the caller's deadline and cancellation.
+//
+// Thread safety: the context belongs to the thread that serves the call.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "rpc/message.h"
+
+namespace switchboard::rpc {
+
+struct CallContext {
+  WorkerInfo caller;     // the worker that made the call (itself for a self-call)
+  std::string function;  // the name it called
+  uint64_t id = 0;       // the call's id on the caller's side (Message::id)
+};
+
+// The call this thread is serving now; null outside a registered function.
+const CallContext* current_call();
+
+// Sets current_call() for its scope (the function registry uses it; a
+// backend that dispatches requests itself may too). Nests: the previous
+// context is restored on destruction.
+class ScopedCallContext {
+ public:
+  explicit ScopedCallContext(const CallContext* context);
+  ~ScopedCallContext();
+  ScopedCallContext(const ScopedCallContext&) = delete;
+  ScopedCallContext& operator=(const ScopedCallContext&) = delete;
+
+ private:
+  const CallContext* previous_;
+};
+
+}  // namespace switchboard::rpc
