@@ -107,8 +107,10 @@ void check_fixed_fields(const uint8_t* in) {
         fmt::format("pipe frame: kind {} is not a frame kind (1 to 6)", in[5]));
   }
   const auto flags = load_le<uint16_t>(in + 6);
-  if (flags != 0) {
-    throw ProtocolError(fmt::format("pipe frame: flags {:#06x} must be 0", flags));
+  const uint16_t allowed = in[5] == static_cast<uint8_t>(FrameKind::kRequest) ? kFlagTimeout : 0;
+  if ((flags & ~allowed) != 0) {
+    throw ProtocolError(fmt::format("pipe frame: flags {:#06x} on a {} frame (allowed: {:#06x})",
+                                    flags, kind_name(static_cast<FrameKind>(in[5])), allowed));
   }
 }
 
@@ -163,6 +165,7 @@ std::string kind_name(FrameKind kind) {
 
 size_t frame_size(const rpc::Message& m) {
   size_t bytes = kHeaderSize + m.function.size() + m.payload.size();
+  if (m.type == rpc::MessageType::kRequest && m.timeout_ms != 0) bytes += 8;
   for (const Tensor& t : m.tensors) {
     if (!t.defined()) continue;
     bytes += descriptor_size(static_cast<size_t>(t.dim())) + t.nbytes();
@@ -171,14 +174,15 @@ size_t frame_size(const rpc::Message& m) {
 }
 
 size_t FrameHeader::body_size() const {
-  return size_t{function_length} + payload_length + descriptors_length;
+  return ((flags & kFlagTimeout) ? 8 : 0) + size_t{function_length} + payload_length +
+         descriptors_length;
 }
 
 void encode_header(const FrameHeader& h, uint8_t* out) {
   store_le<uint32_t>(out, kMagic);
   out[4] = kVersion;
   out[5] = static_cast<uint8_t>(h.kind);
-  store_le<uint16_t>(out + 6, 0);
+  store_le<uint16_t>(out + 6, h.flags);
   store_le<uint64_t>(out + 8, h.id);
   store_le<uint32_t>(out + 16, h.function_length);
   store_le<uint32_t>(out + 20, h.payload_length);
@@ -190,6 +194,7 @@ FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits) {
   check_fixed_fields(in);
   FrameHeader h;
   h.kind = static_cast<FrameKind>(in[5]);
+  h.flags = load_le<uint16_t>(in + 6);
   h.id = load_le<uint64_t>(in + 8);
   h.function_length = load_le<uint32_t>(in + 16);
   h.payload_length = load_le<uint32_t>(in + 20);
@@ -221,12 +226,18 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
   h.payload_length = checked_u32(m.payload.size(), "payload_length");
   h.tensor_count = checked_u32(m.tensors.size(), "tensor_count");
   h.descriptors_length = checked_u32(descriptors, "descriptors_length");
+  if (h.kind == FrameKind::kRequest && m.timeout_ms != 0) h.flags = kFlagTimeout;
 
   const size_t start = out.size();
   out.resize(start + kHeaderSize + h.body_size());
   uint8_t* p = out.data() + start;
   encode_header(h, p);
-  p = write_bytes(p + kHeaderSize, m.function.data(), m.function.size());
+  p += kHeaderSize;
+  if (h.flags & kFlagTimeout) {
+    store_le<uint64_t>(p, m.timeout_ms);
+    p += 8;
+  }
+  p = write_bytes(p, m.function.data(), m.function.size());
   p = write_bytes(p, m.payload.data(), m.payload.size());
   encode_descriptors(p, m.tensors, devices);
 }
@@ -377,6 +388,11 @@ void FrameReader::decode_body(const uint8_t* body) {
   m.type = header_.kind <= FrameKind::kError ? static_cast<rpc::MessageType>(header_.kind)
                                              : rpc::MessageType::kRequest;
   m.id = header_.id;
+  m.timeout_ms = 0;
+  if (header_.flags & kFlagTimeout) {
+    m.timeout_ms = load_le<uint64_t>(body);
+    body += 8;
+  }
   m.function.assign(reinterpret_cast<const char*>(body), header_.function_length);
   body += header_.function_length;
   m.payload.assign(body, body + header_.payload_length);

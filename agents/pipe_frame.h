@@ -7,11 +7,12 @@
 //
 //   header, kHeaderSize = 32 bytes
 //     u32 magic = kMagic ("SBPI" in memory)   u8 version = kVersion
-//     u8  kind (FrameKind)                    u16 flags (must be 0)
+//     u8  kind (FrameKind)                    u16 flags (kFlagTimeout or 0)
 //     u64 id
 //     u32 function_length   u32 payload_length
 //     u32 tensor_count      u32 descriptors_length
 //   body, FrameHeader::body_size() bytes
+//     with kFlagTimeout (requests): u64 timeout_ms first;
 //     function bytes, payload bytes, then the tensor descriptors, one per
 //     tensor (agents/tensor_descriptor.h: dtype, device, ndim, extents;
 //     descriptor_size(ndim) = 8 + 8 * ndim bytes), descriptors_length bytes
@@ -83,15 +84,21 @@ struct FrameLimits {
   uint64_t max_tensor_bytes = 64ull << 30;
 };
 
+// Flags: kFlagTimeout (requests only) says that the body starts with the
+// caller's timeout, a u64 of milliseconds (rpc::Message::timeout_ms).
+inline constexpr uint16_t kFlagTimeout = 0x1;
+
 struct FrameHeader {
   FrameKind kind = FrameKind::kRequest;
+  uint16_t flags = 0;
   uint64_t id = 0;
   uint32_t function_length = 0;
   uint32_t payload_length = 0;
   uint32_t tensor_count = 0;
   uint32_t descriptors_length = 0;
 
-  // function_length + payload_length + descriptors_length.
+  // The timeout's 8 bytes when flagged, + function_length + payload_length
+  // + descriptors_length.
   size_t body_size() const;
 };
 

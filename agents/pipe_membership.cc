@@ -343,6 +343,8 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
   const bool may_evict = others <= 1 || unreachable * 2 <= others;
   std::vector<Member> kept;
   std::vector<std::string> removed;
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
   bool spared = false;  // a lost member kept by the rule above
   for (const Member& m : members) {
     auto it = todo.find(m.rank);
@@ -354,10 +356,17 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
     const std::string why = it->second.first == Gone::kLeft
                                 ? std::string("it shut down without leaving")
                                 : it->second.second;
-    store_->set(evicted_key(m.rank), to_bytes(fmt::format("by \"{}\": {}", name_, why)));
+    keys.push_back(evicted_key(m.rank));
+    values.push_back(to_bytes(fmt::format("by \"{}\": {}", name_, why)));
     removed.push_back(fmt::format("\"{}\" (rank {}: {})", m.announcement.name, m.rank, why));
   }
-  if (!removed.empty()) store_->set(kMembersKey, encode_members(kept));
+  if (!removed.empty()) {
+    // One request: a reader never sees the record without the list (our
+    // server and HashStore apply a MULTI_SET at once).
+    keys.push_back(kMembersKey);
+    values.push_back(encode_members(kept));
+    store_->multi_set(keys, values);
+  }
   token.release();
   if (!removed.empty()) {
     spdlog::warn("rpc agent \"{}\": took {} off the dynamic group's member list", name_,

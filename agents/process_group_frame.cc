@@ -86,13 +86,14 @@ std::pair<Tensor, Tensor> encode_frame(const Message& m) {
   h.tensor_count = static_cast<uint32_t>(m.tensors.size());
   h.payload_length = m.payload.size();
   h.descriptors_length = descriptors_length(m.tensors, {}, "process_group encode_frame");
+  if (m.type == MessageType::kRequest && m.timeout_ms != 0) h.flags = kFlagTimeout;
 
   Tensor header = Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
   Writer w(bytes_of(header));
   w.u32(wire::kMagic);
   w.u8(wire::kVersion);
   w.u8(static_cast<uint8_t>(h.type));
-  w.u16(0);
+  w.u16(h.flags);
   w.u64(h.id);
   w.u32(h.function_length);
   w.u32(h.tensor_count);
@@ -103,6 +104,7 @@ std::pair<Tensor, Tensor> encode_frame(const Message& m) {
   if (h.body_length() > 0) {
     body = Tensor::empty({static_cast<int64_t>(h.body_length())}, DType::kUInt8);
     Writer b(bytes_of(body));
+    if (h.flags & kFlagTimeout) b.u64(m.timeout_ms);
     b.bytes(m.function.data(), m.function.size());
     b.bytes(m.payload.data(), m.payload.size());
     encode_descriptors(bytes_of(body) + b.pos(), m.tensors, {});
@@ -127,9 +129,15 @@ Header decode_header(const Tensor& header) {
       type > static_cast<uint8_t>(MessageType::kError)) {
     throw ProtocolError(fmt::format("unknown message type {}", type));
   }
-  r.u16();
+  const uint16_t flags = r.u16();
+  const uint16_t allowed = type == static_cast<uint8_t>(MessageType::kRequest) ? kFlagTimeout : 0;
+  if ((flags & ~allowed) != 0) {
+    throw ProtocolError(fmt::format("flags {:#06x} on a message of type {} (allowed: {:#06x})",
+                                    flags, type, allowed));
+  }
   Header h;
   h.type = static_cast<MessageType>(type);
+  h.flags = flags;
   h.id = r.u64();
   h.function_length = r.u32();
   h.tensor_count = r.u32();
@@ -164,6 +172,7 @@ Tensor allocate(const Tensor::Shape& shape, DType dtype) {
 // Fills m.function, m.payload and m.tensors (allocated, not yet received).
 void decode_body(const Header& h, const Tensor& body, Message& m) {
   Reader r(body.defined() ? bytes_of(body) : nullptr, h.body_length());
+  m.timeout_ms = (h.flags & kFlagTimeout) ? r.u64() : 0;
   const uint8_t* function = r.take(h.function_length, "the function name");
   m.function.assign(reinterpret_cast<const char*>(function), h.function_length);
   const uint8_t* payload = r.take(h.payload_length, "the payload");

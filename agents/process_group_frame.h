@@ -27,8 +27,13 @@ using rpc::MessageType;
 
 constexpr uint64_t kMaxPayloadLength = uint64_t{1} << 40;
 
+// Flags (the header's u16 after the type): kFlagTimeout (requests) says
+// that the body starts with the caller's timeout, a u64 of milliseconds.
+inline constexpr uint16_t kFlagTimeout = 0x1;
+
 struct Header {
   MessageType type = MessageType::kRequest;
+  uint16_t flags = 0;
   uint64_t id = 0;
   uint32_t function_length = 0;
   uint32_t tensor_count = 0;
@@ -36,7 +41,8 @@ struct Header {
   uint64_t descriptors_length = 0;
 
   uint64_t body_length() const {
-    return function_length + payload_length + descriptors_length;
+    return ((flags & kFlagTimeout) ? 8 : 0) + function_length + payload_length +
+           descriptors_length;
   }
 };
 

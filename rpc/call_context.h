@@ -6,18 +6,24 @@
 //     return call ? call->caller.name : std::string("(not in a call)");
 //   });
 //
+// The deadline travels with the request (the caller's timeout), and calls
+// made while serving a call inherit it: a nested rpc_sync/rpc_async waits
+// for the time left at most, as gRPC's deadlines do.
+//
 // current_call() is set on the thread that runs a registered function, for
 // as long as the function's own code runs there (an async function's
 // synchronous part included, not the code that completes its future
 // later). Copy what you need before handing work to another thread. A call
 // made from inside a function (a nested call) does not change it.
 //
-// Not there yet (docs/api.md): the caller's deadline and cancellation.
+// Not there yet (docs/api.md): cancellation.
 //
 // Thread safety: the context belongs to the thread that serves the call.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "rpc/message.h"
@@ -28,6 +34,12 @@ struct CallContext {
   WorkerInfo caller;     // the worker that made the call (itself for a self-call)
   std::string function;  // the name it called
   uint64_t id = 0;       // the call's id on the caller's side (Message::id)
+  // When the caller stops waiting, by this worker's steady clock: the
+  // caller's timeout counted from the request's arrival here (time spent
+  // waiting for the pool included). Absent when the call has no timeout.
+  // Calls made while serving this one default to the time left, and never
+  // wait longer (RpcContext::send()).
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 // The call this thread is serving now; null outside a registered function.

@@ -322,6 +322,16 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       return;
     }
     const uint64_t id = request.message.id;
+    if (request.message.timeout_ms != 0) {
+      // The caller's clock started before this one: what waited here counts.
+      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              Clock::now() - request.arrived)
+                              .count();
+      const uint64_t left = request.message.timeout_ms > static_cast<uint64_t>(waited)
+                                ? request.message.timeout_ms - static_cast<uint64_t>(waited)
+                                : 1;
+      request.message.timeout_ms = left;
+    }
     Future<Message> result;
     try {
       if (request.prepare) request.prepare(request.message);
@@ -551,6 +561,7 @@ bool CallTable::started() const {
 bool CallTable::accept(Request request) {
   State& s = *state_;
   const int from = request.from.id;
+  if (request.message.timeout_ms != 0) request.arrived = Clock::now();
   if (!s.reserve(from)) {
     // A peer with this many requests here already is refused at once: the
     // memory a flood takes stays bounded, and the others are served.

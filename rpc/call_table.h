@@ -107,6 +107,9 @@ class CallTable {
     // not at all once the table is closed or gone. The request counts as
     // being handled until it returns.
     std::function<void(Message)> reply;
+    // When it arrived (set by accept()); the time it then waits for the
+    // pool is taken off message.timeout_ms before the handler sees it.
+    Clock::time_point arrived{};
   };
 
   enum class Idle { kIdle, kTimedOut, kClosed };

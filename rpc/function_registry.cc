@@ -84,7 +84,11 @@ Future<Message> FunctionRegistry::call(const Message& request,
       throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"", worker,
                                       request.function));
     }
-    const CallContext context{from, request.function, request.id};
+    CallContext context{from, request.function, request.id, std::nullopt};
+    if (request.timeout_ms != 0) {
+      context.deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(request.timeout_ms);
+    }
     ScopedCallContext scope(&context);
     return (*handler)(request, worker);
   } catch (...) {

@@ -30,6 +30,10 @@ struct Message {
   uint64_t id = 0;
   // Requests: the registered function's name. Empty otherwise.
   std::string function;
+  // Requests: the caller's timeout in ms (0: none), which the callee counts
+  // from the request's arrival: the call's deadline there
+  // (rpc/call_context.h). Set by RpcContext; agents carry it.
+  uint64_t timeout_ms = 0;
   // msgpack body (arguments, result or error).
   std::vector<uint8_t> payload;
   // Out-of-band tensors referenced from the body, in order. CPU tensors are

@@ -354,8 +354,21 @@ Future<Message> RpcContext::send(const WorkerRef& to, Message request,
              "rpc to function \"{}\": the timeout must be >= 0 ms, got {}",
              request.function, timeout.value_or(std::chrono::milliseconds(0)).count());
   const WorkerInfo worker = resolve(*state->agent, to);
-  return state->agent->send(worker, std::move(request),
-                            timeout.value_or(state->options->rpc_timeout));
+  std::chrono::milliseconds wait = timeout.value_or(state->options->rpc_timeout);
+  // Inside a call with a deadline: never wait past it (0 means none).
+  if (const CallContext* serving = current_call(); serving && serving->deadline) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        *serving->deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Future<Message>::failed(std::make_exception_ptr(TimeoutError(fmt::format(
+          "rpc to \"{}\" function \"{}\": no time left: the call this worker is serving "
+          "(function \"{}\" from \"{}\") is past its deadline",
+          worker.name, request.function, serving->function, serving->caller.name))));
+    }
+    if (wait.count() == 0 || left < wait) wait = left;
+  }
+  request.timeout_ms = static_cast<uint64_t>(wait.count());
+  return state->agent->send(worker, std::move(request), wait);
 }
 
 WorkerInfo RpcContext::get_worker_info() const { return state()->agent->self(); }

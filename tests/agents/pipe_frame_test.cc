@@ -475,8 +475,14 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
     require_frame_error(b, "pipe frame: kind 7 is not a frame kind (1 to 6)");
   }
   SECTION("flags") {
-    patch<uint16_t>(b, kFlagsAt, 1);
-    require_frame_error(b, "pipe frame: flags 0x0001 must be 0");
+    // A request may say that its timeout comes first (kFlagTimeout); no
+    // other flag exists, and no other kind may say it.
+    patch<uint16_t>(b, kFlagsAt, 2);
+    require_frame_error(b, "pipe frame: flags 0x0002 on a request frame (allowed: 0x0001)");
+    Bytes response = wire(make_message(MessageType::kResponse, 3, "", {1}));
+    patch<uint16_t>(response, kFlagsAt, 1);
+    require_frame_error(response, "pipe frame: flags 0x0001 on a response frame (allowed: "
+                                  "0x0000)");
   }
   SECTION("function_length") {
     patch<uint32_t>(b, kFunctionAt, 70000);
@@ -844,4 +850,26 @@ TEST_CASE("a header announcing a large body makes the reader offer room only as 
   REQUIRE(small.pop(out));
   CHECK(out.message.payload.size() == header.payload_length);
   CHECK(out.message.payload.back() == 7);
+}
+
+TEST_CASE("a request's timeout travels before its body, flagged; without one nothing is added",
+          "[pipe_frame]") {
+  Message m = make_message(MessageType::kRequest, 9, "fn", {1, 2},
+                           {make_tensor(DType::kFloat32, {3}, 4)});
+  const size_t plain = wire(m).size();
+  m.timeout_ms = 1234;
+  const Bytes bytes = wire(m);
+  CHECK(bytes.size() == plain + 8);
+  CHECK(bytes.size() == frame_size(m));
+  CHECK((bytes[6] | (bytes[7] << 8)) == kFlagTimeout);
+  const std::vector<InboundFrame> frames = decode_all(bytes.data(), bytes.size(), {});
+  REQUIRE(frames.size() == 1);
+  CHECK(frames[0].message.timeout_ms == 1234);
+  require_same(frames[0], m);
+  // A response never carries one.
+  Message reply = make_message(MessageType::kResponse, 9, "", {3});
+  reply.timeout_ms = 99;
+  const Bytes reply_bytes = wire(reply);
+  CHECK((reply_bytes[6] | (reply_bytes[7] << 8)) == 0);
+  CHECK(decode_all(reply_bytes.data(), reply_bytes.size(), {})[0].message.timeout_ms == 0);
 }

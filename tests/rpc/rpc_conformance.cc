@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -256,6 +257,63 @@ TEST_CASE("a function sees who called it and under which name", "[rpc][context]"
   CHECK(cluster[0].rpc_sync<std::string>("w0", "caller") == "w0 0 caller");  // itself
   CHECK(cluster[1].rpc_async<std::string>("w0", "caller_async").value() == "w1");
   CHECK(rpc::current_call() == nullptr);  // not on this thread
+}
+
+namespace {
+
+// What the current call has left until its deadline, in ms; -1 without one.
+int64_t time_left() {
+  const rpc::CallContext* call = rpc::current_call();
+  if (call == nullptr || !call->deadline) return -1;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(*call->deadline -
+                                                               std::chrono::steady_clock::now())
+      .count();
+}
+
+}  // namespace
+
+TEST_CASE("a call's deadline reaches the function and every call it makes", "[rpc][context]") {
+  Cluster cluster(3, [](int, RpcContext& self) {
+    self.register_function("left", [] { return time_left(); });
+    // Calls "left" on `to` (with `timeout_ms`, or none given when 0) and
+    // says what it had left itself, then what the callee had.
+    self.register_function("relay", [&self](std::string to, int64_t timeout_ms) {
+      const int64_t mine = time_left();
+      const int64_t theirs =
+          timeout_ms > 0
+              ? self.rpc_sync<int64_t>(to, "left",
+                                       rpc::with_timeout(std::chrono::milliseconds(timeout_ms)))
+              : self.rpc_sync<int64_t>(to, "left");
+      return fmt::format("{} {}", mine, theirs);
+    });
+  });
+  RpcContext& w0 = cluster[0];
+  const int64_t left = w0.rpc_sync<int64_t>("w1", "left", rpc::with_timeout(20s));
+  CHECK(left > 0);
+  CHECK(left <= 20'000);
+  // The options' timeout (30 s here) when the call gives none; none at all
+  // with a timeout of 0.
+  const int64_t by_default = w0.rpc_sync<int64_t>("w1", "left");
+  CHECK(by_default > 0);
+  CHECK(by_default <= 30'000);
+  CHECK(w0.rpc_sync<int64_t>("w1", "left", rpc::with_timeout(0ms)) == -1);
+  // Nested calls: the default is the time left; a longer timeout is cut to
+  // it; a shorter one stays.
+  for (const int64_t nested : {int64_t{0}, int64_t{600'000}, int64_t{1'000}}) {
+    INFO("the nested call's timeout: " << nested);
+    const std::string answer =
+        w0.rpc_sync<std::string>("w1", "relay", rpc::with_timeout(20s), std::string("w2"),
+                                 nested);
+    std::istringstream fields(answer);
+    int64_t mine = 0;
+    int64_t theirs = 0;
+    fields >> mine >> theirs;
+    CHECK(mine > 0);
+    CHECK(mine <= 20'000);
+    CHECK(theirs > 0);
+    CHECK(theirs <= mine);
+    if (nested == 1'000) CHECK(theirs <= 1'000);
+  }
 }
 
 TEST_CASE("worker infos name every worker by rank", "[rpc]") {
