@@ -392,6 +392,12 @@ void FrameReader::decode_body(const uint8_t* body) {
   if (header_.flags & kFlagTimeout) {
     m.timeout_ms = load_le<uint64_t>(body);
     body += 8;
+    // One encoding per message: no timeout is no flag.
+    if (m.timeout_ms == 0) {
+      throw ProtocolError(fmt::format(
+          "pipe frame: request {} is flagged with a timeout of 0 ms (none is sent unflagged)",
+          header_.id));
+    }
   }
   m.function.assign(reinterpret_cast<const char*>(body), header_.function_length);
   body += header_.function_length;

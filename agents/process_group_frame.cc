@@ -173,6 +173,10 @@ Tensor allocate(const Tensor::Shape& shape, DType dtype) {
 void decode_body(const Header& h, const Tensor& body, Message& m) {
   Reader r(body.defined() ? bytes_of(body) : nullptr, h.body_length());
   m.timeout_ms = (h.flags & kFlagTimeout) ? r.u64() : 0;
+  if ((h.flags & kFlagTimeout) && m.timeout_ms == 0) {
+    throw ProtocolError(fmt::format(
+        "message {}: flagged with a timeout of 0 ms (none is sent unflagged)", h.id));
+  }
   const uint8_t* function = r.take(h.function_length, "the function name");
   m.function.assign(reinterpret_cast<const char*>(function), h.function_length);
   const uint8_t* payload = r.take(h.payload_length, "the payload");

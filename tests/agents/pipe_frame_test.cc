@@ -872,4 +872,8 @@ TEST_CASE("a request's timeout travels before its body, flagged; without one not
   const Bytes reply_bytes = wire(reply);
   CHECK((reply_bytes[6] | (reply_bytes[7] << 8)) == 0);
   CHECK(decode_all(reply_bytes.data(), reply_bytes.size(), {})[0].message.timeout_ms == 0);
+  // The flag with a timeout of 0 is refused: one encoding per message.
+  Bytes zero = bytes;
+  for (int i = 0; i < 8; ++i) zero[kHeaderSize + i] = 0;
+  require_frame_error(zero, "request 9 is flagged with a timeout of 0 ms");
 }
