@@ -12,6 +12,7 @@ std::string_view error_code_name(ErrorCode code) {
     case ErrorCode::kFailedPrecondition: return "FailedPrecondition";
     case ErrorCode::kRegistry: return "Registry";
     case ErrorCode::kUnauthenticated: return "Unauthenticated";
+    case ErrorCode::kPermissionDenied: return "PermissionDenied";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

@@ -24,6 +24,7 @@ enum class ErrorCode {
   kFailedPrecondition, // the state does not allow this (e.g. non-integer add)
   kRegistry,           // a registry lookup or registration failed
   kUnauthenticated,    // a side did not prove the job secret; retrying will not help
+  kPermissionDenied,   // the callee refused the call (an interceptor said no)
   kInternal,           // a bug in Switchboard
 };
 

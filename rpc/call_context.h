@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -44,6 +45,23 @@ struct CallContext {
 
 // The call this thread is serving now; null outside a registered function.
 const CallContext* current_call();
+
+// A server interceptor (gRPC's term): it sees every call this worker serves,
+// on the pool thread, before the function runs, with the call's context.
+// It returns "" to let the call run, or a reason to refuse it: the caller
+// then gets a RemoteError with code PermissionDenied, saying `worker "w0"
+// refused function "f" from "w9": <reason>`, and the function does not
+// run. What it throws refuses the call the same way, with the exception's
+// message. Interceptors run in the order they were added; the first that
+// refuses ends the call. They must be thread-safe (calls are served
+// concurrently), and may record what they see (timings, counts).
+using ServerInterceptor = std::function<std::string(const CallContext&)>;
+
+// An interceptor that lets only workers whose name fully matches the
+// ECMAScript regular expression `callers` call `function`; other
+// functions pass. std::invalid_argument for a bad expression.
+//   context.add_server_interceptor(rpc::allow_callers("apply_update", "ps|trainer-[0-9]+"));
+ServerInterceptor allow_callers(std::string function, const std::string& callers);
 
 // Sets current_call() for its scope (the function registry uses it; a
 // backend that dispatches requests itself may too). Nests: the previous

@@ -64,13 +64,23 @@ std::vector<std::string> FunctionRegistry::functions() const {
   return names;
 }
 
+void FunctionRegistry::add_interceptor(ServerInterceptor interceptor) {
+  SB_REQUIRE(interceptor != nullptr, "add_interceptor() with an empty interceptor");
+  MutexLock lock(mutex_);
+  auto next = std::make_shared<std::vector<ServerInterceptor>>(*interceptors_);
+  next->push_back(std::move(interceptor));
+  interceptors_ = std::move(next);
+}
+
 Future<Message> FunctionRegistry::call(const Message& request,
                                        const WorkerInfo& from) const {
   std::shared_ptr<const Handler> handler;
+  std::shared_ptr<const std::vector<ServerInterceptor>> interceptors;
   std::string worker;
   {
     MutexLock lock(mutex_);
     worker = worker_name_;
+    interceptors = interceptors_;
     auto it = handlers_.find(request.function);
     if (it != handlers_.end()) handler = it->second;
   }
@@ -90,6 +100,19 @@ Future<Message> FunctionRegistry::call(const Message& request,
           std::chrono::steady_clock::now() + std::chrono::milliseconds(request.timeout_ms);
     }
     ScopedCallContext scope(&context);
+    for (const ServerInterceptor& intercept : *interceptors) {
+      std::string refusal;
+      try {
+        refusal = intercept(context);
+      } catch (const std::exception& e) {
+        refusal = e.what();
+      }
+      if (!refusal.empty()) {
+        throw Error(ErrorCode::kPermissionDenied,
+                    fmt::format("worker \"{}\" refused function \"{}\" from \"{}\": {}", worker,
+                                request.function, from.name, refusal));
+      }
+    }
     return (*handler)(request, worker);
   } catch (...) {
     return Future<Message>::ready(

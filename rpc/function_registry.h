@@ -40,6 +40,8 @@
 #include <utility>
 #include <vector>
 
+#include "rpc/call_context.h"
+
 #include "common/check.h"
 #include "common/mutex.h"
 #include "rpc/future.h"
@@ -61,6 +63,9 @@ class FunctionRegistry {
   // when it is empty.
   template <typename F>
   void register_function(std::string name, F&& f);
+
+  // Adds an interceptor every later call passes first (rpc/call_context.h).
+  void add_interceptor(ServerInterceptor interceptor) SB_EXCLUDES(mutex_);
 
   bool has_function(std::string_view name) const SB_EXCLUDES(mutex_);
   // The registered names, sorted.
@@ -94,6 +99,9 @@ class FunctionRegistry {
   std::string worker_name_ SB_GUARDED_BY(mutex_);
   std::map<std::string, std::shared_ptr<const Handler>, std::less<>> handlers_
       SB_GUARDED_BY(mutex_);
+  // Copied on change, so that a call reads them without the lock.
+  std::shared_ptr<const std::vector<ServerInterceptor>> interceptors_ SB_GUARDED_BY(mutex_) =
+      std::make_shared<const std::vector<ServerInterceptor>>();
 };
 
 // ---------------------------------------------------------------------------

@@ -15,7 +15,8 @@ constexpr ErrorCode kAllCodes[] = {
     ErrorCode::kNotFound,    ErrorCode::kDeadlineExceeded,
     ErrorCode::kUnavailable, ErrorCode::kResourceExhausted,
     ErrorCode::kCancelled,   ErrorCode::kFailedPrecondition,
-    ErrorCode::kRegistry,    ErrorCode::kInternal,
+    ErrorCode::kRegistry,    ErrorCode::kUnauthenticated,
+    ErrorCode::kPermissionDenied, ErrorCode::kInternal,
 };
 
 std::optional<ErrorCode> parse_code(std::string_view name) {

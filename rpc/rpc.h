@@ -129,6 +129,12 @@ class RpcContext {
     functions_->register_function(std::move(name), std::forward<F>(f));
   }
   const FunctionRegistry& functions() const { return *functions_; }
+  // Adds a server interceptor (rpc/call_context.h): every call this worker
+  // serves from now on passes it before its function runs. Kept across
+  // shutdown and re-init.
+  void add_server_interceptor(ServerInterceptor interceptor) {
+    functions_->add_interceptor(std::move(interceptor));
+  }
 
   // Calls `function` on `to` (a name, WorkerInfo or id) with `args`,
   // optionally led by with_timeout(t) (else options.rpc_timeout; 0: none).
@@ -228,6 +234,10 @@ void init_rpc(const std::string& name, int rank = -1,
 template <typename F>
 void register_function(std::string name, F&& f) {
   RpcContext::global().register_function(std::move(name), std::forward<F>(f));
+}
+
+inline void add_server_interceptor(ServerInterceptor interceptor) {
+  RpcContext::global().add_server_interceptor(std::move(interceptor));
 }
 
 template <typename R = void, typename... Args>

@@ -259,6 +259,38 @@ TEST_CASE("a function sees who called it and under which name", "[rpc][context]"
   CHECK(rpc::current_call() == nullptr);  // not on this thread
 }
 
+TEST_CASE("server interceptors see every call first and may refuse it; allow_callers lets "
+          "only some workers call a function",
+          "[rpc][context][interceptor]") {
+  auto seen = std::make_shared<std::atomic<int>>(0);
+  Cluster cluster(3, [seen](int rank, RpcContext& self) {
+    self.register_function("secret_op", [] { return std::string("done"); });
+    self.register_function("open_op", [] { return std::string("open"); });
+    if (rank == 0) {
+      self.add_server_interceptor([seen](const rpc::CallContext& call) {
+        if (call.function != "ping") ++*seen;  // counts what it sees, refuses nothing
+        return std::string();
+      });
+      self.add_server_interceptor(rpc::allow_callers("secret_op", "w1"));
+    }
+  });
+  CHECK(cluster[1].rpc_sync<std::string>("w0", "secret_op") == "done");
+  CHECK(cluster[2].rpc_sync<std::string>("w0", "open_op") == "open");
+  try {
+    cluster[2].rpc_sync<std::string>("w0", "secret_op");
+    FAIL("w2's call of secret_op was not refused");
+  } catch (const rpc::RemoteError& e) {
+    CHECK(e.code() == ErrorCode::kPermissionDenied);
+    CHECK_THAT(e.remote_message(),
+               Catch::Contains("worker \"w0\" refused function \"secret_op\" from \"w2\": "
+                               "only workers matching \"w1\" may call it"));
+  }
+  CHECK(seen->load() == 3);
+  // Other workers have no interceptor.
+  CHECK(cluster[0].rpc_sync<std::string>("w2", "secret_op") == "done");
+  CHECK_THROWS_AS(rpc::allow_callers("f", "("), std::invalid_argument);
+}
+
 namespace {
 
 // What the current call has left until its deadline, in ms; -1 without one.
