@@ -457,6 +457,8 @@ void PipeAgent::Impl::drop_peer(int peer, const std::string& why) {
 }
 
 void PipeAgent::Impl::fail_calls_to(int peer, const std::string& why) {
+  // Its requests being served here: their answers cannot reach it.
+  calls.cancel_requests_from(peer);
   const std::string& peer_name = peers.name_of(peer);
   calls.fail_if([peer](const rpc::CallTable::Call& c) { return c.dst == peer; },
                 [&](const rpc::CallTable::Call& c) {

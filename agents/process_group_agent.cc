@@ -379,6 +379,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     if (is_stopping() || !peers[peer].sender->fail(reason)) return;
     if (peers[peer].metrics)
       peers[peer].metrics->set_state(rpc::ConnectionState::kFailed);
+    calls.cancel_requests_from(peer);  // their answers cannot reach it
     const size_t lost = calls.fail_if(
         [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
         [&](const rpc::CallTable::Call& call) {

@@ -16,11 +16,14 @@
 // later). Copy what you need before handing work to another thread. A call
 // made from inside a function (a nested call) does not change it.
 //
-// Not there yet (docs/api.md): cancellation.
+// cancelled() tells a function that its caller stopped waiting (its
+// deadline passed, or it is gone). Not there yet (docs/api.md): a caller
+// cancelling a call it still waits for (Future::cancel()).
 //
 // Thread safety: the context belongs to the thread that serves the call.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -41,6 +44,21 @@ struct CallContext {
   // Calls made while serving this one default to the time left, and never
   // wait longer (RpcContext::send()).
   std::optional<std::chrono::steady_clock::time_point> deadline;
+  // What cancelled() reads: the caller's epoch when the call arrived, and
+  // where its current one is kept (its agent moves it on when the caller
+  // is gone). Null: no such signal (a registry called directly).
+  const std::atomic<uint32_t>* caller_epoch = nullptr;
+  uint32_t epoch_at_arrival = 0;
+
+  // Whether the caller no longer waits for the answer: its deadline passed,
+  // or its connection to this worker was lost (it died, left, was evicted
+  // or was cut off). A long function may check it and stop early; its
+  // answer would not be read. Cheap: a clock read and an atomic load.
+  bool cancelled() const {
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return true;
+    return caller_epoch != nullptr &&
+           caller_epoch->load(std::memory_order_relaxed) != epoch_at_arrival;
+  }
 };
 
 // The call this thread is serving now; null outside a registered function.

@@ -1,5 +1,7 @@
 #include "rpc/call_table.h"
 
+#include "rpc/call_context.h"
+
 #include <fmt/format.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
@@ -121,6 +123,15 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
   // under `mu`.
   std::atomic<size_t> max_per_peer{kDefaultMaxRequestsPerPeer};
   std::array<std::atomic<uint32_t>, 4096> by_peer{};
+  // Each peer's epoch, moved on by cancel_requests_from(); ids past the
+  // array share the last slot (a cancellation there reaches them all).
+  std::array<std::atomic<uint32_t>, 4097> epochs{};
+  const std::atomic<uint32_t>* epoch_of(int peer) const {
+    const size_t slot = peer >= 0 && static_cast<size_t>(peer) < epochs.size() - 1
+                            ? static_cast<size_t>(peer)
+                            : epochs.size() - 1;
+    return &epochs[slot];
+  }
   std::unordered_map<int, size_t> by_far_peer SB_GUARDED_BY(mu);
   // Threads in wait_idle(); changed under `mu`.
   std::atomic<int> idle_waiters{0};
@@ -333,6 +344,13 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       request.message.timeout_ms = left;
     }
     Future<Message> result;
+    CallContext context{request.from, request.message.function, id, std::nullopt};
+    if (request.message.timeout_ms != 0) {
+      context.deadline = Clock::now() + std::chrono::milliseconds(request.message.timeout_ms);
+    }
+    context.caller_epoch = epoch_of(from);
+    context.epoch_at_arrival = request.epoch;
+    ScopedCallContext scope(&context);
     try {
       if (request.prepare) request.prepare(request.message);
       result = (*h)(std::move(request.message), request.from);
@@ -562,6 +580,7 @@ bool CallTable::accept(Request request) {
   State& s = *state_;
   const int from = request.from.id;
   if (request.message.timeout_ms != 0) request.arrived = Clock::now();
+  request.epoch = s.epoch_of(from)->load(std::memory_order_relaxed);
   if (!s.reserve(from)) {
     // A peer with this many requests here already is refused at once: the
     // memory a flood takes stays bounded, and the others are served.
@@ -604,6 +623,10 @@ bool CallTable::accept(Request request) {
 
 void CallTable::set_max_requests_per_peer(size_t limit) {
   state_->max_per_peer.store(limit);
+}
+
+void CallTable::cancel_requests_from(int peer) {
+  const_cast<std::atomic<uint32_t>*>(state_->epoch_of(peer))->fetch_add(1);
 }
 
 Message CallTable::error_reply(uint64_t id, std::exception_ptr error) const {

@@ -8,7 +8,9 @@
 // a peer that went away) or all at once (close: Error(kCancelled)).
 //
 // Requests this worker serves: the agent hands each to accept(); the table
-// runs the RequestHandler on the executor (the agent's pool), turns
+// runs the RequestHandler on the executor (the agent's pool) with the
+// call's context set (rpc/call_context.h: caller, function, deadline,
+// cancellation), turns
 // whatever goes wrong (the handler throws, returns an invalid future, its
 // future fails, it answers with a request) into an error reply naming this
 // worker, and gives the reply to the agent to send. A reply the agent
@@ -110,6 +112,8 @@ class CallTable {
     // When it arrived (set by accept()); the time it then waits for the
     // pool is taken off message.timeout_ms before the handler sees it.
     Clock::time_point arrived{};
+    // Its caller's epoch then (set by accept(); see cancel_requests_from()).
+    uint32_t epoch = 0;
   };
 
   enum class Idle { kIdle, kTimedOut, kClosed };
@@ -169,6 +173,10 @@ class CallTable {
   bool accept(Request request);
   // The limit per peer (0: none); kDefaultMaxRequestsPerPeer by default.
   void set_max_requests_per_peer(size_t limit);
+  // The peer is gone (its connection lost, it left or was evicted): the
+  // requests of it being served see CallContext::cancelled() (their
+  // replies cannot reach it). Lock-free; any thread.
+  void cancel_requests_from(int peer);
   // A kError reply to `id` for `error`, naming this worker.
   Message error_reply(uint64_t id, std::exception_ptr error) const;
   // A Request::reply that calls `(owner->*respond)(to, reply)` while

@@ -94,12 +94,20 @@ Future<Message> FunctionRegistry::call(const Message& request,
       throw NotFoundError(fmt::format("worker \"{}\" has no function \"{}\"", worker,
                                       request.function));
     }
-    CallContext context{from, request.function, request.id, std::nullopt};
-    if (request.timeout_ms != 0) {
-      context.deadline =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(request.timeout_ms);
+    // The call table set the context of this call (deadline from the
+    // arrival, cancellation); called directly, make one.
+    CallContext own{from, request.function, request.id, std::nullopt};
+    const CallContext* serving = current_call();
+    if (serving == nullptr || serving->id != request.id || serving->function != request.function ||
+        serving->caller != from) {
+      if (request.timeout_ms != 0) {
+        own.deadline =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(request.timeout_ms);
+      }
+      serving = &own;
     }
-    ScopedCallContext scope(&context);
+    const CallContext& context = *serving;
+    ScopedCallContext scope(serving);
     for (const ServerInterceptor& intercept : *interceptors) {
       std::string refusal;
       try {

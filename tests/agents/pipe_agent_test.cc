@@ -46,6 +46,7 @@
 #include "common/error.h"
 #include "common/mutex.h"
 #include "rpc/backend_registry.h"
+#include "rpc/call_context.h"
 #include "rpc/remote_error.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
@@ -566,6 +567,51 @@ TEST_CASE("a caller that floods a worker is refused beyond its limit, and the ot
   REQUIRE(again.wait_for(kGuard));
   CHECK(again.value().type == MessageType::kResponse);
   for (auto& agent : agents) agent->shutdown();
+}
+
+TEST_CASE("a function learns that its caller is gone: its call context says cancelled",
+          "[pipe][context]") {
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<PipeAgent>> agents(2);
+  rethrow_first(on_threads(2, [&](int rank) {
+    PipeAgentOptions options;
+    options.listen_address = "127.0.0.1";
+    options.num_worker_threads = 2;
+    options.rpc_timeout = 30s;
+    agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, 2, options);
+  }));
+  auto entered = std::make_shared<rpc::Promise<void>>();
+  auto noticed = std::make_shared<rpc::Promise<bool>>();
+  Future<void> in = entered->get_future();
+  Future<bool> outcome = noticed->get_future();
+  agents[0]->start([entered, noticed](Message m, const WorkerInfo&) {
+    // Long work that checks whether its caller still waits, as a user's
+    // function would (a poll is the documented way; bounded by the guard).
+    const rpc::CallContext* call = rpc::current_call();
+    entered->set_value();
+    const auto give_up = Clock::now() + kGuard;
+    bool cancelled = false;
+    while (call != nullptr && !(cancelled = call->cancelled()) && Clock::now() < give_up) {
+      std::this_thread::sleep_for(1ms);
+    }
+    noticed->set_value(cancelled);
+    Message reply;
+    reply.type = MessageType::kResponse;
+    reply.payload = std::move(m.payload);
+    return Future<Message>::ready(std::move(reply));
+  });
+  agents[1]->start([](Message m, const WorkerInfo&) {
+    Message reply;
+    reply.type = MessageType::kResponse;
+    reply.payload = std::move(m.payload);
+    return Future<Message>::ready(std::move(reply));
+  });
+  Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
+  REQUIRE(in.wait_for(kGuard));
+  agents[1]->shutdown();  // the caller goes away mid-call
+  REQUIRE(outcome.wait_for(kGuard));
+  CHECK(outcome.value());
+  agents[0]->shutdown();
 }
 
 // ---- 4. the listen address ----------------------------------------------------

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "rpc/call_context.h"
 #include "rpc/remote_error.h"
 #include "rpc/thread_pool.h"
 
@@ -540,4 +541,63 @@ TEST_CASE("a handler that answers after close() is not replied to, and stops cou
   fx.pool->shutdown();  // runs the reply callback
   CHECK(replies == 0);
   CHECK(fx.table.load().handling == 0);
+}
+
+TEST_CASE("a handler sees its call's context: caller, deadline, and cancellation when its "
+          "caller is gone",
+          "[call_table][context]") {
+  Fixture fx;
+  Promise<void> go;
+  Future<void> released = go.get_future();
+  std::atomic<int> seen_before{-1};
+  std::atomic<int> seen_after{-1};
+  std::atomic<bool> had_deadline{false};
+  std::string caller;
+  Promise<void> entered;
+  fx.table.start([&](Message m, const WorkerInfo&) {
+    // No Catch2 assertion here: this is a pool thread.
+    const switchboard::rpc::CallContext* call = switchboard::rpc::current_call();
+    if (call == nullptr) return Future<Message>::ready(response("no context"));
+    if (m.function == "slow") {
+      caller = call->caller.name;
+      had_deadline = call->deadline.has_value();
+      seen_before = call->cancelled();
+      entered.set_value();
+      (void)released.wait_for(kLong);
+      seen_after = call->cancelled();
+    }
+    return Future<Message>::ready(response("ok"));
+  });
+  Replies replies;
+  CallTable::Request slow = request(1, replies.sink(), "slow");
+  slow.message.timeout_ms = 60'000;
+  REQUIRE(fx.table.accept(std::move(slow)));
+  REQUIRE(entered.get_future().wait_for(kLong));
+  // Another peer going away cancels nothing of w1's.
+  fx.table.cancel_requests_from(2);
+  // w1 going away does.
+  fx.table.cancel_requests_from(1);
+  go.set_value();
+  CHECK(text_of(replies.await_first()) == "ok");
+  CHECK(caller == "w1");
+  CHECK(had_deadline);
+  CHECK(seen_before == 0);
+  CHECK(seen_after == 1);
+  // A request that arrives after its caller came back starts uncancelled,
+  // and one whose deadline has passed is cancelled.
+  Replies more;
+  std::atomic<int> fresh{-1};
+  Fixture fx2;
+  fx2.table.start([&](Message, const WorkerInfo&) {
+    const switchboard::rpc::CallContext* call = switchboard::rpc::current_call();
+    fresh = call == nullptr ? -2 : call->cancelled();
+    return Future<Message>::ready(response("ok"));
+  });
+  fx2.table.cancel_requests_from(1);
+  REQUIRE(fx2.table.accept(request(2, more.sink(), "f")));
+  more.await_first();
+  CHECK(fresh == 0);
+  switchboard::rpc::CallContext past;
+  past.deadline = std::chrono::steady_clock::now() - 1ms;
+  CHECK(past.cancelled());
 }

@@ -525,6 +525,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // Worker `peer` left the fabric (shut down): fail every call to it.
   void peer_left(int peer) {
     peers[peer]->set_state(rpc::ConnectionState::kClosed);
+    calls.cancel_requests_from(peer);  // their answers cannot reach it
     const size_t lost = calls.fail_if(
         [peer](const rpc::CallTable::Call& call) { return call.dst == peer; },
         [&](const rpc::CallTable::Call& call) { return connection_error(peer, call.function); });
