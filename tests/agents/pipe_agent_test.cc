@@ -224,16 +224,7 @@ namespace {
 // A plain TCP client of 127.0.0.1:port.
 class RawSocket {
  public:
-  explicit RawSocket(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) ==
-            0);
-  }
+  explicit RawSocket(int port) : fd_(connect_loopback(port)) {}
   ~RawSocket() { ::close(fd_); }
   RawSocket(const RawSocket&) = delete;
   RawSocket& operator=(const RawSocket&) = delete;
@@ -495,20 +486,31 @@ TEST_CASE("headers announcing huge bodies before any hello cost no memory until 
   pair.check_round_trips();
 }
 
+namespace {
+
+// A static group of `n` PipeAgents "w<r>" on 127.0.0.1 over one HashStore,
+// with `options` (their listen address and timeout set here); not started.
+std::vector<std::unique_ptr<PipeAgent>> make_group(int n, PipeAgentOptions options) {
+  options.listen_address = "127.0.0.1";
+  options.rpc_timeout = 30s;
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::unique_ptr<PipeAgent>> agents(n);
+  rethrow_first(on_threads(n, [&](int rank) {
+    agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, n, options);
+  }));
+  return agents;
+}
+
+}  // namespace
+
 TEST_CASE("a caller that floods a worker is refused beyond its limit, and the others are "
           "still served",
           "[pipe][limits][flood]") {
   // w0 takes 2 requests of each caller at once; its pool has 4 threads.
-  auto store = std::make_shared<HashStore>();
-  std::vector<std::unique_ptr<PipeAgent>> agents(3);
-  rethrow_first(on_threads(3, [&](int rank) {
-    PipeAgentOptions options;
-    options.listen_address = "127.0.0.1";
-    options.num_worker_threads = 4;
-    options.rpc_timeout = 30s;
-    options.max_requests_per_peer = 2;
-    agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, 3, options);
-  }));
+  PipeAgentOptions options;
+  options.num_worker_threads = 4;
+  options.max_requests_per_peer = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(3, options);
   auto gate = std::make_shared<Gate>(kGuard);
   for (auto& agent : agents) {
     agent->start([gate](Message m, const WorkerInfo&) {
@@ -571,15 +573,9 @@ TEST_CASE("a caller that floods a worker is refused beyond its limit, and the ot
 
 TEST_CASE("a function learns that its caller is gone: its call context says cancelled",
           "[pipe][context]") {
-  auto store = std::make_shared<HashStore>();
-  std::vector<std::unique_ptr<PipeAgent>> agents(2);
-  rethrow_first(on_threads(2, [&](int rank) {
-    PipeAgentOptions options;
-    options.listen_address = "127.0.0.1";
-    options.num_worker_threads = 2;
-    options.rpc_timeout = 30s;
-    agents[rank] = std::make_unique<PipeAgent>(store, worker_name(rank), rank, 2, options);
-  }));
+  PipeAgentOptions options;
+  options.num_worker_threads = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
   auto entered = std::make_shared<rpc::Promise<void>>();
   auto noticed = std::make_shared<rpc::Promise<bool>>();
   Future<void> in = entered->get_future();

@@ -23,6 +23,7 @@
 #include "common/mutex.h"
 #include "rpc/future.h"
 #include "store/hash_store.h"
+#include "tests/agents/pipe_test_util.h"
 #include "tests/util/threads.h"
 
 using namespace switchboard;
@@ -138,16 +139,7 @@ struct StaticGroup {
 // A plain TCP client of 127.0.0.1:port that speaks frames.
 class RawPeer {
  public:
-  explicit RawPeer(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) ==
-            0);
-  }
+  explicit RawPeer(int port) : fd_(pipe_test::connect_loopback(port)) {}
   ~RawPeer() { ::close(fd_); }
 
   void send_hello(const Hello& hello) {

@@ -6,7 +6,10 @@
 // Catch2 and belong on the test's own thread.
 #pragma once
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -126,5 +129,17 @@ inline Tensor fake_cuda_tensor() {
   return Tensor::from_blob(host->data(), {4}, DType::kFloat32, Device::cuda(0), host);
 }
 
+// A TCP socket connected to 127.0.0.1:port (the test fails otherwise); the
+// caller closes it.
+inline int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0);
+  return fd;
+}
 
 }  // namespace switchboard::pipe_test
