@@ -1,5 +1,9 @@
 #include "agents/builtin_backends.h"
 
+#include <cxxabi.h>
+
+#include <typeinfo>
+
 #include <cstdlib>
 #include <memory>
 
@@ -69,7 +73,30 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   return options;
 }
 
+// Options of another backend's type would lose the fields this backend
+// does not know: refused, as torch refuses them (the plain
+// RpcBackendOptions base is taken: it has only the common fields).
+template <typename Expected>
+void require_options_type(const rpc::BackendInit& init, const char* backend,
+                          const char* expected) {
+  const rpc::RpcBackendOptions& given = *init.options;
+  if (dynamic_cast<const Expected*>(&given) != nullptr ||
+      typeid(given) == typeid(rpc::RpcBackendOptions)) {
+    return;
+  }
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(given).name(), nullptr, nullptr, &status);
+  const std::string type = status == 0 && name ? name : typeid(given).name();
+  std::free(name);
+  throw std::invalid_argument(fmt::format(
+      "RPC backend {}: worker \"{}\": the options are a {}, not a {}; its fields would be "
+      "ignored (build them with construct_rpc_backend_options({}, ...))",
+      backend, init.name, type, expected, backend));
+}
+
 std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
+  require_options_type<PipeRpcBackendOptions>(init, "PIPE",
+                                              "switchboard::agents::PipeRpcBackendOptions");
   PipeAgentOptions options;
   options.rpc_timeout = init.options->rpc_timeout;
   SB_REQUIRE(init.options->num_worker_threads >= 1,
@@ -97,6 +124,8 @@ std::unique_ptr<rpc::RpcAgent> init_process_group(const rpc::BackendInit& init) 
              "RPC backend PROCESS_GROUP: worker \"{}\": dynamic groups (no world_size) "
              "are not supported; use PIPE or pass world_size",
              init.name);
+  require_options_type<ProcessGroupRpcBackendOptions>(
+      init, "PROCESS_GROUP", "switchboard::agents::ProcessGroupRpcBackendOptions");
   ProcessGroupAgentOptions options;
   options.rpc_timeout = init.options->rpc_timeout;
   SB_REQUIRE(init.options->num_worker_threads >= 1,

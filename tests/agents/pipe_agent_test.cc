@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "agents/builtin_backends.h"
@@ -608,6 +609,29 @@ TEST_CASE("a function learns that its caller is gone: its call context says canc
   REQUIRE(outcome.wait_for(kGuard));
   CHECK(outcome.value());
   agents[0]->shutdown();
+}
+
+TEST_CASE("a backend given another backend's options refuses them, naming the type it "
+          "expects",
+          "[pipe][options]") {
+  auto store = std::make_shared<HashStore>();
+  for (const auto& [backend, other, expected] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"PIPE", "PROCESS_GROUP", "PipeRpcBackendOptions"},
+           {"PROCESS_GROUP", "PIPE", "ProcessGroupRpcBackendOptions"}}) {
+    INFO(backend << " given " << other << "'s options");
+    rpc::RpcContext ctx;
+    const auto options =
+        rpc::construct_rpc_backend_options(rpc::backend_type(other), 30s, "env://", {});
+    try {
+      ctx.init_rpc("w0", backend, 0, 1, options, store);
+      FAIL("init_rpc took the options");
+    } catch (const std::invalid_argument& e) {
+      CHECK_THAT(e.what(), Catch::Contains("not a switchboard::agents::" + expected));
+      CHECK_THAT(e.what(), Catch::Contains("RpcBackendOptions, not"));
+    }
+    CHECK_FALSE(ctx.initialized());
+  }
 }
 
 // ---- 4. the listen address ----------------------------------------------------
