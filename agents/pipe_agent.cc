@@ -88,6 +88,14 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   };
   transport = make_tcp_transport(*this, std::move(tcp));
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
+  // A call cancelled by its future: the callee is told with a cancel frame.
+  calls.set_cancel_notifier([this](int dst, uint64_t id) {
+    if (dst == this->rank) {
+      calls.cancel_request(dst, id);
+    } else if (const std::shared_ptr<Connection> c = peers.connection(dst)) {
+      c->enqueue_control(pipe::FrameKind::kCancel, nullptr, 0, id);
+    }
+  });
   if (dynamic) {
     membership = std::make_unique<Membership>(
         this->store, this->name, rank, capacity, this->options, peers, *transport, auth,
@@ -148,6 +156,9 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   }
   switch (frame.kind) {
     case pipe::FrameKind::kHeartbeat:
+      return true;
+    case pipe::FrameKind::kCancel:
+      calls.cancel_request(from, frame.message.id);
       return true;
     case pipe::FrameKind::kGoodbye:
       if (peers.mark_left(from)) {

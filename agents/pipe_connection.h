@@ -65,9 +65,9 @@ class Connection {
   virtual bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
                        bool send_now) = 0;
   // Queues a frame of `kind` with an opaque payload (hello, heartbeat,
-  // goodbye); false when closed or closing.
+  // goodbye) or with an id only (cancel); false when closed or closing.
   virtual bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
-                               size_t size = 0) = 0;
+                               size_t size = 0, uint64_t id = 0) = 0;
   // Starts handing frames to the events (once).
   virtual void start_reading() = 0;
   // Hands `frame`, which on_frame() returned false for, to the events again

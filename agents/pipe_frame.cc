@@ -45,6 +45,7 @@ void check_kind_rules(const FrameHeader& h) {
       break;
     case FrameKind::kHeartbeat:
     case FrameKind::kGoodbye:
+    case FrameKind::kCancel:
       must_be_zero("tensor_count", h.tensor_count);
       must_be_zero("function_length", h.function_length);
       must_be_zero("payload_length", h.payload_length);
@@ -102,9 +103,9 @@ void check_fixed_fields(const uint8_t* in) {
     throw ProtocolError(fmt::format("pipe frame: version {} is not supported (expected {})",
                                  in[4], kVersion));
   }
-  if (in[5] < 1 || in[5] > 6) {
+  if (in[5] < 1 || in[5] > 7) {
     throw ProtocolError(
-        fmt::format("pipe frame: kind {} is not a frame kind (1 to 6)", in[5]));
+        fmt::format("pipe frame: kind {} is not a frame kind (1 to 7)", in[5]));
   }
   const auto flags = load_le<uint16_t>(in + 6);
   const uint16_t allowed = in[5] == static_cast<uint8_t>(FrameKind::kRequest) ? kFlagTimeout : 0;
@@ -159,6 +160,8 @@ std::string kind_name(FrameKind kind) {
       return "heartbeat";
     case FrameKind::kGoodbye:
       return "goodbye";
+    case FrameKind::kCancel:
+      return "cancel";
   }
   return fmt::format("kind {}", static_cast<int>(kind));
 }
@@ -245,7 +248,7 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
 void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
                           const uint8_t* payload, size_t payload_size) {
   SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kHeartbeat ||
-                 kind == FrameKind::kGoodbye,
+                 kind == FrameKind::kGoodbye || kind == FrameKind::kCancel,
              "append_control_frame: {} is not a control frame", kind_name(kind));
   SB_REQUIRE(kind == FrameKind::kHello || payload_size == 0,
              "append_control_frame: a {} frame has no payload ({} bytes given)",

@@ -64,9 +64,10 @@ enum class FrameKind : uint8_t {
   kHello = 4,     // payload: the agent's hello (opaque here)
   kHeartbeat = 5,
   kGoodbye = 6,
+  kCancel = 7,    // no body; id: a request of the sender's it cancels
 };
 
-// "request", "response", "error", "hello", "heartbeat", "goodbye" (or
+// "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel" (or
 // "kind N" for other values).
 std::string kind_name(FrameKind kind);
 

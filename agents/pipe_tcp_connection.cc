@@ -103,10 +103,10 @@ void TcpConnection::consume_locked(size_t n) {
 }
 
 bool TcpConnection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
-                                 size_t size) {
+                                 size_t size, uint64_t id) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
-  pipe::append_control_frame(queued_, kind, 0, payload, size);
+  pipe::append_control_frame(queued_, kind, id, payload, size);
   kick_locked();
   return true;
 }

@@ -36,7 +36,7 @@ class TcpConnection final : public Connection,
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
                bool send_now) override SB_EXCLUDES(mu_);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
-                       size_t size = 0) override SB_EXCLUDES(mu_);
+                       size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void start_reading() override;
   void replay(pipe::InboundFrame frame) override;
   void close_after_flush() override SB_EXCLUDES(mu_);

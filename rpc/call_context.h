@@ -16,9 +16,8 @@
 // later). Copy what you need before handing work to another thread. A call
 // made from inside a function (a nested call) does not change it.
 //
-// cancelled() tells a function that its caller stopped waiting (its
-// deadline passed, or it is gone). Not there yet (docs/api.md): a caller
-// cancelling a call it still waits for (Future::cancel()).
+// cancelled() tells a function that its caller stopped waiting: it
+// cancelled the call, its deadline passed, or it is gone.
 //
 // Thread safety: the context belongs to the thread that serves the call.
 #pragma once
@@ -33,6 +32,16 @@
 #include "rpc/message.h"
 
 namespace switchboard::rpc {
+
+// Where a served call learns that its own caller cancelled it
+// (CallTable implements it).
+class CancellationSource {
+ public:
+  virtual bool request_cancelled(int peer, uint64_t id) const = 0;
+
+ protected:
+  ~CancellationSource() = default;
+};
 
 struct CallContext {
   WorkerInfo caller;     // the worker that made the call (itself for a self-call)
@@ -49,15 +58,23 @@ struct CallContext {
   // is gone). Null: no such signal (a registry called directly).
   const std::atomic<uint32_t>* caller_epoch = nullptr;
   uint32_t epoch_at_arrival = 0;
+  // Told when the caller cancels this very call (Future::cancel()); null:
+  // no such signal.
+  const CancellationSource* table = nullptr;
 
-  // Whether the caller no longer waits for the answer: its deadline passed,
-  // or its connection to this worker was lost (it died, left, was evicted
-  // or was cut off). A long function may check it and stop early; its
-  // answer would not be read. Cheap: a clock read and an atomic load.
+  // Whether the caller no longer waits for the answer: it cancelled the
+  // call (Future::cancel()), its deadline passed, or its connection to this
+  // worker was lost (it died, left, was evicted or was cut off). A long
+  // function may check it and stop early; its answer would not be read.
+  // Cheap: a clock read and two atomic loads (a lock only while some call
+  // of this worker is cancelled and not yet over).
   bool cancelled() const {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return true;
-    return caller_epoch != nullptr &&
-           caller_epoch->load(std::memory_order_relaxed) != epoch_at_arrival;
+    if (caller_epoch != nullptr &&
+        caller_epoch->load(std::memory_order_relaxed) != epoch_at_arrival) {
+      return true;
+    }
+    return table != nullptr && table->request_cancelled(caller.id, id);
   }
 };
 

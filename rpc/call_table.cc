@@ -85,7 +85,9 @@ std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Ca
 // Everything the table knows, shared with its timer thread and (weakly)
 // with the callbacks of handlers' futures, so that either may outlive the
 // CallTable object.
-struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Source {
+struct CallTable::State : std::enable_shared_from_this<State>,
+                          AgentMetrics::Source,
+                          CancellationSource {
   struct Pending {
     Promise<Message> promise;
     Call call;
@@ -201,6 +203,51 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
                        handling_now == 1 ? "" : "s");
   }
 
+  // The agent's way to tell a callee that a call was cancelled (null: not
+  // told). Set before calls are made.
+  std::function<void(int dst, uint64_t id)> cancel_notifier SB_GUARDED_BY(mu);
+
+  // Future::cancel() on call `id`: out of the table (a late answer is
+  // dropped), counted as cancelled, and the callee told.
+  void cancelled_by_caller(uint64_t id) SB_EXCLUDES(mu) {
+    std::optional<Pending> p;
+    std::function<void(int, uint64_t)> notify;
+    {
+      MutexLock lock(mu);
+      p = take(id);
+      if (!p) return;
+      p->stats->failure(FailureKind::kCancelled);
+      notify = cancel_notifier;
+    }
+    calls_done(1);
+    if (notify) {
+      try {
+        notify(p->call.dst, id);
+      } catch (const std::exception& e) {
+        spdlog::debug("rpc agent \"{}\": the callee of cancelled call {} was not told: {}", name,
+                      id, e.what());
+      }
+    }
+  }
+
+  // Requests their callers cancelled (peer, id), told by cancel_request():
+  // a few, kept until their request ends (or, for one that had ended
+  // already, until the set is full: the oldest go first).
+  std::set<std::pair<int, uint64_t>> cancelled_requests SB_GUARDED_BY(mu);
+  std::deque<std::pair<int, uint64_t>> cancelled_order SB_GUARDED_BY(mu);
+  std::atomic<size_t> cancelled_count{0};  // cancelled_requests.size(), read without mu
+
+  bool request_cancelled(int peer, uint64_t id) const override SB_EXCLUDES(mu) {
+    if (cancelled_count.load(std::memory_order_relaxed) == 0) return false;
+    MutexLock lock(mu);
+    return cancelled_requests.count({peer, id}) > 0;
+  }
+  void forget_cancelled(int peer, uint64_t id) SB_EXCLUDES(mu) {
+    if (cancelled_count.load(std::memory_order_relaxed) == 0) return;
+    MutexLock lock(mu);
+    if (cancelled_requests.erase({peer, id}) > 0) cancelled_count.fetch_sub(1);
+  }
+
   // Removes call `id` from `pending` (and its deadline); null when absent.
   std::optional<Pending> take(uint64_t id) SB_REQUIRES(mu) {
     auto it = pending.find(id);
@@ -265,7 +312,8 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     if (it != by_far_peer.end() && --it->second == 0) by_far_peer.erase(it);
   }
   // A request is over (replied to, or dropped).
-  void request_done(int peer) SB_EXCLUDES(mu) {
+  void request_done(int peer, uint64_t id) SB_EXCLUDES(mu) {
+    forget_cancelled(peer, id);
     release(peer);
     handling_done();
   }
@@ -329,7 +377,14 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     }
     const int from = request.from.id;
     if (!h) {  // closed since it was accepted: dropped
-      request_done(from);
+      request_done(from, request.message.id);
+      return;
+    }
+    if (request_cancelled(from, request.message.id)) {
+      // Its caller cancelled it while it waited for the pool: not run.
+      spdlog::debug("rpc agent \"{}\": request {} of \"{}\" was cancelled before it ran",
+                    name, request.message.id, request.from.name);
+      request_done(from, request.message.id);
       return;
     }
     const uint64_t id = request.message.id;
@@ -350,6 +405,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
     }
     context.caller_epoch = epoch_of(from);
     context.epoch_at_arrival = request.epoch;
+    context.table = this;
     ScopedCallContext scope(&context);
     try {
       if (request.prepare) request.prepare(request.message);
@@ -398,7 +454,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
                    e.what());
     }
-    request_done(from);
+    request_done(from, id);
   }
 
   // Gives `m` to `reply`; when the agent cannot send it (its encoder
@@ -432,6 +488,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
   // Hands an accepted request (counted in `handling`) to the executor.
   bool post(Request request) SB_EXCLUDES(mu) {
     const int from = request.from.id;
+    const uint64_t id = request.message.id;
     try {
       executor->post([self = shared_from_this(), request = std::move(request)]() mutable {
         self->serve(std::move(request));
@@ -439,7 +496,7 @@ struct CallTable::State : std::enable_shared_from_this<State>, AgentMetrics::Sou
       return true;
     } catch (const std::exception& e) {
       spdlog::debug("rpc agent \"{}\": request dropped: {}", name, e.what());
-      request_done(from);
+      request_done(from, id);
       return false;
     }
   }
@@ -481,6 +538,9 @@ CallTable::Added CallTable::add(Call call) {
       start_timer_locked();
     }
   }
+  promise.on_cancel([weak = std::weak_ptr<State>(state_), id = added.id] {
+    if (auto state = weak.lock()) state->cancelled_by_caller(id);
+  });
   s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline,
                                              now, &stats});
   s.in_flight.fetch_add(1);
@@ -623,6 +683,24 @@ bool CallTable::accept(Request request) {
 
 void CallTable::set_max_requests_per_peer(size_t limit) {
   state_->max_per_peer.store(limit);
+}
+
+void CallTable::set_cancel_notifier(std::function<void(int dst, uint64_t id)> notifier) {
+  MutexLock lock(state_->mu);
+  state_->cancel_notifier = std::move(notifier);
+}
+
+void CallTable::cancel_request(int peer, uint64_t id) {
+  State& s = *state_;
+  MutexLock lock(s.mu);
+  if (!s.cancelled_requests.insert({peer, id}).second) return;
+  s.cancelled_order.push_back({peer, id});
+  s.cancelled_count.fetch_add(1);
+  constexpr size_t kKept = 4096;
+  while (s.cancelled_order.size() > kKept) {
+    if (s.cancelled_requests.erase(s.cancelled_order.front()) > 0) s.cancelled_count.fetch_sub(1);
+    s.cancelled_order.pop_front();
+  }
 }
 
 void CallTable::cancel_requests_from(int peer) {

@@ -173,6 +173,15 @@ class CallTable {
   bool accept(Request request);
   // The limit per peer (0: none); kDefaultMaxRequestsPerPeer by default.
   void set_max_requests_per_peer(size_t limit);
+  // How the agent tells a callee that a call to it was cancelled by its
+  // caller (Future::cancel() on the call's future): `notifier(dst, id)`,
+  // outside the table's lock, on the cancelling thread. Without one, the
+  // caller's future is cancelled and the late answer dropped, and the
+  // callee is not told. Set it before making calls.
+  void set_cancel_notifier(std::function<void(int dst, uint64_t id)> notifier);
+  // The callee's side: `peer` cancelled its call `id`; the request, queued
+  // or running, sees CallContext::cancelled().
+  void cancel_request(int peer, uint64_t id);
   // The peer is gone (its connection lost, it left or was evicted): the
   // requests of it being served see CallContext::cancelled() (their
   // replies cannot reach it). Lock-free; any thread.

@@ -18,9 +18,12 @@
 // Exceptions that escape an add_callback() callback are logged and dropped;
 // then() turns them into the result future's error instead.
 //
-// Cancellation: none. Dropping a Future never cancels the operation, and
-// timeouts are the producer's business (agents fail the future with a
-// TimeoutError). When the last handle to a Promise is destroyed before it
+// Cancellation: Future::cancel() fails a pending future with
+// Error(kCancelled) and runs the canceller its producer set
+// (Promise::on_cancel(): an RPC call tells its callee, for example); a
+// future from then() passes the cancellation on to the future it came
+// from. Dropping a Future cancels nothing, and timeouts are the producer's
+// business (agents fail the future with a TimeoutError). When the last handle to a Promise is destroyed before it
 // completed, the state completes with Error(ErrorCode::kCancelled, "promise
 // abandoned ...") so nothing waits forever; callbacks that captured their
 // own Promise keep it alive and prevent this.
@@ -98,6 +101,35 @@ class State : public std::enable_shared_from_this<State<T>> {
   bool complete_value(Stored<T>&& value) { return complete(&value, nullptr); }
   bool complete_error(std::exception_ptr error) { return complete(nullptr, error); }
 
+  // What cancel() runs (once, on the cancelling thread); dropped when the
+  // state completes otherwise.
+  void set_canceller(std::function<void()> canceller) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    if (!done_) canceller_ = std::move(canceller);
+  }
+  // Fails the state with Error(kCancelled) and runs the canceller; false
+  // when it was already complete.
+  bool cancel() SB_EXCLUDES(mu_) {
+    std::function<void()> canceller;
+    {
+      MutexLock lock(mu_);
+      if (done_) return false;
+      canceller = std::move(canceller_);
+    }
+    if (!complete_error(std::make_exception_ptr(
+            Error(ErrorCode::kCancelled, "cancelled by the caller (Future::cancel())")))) {
+      return false;
+    }
+    if (canceller) {
+      try {
+        canceller();
+      } catch (...) {
+        log_uncaught("Future canceller", std::current_exception());
+      }
+    }
+    return true;
+  }
+
   bool done() const SB_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return done_;
@@ -152,6 +184,7 @@ class State : public std::enable_shared_from_this<State<T>> {
       }
       done_ = true;
       callbacks.swap(callbacks_);
+      canceller_ = nullptr;
     }
     cv_.notify_all();
     for (auto& queued : callbacks) dispatch(std::move(queued.callback), queued.run_inline);
@@ -198,6 +231,7 @@ class State : public std::enable_shared_from_this<State<T>> {
     bool run_inline;
   };
   std::vector<Queued> callbacks_ SB_GUARDED_BY(mu_);
+  std::function<void()> canceller_ SB_GUARDED_BY(mu_);
 };
 
 // Owned by every copy of one Promise; abandons the state when the last
@@ -269,6 +303,10 @@ class FutureCommon {
   std::exception_ptr error() const { return state().error(); }
   bool has_error() const { return error() != nullptr; }
 
+  // Fails the future with Error(kCancelled) when still pending, and tells
+  // its producer (see the top of this file); true when it did. Thread-safe.
+  bool cancel() const { return state().cancel(); }
+
   // Runs `callback(future)` once after completion; see the top of this file
   // for the thread. The state owns `callback` until it has run.
   void add_callback(std::function<void(const Future<T>&)> callback) const {
@@ -307,6 +345,11 @@ class FutureCommon {
     using V = typename Unwrap<R>::type;
     Promise<V> promise(state().executor());
     Future<V> result = promise.get_future();
+    // Cancelling the result cancels this future (its producer is told).
+    std::weak_ptr<State<T>> source = state_;
+    promise.on_cancel([source] {
+      if (auto s = source.lock()) s->cancel();
+    });
     auto fn = std::make_shared<F>(std::move(f));
     state().add_callback([promise, fn](const Future<T>& self) {
       try {
@@ -422,6 +465,12 @@ class PromiseCommon {
   }
 
   bool is_completed() const { return core().state->done(); }
+
+  // What Future::cancel() runs when it cancels this promise's state (once,
+  // on the cancelling thread, outside every lock); ignored once complete.
+  void on_cancel(std::function<void()> canceller) const {
+    core().state->set_canceller(std::move(canceller));
+  }
 
  protected:
   explicit PromiseCommon(std::shared_ptr<Executor> executor)

@@ -611,6 +611,47 @@ TEST_CASE("a function learns that its caller is gone: its call context says canc
   agents[0]->shutdown();
 }
 
+TEST_CASE("a caller that cancels a call fails its future at once, and the function learns it",
+          "[pipe][context][cancel]") {
+  PipeAgentOptions options;
+  options.num_worker_threads = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
+  auto entered = std::make_shared<rpc::Promise<void>>();
+  auto noticed = std::make_shared<rpc::Promise<bool>>();
+  Future<void> in = entered->get_future();
+  Future<bool> outcome = noticed->get_future();
+  for (auto& agent : agents) {
+    agent->start([entered, noticed](Message m, const WorkerInfo&) {
+      const rpc::CallContext* call = rpc::current_call();
+      if (m.function == "work") {
+        entered->set_value();
+        const auto give_up = Clock::now() + kGuard;
+        bool cancelled = false;
+        while (call != nullptr && !(cancelled = call->cancelled()) && Clock::now() < give_up) {
+          std::this_thread::sleep_for(1ms);
+        }
+        noticed->set_value(cancelled);
+      }
+      Message reply;
+      reply.type = MessageType::kResponse;
+      reply.payload = std::move(m.payload);
+      return Future<Message>::ready(std::move(reply));
+    });
+  }
+  Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
+  REQUIRE(in.wait_for(kGuard));
+  CHECK(call.cancel());
+  const Outcome o = outcome_of(call);
+  CHECK(o.kind == "Error(Cancelled)");
+  REQUIRE(outcome.wait_for(kGuard));
+  CHECK(outcome.value());
+  // The connection and the agents go on.
+  Future<Message> next = agents[1]->send(agents[1]->worker("w0"), request("echo", {2}), kGuard);
+  REQUIRE(next.wait_for(kGuard));
+  CHECK(next.value().payload == std::vector<uint8_t>{2});
+  for (auto& agent : agents) agent->shutdown();
+}
+
 TEST_CASE("a backend given another backend's options refuses them, naming the type it "
           "expects",
           "[pipe][options]") {

@@ -470,9 +470,9 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
   }
   SECTION("kind") {
     b[kKindAt] = 0;
-    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 6)");
-    b[kKindAt] = 7;
-    require_frame_error(b, "pipe frame: kind 7 is not a frame kind (1 to 6)");
+    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 7)");
+    b[kKindAt] = 8;
+    require_frame_error(b, "pipe frame: kind 8 is not a frame kind (1 to 7)");
   }
   SECTION("flags") {
     // A request may say that its timeout comes first (kFlagTimeout); no

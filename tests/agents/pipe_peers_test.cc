@@ -19,7 +19,7 @@ namespace {
 class FakeConnection final : public Connection {
  public:
   bool enqueue(const rpc::Message&, const std::vector<Device>&, bool) override { return true; }
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t*, size_t) override {
+  bool enqueue_control(pipe::FrameKind kind, const uint8_t*, size_t, uint64_t) override {
     controls.push_back(kind);
     return true;
   }

@@ -631,3 +631,44 @@ TEST_CASE("destroying a pool on one of its own threads does not deadlock",
   release.count_down();
   REQUIRE(await(destroyed));
 }
+
+TEST_CASE("cancel() fails a pending future with kCancelled and runs its producer's canceller "
+          "once; a completed one is left alone",
+          "[future][cancel]") {
+  Promise<int> p;
+  std::atomic<int> runs{0};
+  p.on_cancel([&] { ++runs; });
+  Future<int> f = p.get_future();
+  CHECK(f.cancel());
+  CHECK_FALSE(f.cancel());
+  CHECK(runs == 1);
+  REQUIRE(f.has_error());
+  try {
+    f.value();
+    FAIL("no error");
+  } catch (const switchboard::Error& e) {
+    CHECK(e.code() == switchboard::ErrorCode::kCancelled);
+    CHECK_THAT(e.what(), Catch::Contains("Future::cancel()"));
+  }
+  CHECK_FALSE(p.set_value(3));  // the producer's late answer is dropped
+
+  Promise<int> done;
+  std::atomic<int> never{0};
+  done.on_cancel([&] { ++never; });
+  done.set_value(7);
+  CHECK_FALSE(done.get_future().cancel());
+  CHECK(never == 0);
+  CHECK(done.get_future().value() == 7);
+}
+
+TEST_CASE("cancelling a future made by then() cancels the future it came from", "[future][cancel]") {
+  Promise<int> source;
+  std::atomic<int> told{0};
+  source.on_cancel([&] { ++told; });
+  Future<std::string> derived =
+      source.get_future().then([](const Future<int>& f) { return std::to_string(f.value()); });
+  CHECK(derived.cancel());
+  CHECK(told == 1);
+  CHECK(source.get_future().has_error());
+  CHECK(derived.has_error());
+}

@@ -259,6 +259,31 @@ TEST_CASE("a function sees who called it and under which name", "[rpc][context]"
   CHECK(rpc::current_call() == nullptr);  // not on this thread
 }
 
+TEST_CASE("a call's future cancelled by its caller fails with kCancelled, and the worker "
+          "still drains and shuts down",
+          "[rpc][cancel]") {
+  auto gate = std::make_shared<Gate>(30s);
+  Cluster cluster(2, [gate](int, RpcContext& self) {
+    self.register_function("held", [gate] {
+      gate->pass();
+      return int64_t{1};
+    });
+  });
+  rpc::Future<int64_t> call = cluster[1].rpc_async<int64_t>("w0", "held");
+  REQUIRE(gate->wait_arrived(1));
+  CHECK(call.cancel());
+  try {
+    call.value();
+    FAIL("the cancelled call completed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kCancelled);
+  }
+  gate->open();
+  // Nothing of the cancelled call is left in flight on the caller.
+  CHECK(cluster[1].get_metrics_snapshot().calls_in_flight == 0);
+  cluster.shutdown_all();
+}
+
 TEST_CASE("server interceptors see every call first and may refuse it; allow_callers lets "
           "only some workers call a function",
           "[rpc][context][interceptor]") {
