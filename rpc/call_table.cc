@@ -87,7 +87,8 @@ std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Ca
 // CallTable object.
 struct CallTable::State : std::enable_shared_from_this<State>,
                           AgentMetrics::Source,
-                          CancellationSource {
+                          CancellationSource,
+                          CancelHook {
   struct Pending {
     Promise<Message> promise;
     Call call;
@@ -120,6 +121,10 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // with someone in wait_idle() (see wake_idle_waiters()).
   std::atomic<size_t> in_flight{0};
   std::atomic<size_t> handling{0};
+  // Requests whose reply has not been handed to the agent yet: what the
+  // metrics call in progress (a caller that has its answer sees its request
+  // counted out). `handling` lasts until the reply was given.
+  std::atomic<size_t> serving{0};
   // Requests of each peer (by worker id) accepted whose reply has not been
   // given yet, for the limit per peer; ids past the array share the map,
   // under `mu`.
@@ -174,7 +179,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     // futures complete (in_flight drops only after), so a caller whose call
     // just returned never sees it still counted.
     out.calls_in_flight += pending.size();
-    out.requests_in_progress += handling.load();
+    out.requests_in_progress += serving.load();
   }
 
   bool idle() const { return in_flight.load() == 0 && handling.load() == 0; }
@@ -209,7 +214,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
 
   // Future::cancel() on call `id`: out of the table (a late answer is
   // dropped), counted as cancelled, and the callee told.
-  void cancelled_by_caller(uint64_t id) SB_EXCLUDES(mu) {
+  void on_cancelled(uint64_t id) override SB_EXCLUDES(mu) {
     std::optional<Pending> p;
     std::function<void(int, uint64_t)> notify;
     {
@@ -311,10 +316,17 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     auto it = by_far_peer.find(peer);
     if (it != by_far_peer.end() && --it->second == 0) by_far_peer.erase(it);
   }
-  // A request is over (replied to, or dropped).
-  void request_done(int peer, uint64_t id) SB_EXCLUDES(mu) {
+  // A request is answered (or dropped): its caller may send the next one at
+  // once, so its place under the limit and its count in the metrics go
+  // before the reply does.
+  void request_answered(int peer, uint64_t id) SB_EXCLUDES(mu) {
     forget_cancelled(peer, id);
     release(peer);
+    serving.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // A request is over (replied to, or dropped).
+  void request_done(int peer, uint64_t id) SB_EXCLUDES(mu) {
+    request_answered(peer, id);
     handling_done();
   }
 
@@ -388,20 +400,11 @@ struct CallTable::State : std::enable_shared_from_this<State>,
       return;
     }
     const uint64_t id = request.message.id;
-    if (request.message.timeout_ms != 0) {
-      // The caller's clock started before this one: what waited here counts.
-      const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              Clock::now() - request.arrived)
-                              .count();
-      const uint64_t left = request.message.timeout_ms > static_cast<uint64_t>(waited)
-                                ? request.message.timeout_ms - static_cast<uint64_t>(waited)
-                                : 1;
-      request.message.timeout_ms = left;
-    }
     Future<Message> result;
+    // The deadline counts from the arrival: what waited for the pool counts.
     CallContext context{request.from, request.message.function, id, std::nullopt};
     if (request.message.timeout_ms != 0) {
-      context.deadline = Clock::now() + std::chrono::milliseconds(request.message.timeout_ms);
+      context.deadline = request.arrived + std::chrono::milliseconds(request.message.timeout_ms);
     }
     context.caller_epoch = epoch_of(from);
     context.epoch_at_arrival = request.epoch;
@@ -438,6 +441,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     } catch (...) {
       m = error_reply(id, std::current_exception());
     }
+    request_answered(from, id);
     bool closed_now = false;
     {
       MutexLock lock(mu);
@@ -454,7 +458,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
       spdlog::warn("rpc agent \"{}\": the reply to call {} was not sent: {}", name, id,
                    e.what());
     }
-    request_done(from, id);
+    handling_done();
   }
 
   // Gives `m` to `reply`; when the agent cannot send it (its encoder
@@ -538,9 +542,7 @@ CallTable::Added CallTable::add(Call call) {
       start_timer_locked();
     }
   }
-  promise.on_cancel([weak = std::weak_ptr<State>(state_), id = added.id] {
-    if (auto state = weak.lock()) state->cancelled_by_caller(id);
-  });
+  promise.on_cancel(std::weak_ptr<CancelHook>(state_), added.id);
   s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline,
                                              now, &stats});
   s.in_flight.fetch_add(1);
@@ -668,6 +670,7 @@ bool CallTable::accept(Request request) {
     closed = s.closed;
     if (!closed) {
       ++s.handling;
+      s.serving.fetch_add(1, std::memory_order_relaxed);
       if (!s.started) {
         s.early.push_back(std::move(request));
         return true;
@@ -768,6 +771,7 @@ void CallTable::close() {
     s.pending.clear();
     s.deadlines.clear();
     s.handling -= s.early.size();
+    s.serving -= s.early.size();
     for (const Request& r : s.early) dropped_peers.push_back(r.from.id);
     s.early.clear();
     s.handler.reset();  // what it holds may hold the agent

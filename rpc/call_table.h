@@ -109,8 +109,8 @@ class CallTable {
     // not at all once the table is closed or gone. The request counts as
     // being handled until it returns.
     std::function<void(Message)> reply;
-    // When it arrived (set by accept()); the time it then waits for the
-    // pool is taken off message.timeout_ms before the handler sees it.
+    // When it arrived (set by accept() for a request with a timeout): its
+    // deadline counts from here, so the time it waits for the pool counts.
     Clock::time_point arrived{};
     // Its caller's epoch then (set by accept(); see cancel_requests_from()).
     uint32_t epoch = 0;

@@ -80,7 +80,7 @@ Future<Message> FunctionRegistry::call(const Message& request,
   {
     MutexLock lock(mutex_);
     worker = worker_name_;
-    interceptors = interceptors_;
+    if (!interceptors_->empty()) interceptors = interceptors_;
     auto it = handlers_.find(request.function);
     if (it != handlers_.end()) handler = it->second;
   }
@@ -108,7 +108,8 @@ Future<Message> FunctionRegistry::call(const Message& request,
     }
     const CallContext& context = *serving;
     ScopedCallContext scope(serving);
-    for (const ServerInterceptor& intercept : *interceptors) {
+    for (const ServerInterceptor& intercept :
+         interceptors ? *interceptors : std::vector<ServerInterceptor>{}) {
       std::string refusal;
       try {
         refusal = intercept(context);

@@ -75,6 +75,30 @@ using Stored = std::conditional_t<std::is_void_v<T>, std::monostate, T>;
 template <typename T>
 class State;
 
+// What a state's cancel() tells, without allocating: the state a then()
+// result came from (cancelled in turn), or a producer's hook with the id
+// it gave (the call table: the call's id).
+class Cancellable {
+ public:
+  virtual bool cancel() = 0;
+
+ protected:
+  ~Cancellable() = default;
+};
+
+}  // namespace detail
+
+// A producer's cancellation hook (see Promise::on_cancel(hook, id)).
+class CancelHook {
+ public:
+  virtual void on_cancelled(uint64_t id) = 0;
+
+ protected:
+  ~CancelHook() = default;
+};
+
+namespace detail {
+
 // Builds handles from a state (their constructors are private).
 struct Access {
   template <typename T>
@@ -88,7 +112,7 @@ struct Access {
 // critical section and never changes afterwards, so it may be read without
 // the lock by a thread that saw done_ == true under the lock.
 template <typename T>
-class State : public std::enable_shared_from_this<State<T>> {
+class State : public std::enable_shared_from_this<State<T>>, public Cancellable {
  public:
   using Callback = std::function<void(const Future<T>&)>;
 
@@ -101,31 +125,47 @@ class State : public std::enable_shared_from_this<State<T>> {
   bool complete_value(Stored<T>&& value) { return complete(&value, nullptr); }
   bool complete_error(std::exception_ptr error) { return complete(nullptr, error); }
 
-  // What cancel() runs (once, on the cancelling thread); dropped when the
-  // state completes otherwise.
+  // What cancel() runs or tells (once, on the cancelling thread); dropped
+  // when the state completes otherwise.
   void set_canceller(std::function<void()> canceller) SB_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     if (!done_) canceller_ = std::move(canceller);
   }
-  // Fails the state with Error(kCancelled) and runs the canceller; false
+  // The next two: only while no other thread can reach the state yet (a
+  // producer that has not handed it out), so they take no lock.
+  void set_cancel_hook(std::weak_ptr<CancelHook> hook,
+                       uint64_t id) SB_NO_THREAD_SAFETY_ANALYSIS {
+    hook_ = std::move(hook);
+    hook_id_ = id;
+  }
+  void set_upstream(std::weak_ptr<Cancellable> upstream) SB_NO_THREAD_SAFETY_ANALYSIS {
+    upstream_ = std::move(upstream);
+  }
+  // Fails the state with Error(kCancelled), then tells its producer; false
   // when it was already complete.
-  bool cancel() SB_EXCLUDES(mu_) {
+  bool cancel() override SB_EXCLUDES(mu_) {
     std::function<void()> canceller;
+    std::weak_ptr<CancelHook> hook;
+    std::weak_ptr<Cancellable> upstream;
+    uint64_t hook_id = 0;
     {
       MutexLock lock(mu_);
       if (done_) return false;
       canceller = std::move(canceller_);
+      hook = std::move(hook_);
+      upstream = std::move(upstream_);
+      hook_id = hook_id_;
     }
     if (!complete_error(std::make_exception_ptr(
             Error(ErrorCode::kCancelled, "cancelled by the caller (Future::cancel())")))) {
       return false;
     }
-    if (canceller) {
-      try {
-        canceller();
-      } catch (...) {
-        log_uncaught("Future canceller", std::current_exception());
-      }
+    try {
+      if (canceller) canceller();
+      if (auto h = hook.lock()) h->on_cancelled(hook_id);
+      if (auto u = upstream.lock()) u->cancel();
+    } catch (...) {
+      log_uncaught("Future canceller", std::current_exception());
     }
     return true;
   }
@@ -185,6 +225,8 @@ class State : public std::enable_shared_from_this<State<T>> {
       done_ = true;
       callbacks.swap(callbacks_);
       canceller_ = nullptr;
+      hook_.reset();
+      upstream_.reset();
     }
     cv_.notify_all();
     for (auto& queued : callbacks) dispatch(std::move(queued.callback), queued.run_inline);
@@ -232,6 +274,9 @@ class State : public std::enable_shared_from_this<State<T>> {
   };
   std::vector<Queued> callbacks_ SB_GUARDED_BY(mu_);
   std::function<void()> canceller_ SB_GUARDED_BY(mu_);
+  std::weak_ptr<CancelHook> hook_ SB_GUARDED_BY(mu_);
+  uint64_t hook_id_ SB_GUARDED_BY(mu_) = 0;
+  std::weak_ptr<Cancellable> upstream_ SB_GUARDED_BY(mu_);
 };
 
 // Owned by every copy of one Promise; abandons the state when the last
@@ -346,10 +391,7 @@ class FutureCommon {
     Promise<V> promise(state().executor());
     Future<V> result = promise.get_future();
     // Cancelling the result cancels this future (its producer is told).
-    std::weak_ptr<State<T>> source = state_;
-    promise.on_cancel([source] {
-      if (auto s = source.lock()) s->cancel();
-    });
+    promise.core_state().set_upstream(std::weak_ptr<Cancellable>(state_));
     auto fn = std::make_shared<F>(std::move(f));
     state().add_callback([promise, fn](const Future<T>& self) {
       try {
@@ -471,6 +513,14 @@ class PromiseCommon {
   void on_cancel(std::function<void()> canceller) const {
     core().state->set_canceller(std::move(canceller));
   }
+  // The same, without allocating or locking: hook->on_cancelled(id), while
+  // `hook` lives. Only before the state is shared with another thread (a
+  // producer setting up its promise).
+  void on_cancel(std::weak_ptr<CancelHook> hook, uint64_t id) const {
+    core().state->set_cancel_hook(std::move(hook), id);
+  }
+  // The shared state (for then(): the library's own use).
+  State<T>& core_state() const { return *core().state; }
 
  protected:
   explicit PromiseCommon(std::shared_ptr<Executor> executor)
