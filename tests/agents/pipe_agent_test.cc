@@ -572,58 +572,20 @@ TEST_CASE("a caller that floods a worker is refused beyond its limit, and the ot
   for (auto& agent : agents) agent->shutdown();
 }
 
-TEST_CASE("a function learns that its caller is gone: its call context says cancelled",
-          "[pipe][context]") {
-  PipeAgentOptions options;
-  options.num_worker_threads = 2;
-  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
-  auto entered = std::make_shared<rpc::Promise<void>>();
-  auto noticed = std::make_shared<rpc::Promise<bool>>();
-  Future<void> in = entered->get_future();
-  Future<bool> outcome = noticed->get_future();
-  agents[0]->start([entered, noticed](Message m, const WorkerInfo&) {
-    // Long work that checks whether its caller still waits, as a user's
-    // function would (a poll is the documented way; bounded by the guard).
-    const rpc::CallContext* call = rpc::current_call();
-    entered->set_value();
-    const auto give_up = Clock::now() + kGuard;
-    bool cancelled = false;
-    while (call != nullptr && !(cancelled = call->cancelled()) && Clock::now() < give_up) {
-      std::this_thread::sleep_for(1ms);
-    }
-    noticed->set_value(cancelled);
-    Message reply;
-    reply.type = MessageType::kResponse;
-    reply.payload = std::move(m.payload);
-    return Future<Message>::ready(std::move(reply));
-  });
-  agents[1]->start([](Message m, const WorkerInfo&) {
-    Message reply;
-    reply.type = MessageType::kResponse;
-    reply.payload = std::move(m.payload);
-    return Future<Message>::ready(std::move(reply));
-  });
-  Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
-  REQUIRE(in.wait_for(kGuard));
-  agents[1]->shutdown();  // the caller goes away mid-call
-  REQUIRE(outcome.wait_for(kGuard));
-  CHECK(outcome.value());
-  agents[0]->shutdown();
-}
+namespace {
 
-TEST_CASE("a caller that cancels a call fails its future at once, and the function learns it",
-          "[pipe][context][cancel]") {
-  PipeAgentOptions options;
-  options.num_worker_threads = 2;
-  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
-  auto entered = std::make_shared<rpc::Promise<void>>();
-  auto noticed = std::make_shared<rpc::Promise<bool>>();
-  Future<void> in = entered->get_future();
-  Future<bool> outcome = noticed->get_future();
-  for (auto& agent : agents) {
-    agent->start([entered, noticed](Message m, const WorkerInfo&) {
-      const rpc::CallContext* call = rpc::current_call();
+// A handler for the cancellation cases: "work" says it started, then works
+// until its call context says cancelled (a poll, as a user's long function
+// would check; bounded by the guard) and says whether it saw it; anything
+// else is echoed.
+struct CancelWatch {
+  std::shared_ptr<rpc::Promise<void>> entered = std::make_shared<rpc::Promise<void>>();
+  std::shared_ptr<rpc::Promise<bool>> noticed = std::make_shared<rpc::Promise<bool>>();
+
+  rpc::RpcAgent::RequestHandler handler() const {
+    return [entered = entered, noticed = noticed](Message m, const WorkerInfo&) {
       if (m.function == "work") {
+        const rpc::CallContext* call = rpc::current_call();
         entered->set_value();
         const auto give_up = Clock::now() + kGuard;
         bool cancelled = false;
@@ -636,13 +598,41 @@ TEST_CASE("a caller that cancels a call fails its future at once, and the functi
       reply.type = MessageType::kResponse;
       reply.payload = std::move(m.payload);
       return Future<Message>::ready(std::move(reply));
-    });
+    };
   }
+};
+
+}  // namespace
+
+TEST_CASE("a function learns that its caller is gone: its call context says cancelled",
+          "[pipe][context]") {
+  PipeAgentOptions options;
+  options.num_worker_threads = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
+  const CancelWatch watch;
+  for (auto& agent : agents) agent->start(watch.handler());
   Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
-  REQUIRE(in.wait_for(kGuard));
+  REQUIRE(watch.entered->get_future().wait_for(kGuard));
+  agents[1]->shutdown();  // the caller goes away mid-call
+  Future<bool> outcome = watch.noticed->get_future();
+  REQUIRE(outcome.wait_for(kGuard));
+  CHECK(outcome.value());
+  agents[0]->shutdown();
+}
+
+TEST_CASE("a caller that cancels a call fails its future at once, and the function learns it",
+          "[pipe][context][cancel]") {
+  PipeAgentOptions options;
+  options.num_worker_threads = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
+  const CancelWatch watch;
+  for (auto& agent : agents) agent->start(watch.handler());
+  Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
+  REQUIRE(watch.entered->get_future().wait_for(kGuard));
   CHECK(call.cancel());
   const Outcome o = outcome_of(call);
   CHECK(o.kind == "Error(Cancelled)");
+  Future<bool> outcome = watch.noticed->get_future();
   REQUIRE(outcome.wait_for(kGuard));
   CHECK(outcome.value());
   // The connection and the agents go on.
