@@ -433,6 +433,9 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
                                         const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
+  // Before the peer is seen down: whoever sees it down (a call failing)
+  // sees its requests here cancelled too.
+  if (connection->peer >= 0) calls.cancel_requests_from(connection->peer);
   const PeerTable::Loss loss = peers.lose(connection, reason);
   if (!loss.current) {
     if (!loss.quiet) spdlog::warn("rpc agent \"{}\": closed a connection: {}", name, reason);

@@ -574,31 +574,38 @@ TEST_CASE("a caller that floods a worker is refused beyond its limit, and the ot
 
 namespace {
 
-// A handler for the cancellation cases: "work" says it started, then works
-// until its call context says cancelled (a poll, as a user's long function
-// would check; bounded by the guard) and says whether it saw it; anything
-// else is echoed.
+// A handler for the cancellation cases: "work" says it started, waits for
+// the test to let it go on, and says whether its call context was
+// cancelled by then; "hold" answers only when the test says so (an async
+// handler); anything else is echoed.
 struct CancelWatch {
   std::shared_ptr<rpc::Promise<void>> entered = std::make_shared<rpc::Promise<void>>();
+  std::shared_ptr<rpc::Promise<void>> go_on = std::make_shared<rpc::Promise<void>>();
   std::shared_ptr<rpc::Promise<bool>> noticed = std::make_shared<rpc::Promise<bool>>();
+  std::shared_ptr<rpc::Promise<Message>> held = std::make_shared<rpc::Promise<Message>>();
 
   rpc::RpcAgent::RequestHandler handler() const {
-    return [entered = entered, noticed = noticed](Message m, const WorkerInfo&) {
+    return [entered = entered, go_on = go_on, noticed = noticed, held = held](
+               Message m, const WorkerInfo&) {
+      if (m.function == "hold") return held->get_future();
       if (m.function == "work") {
         const rpc::CallContext* call = rpc::current_call();
         entered->set_value();
-        const auto give_up = Clock::now() + kGuard;
-        bool cancelled = false;
-        while (call != nullptr && !(cancelled = call->cancelled()) && Clock::now() < give_up) {
-          std::this_thread::sleep_for(1ms);
-        }
-        noticed->set_value(cancelled);
+        (void)go_on->get_future().wait_for(kGuard);
+        noticed->set_value(call != nullptr && call->cancelled());
       }
       Message reply;
       reply.type = MessageType::kResponse;
       reply.payload = std::move(m.payload);
       return Future<Message>::ready(std::move(reply));
     };
+  }
+  // Lets "work" go on and returns what it saw.
+  bool saw_cancelled() const {
+    go_on->set_value();
+    Future<bool> outcome = noticed->get_future();
+    REQUIRE(outcome.wait_for(kGuard));
+    return outcome.value();
   }
 };
 
@@ -611,12 +618,14 @@ TEST_CASE("a function learns that its caller is gone: its call context says canc
   std::vector<std::unique_ptr<PipeAgent>> agents = make_group(2, options);
   const CancelWatch watch;
   for (auto& agent : agents) agent->start(watch.handler());
+  // w0 waits on w1 too, so that it learns when w1's connection is gone: that
+  // call fails once w0 has dealt with the loss.
+  Future<Message> waiting = agents[0]->send(agents[0]->worker("w1"), request("hold", {}), kGuard);
   Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
   REQUIRE(watch.entered->get_future().wait_for(kGuard));
   agents[1]->shutdown();  // the caller goes away mid-call
-  Future<bool> outcome = watch.noticed->get_future();
-  REQUIRE(outcome.wait_for(kGuard));
-  CHECK(outcome.value());
+  CHECK(outcome_of(waiting).kind == "ConnectionError");
+  CHECK(watch.saw_cancelled());
   agents[0]->shutdown();
 }
 
@@ -630,15 +639,13 @@ TEST_CASE("a caller that cancels a call fails its future at once, and the functi
   Future<Message> call = agents[1]->send(agents[1]->worker("w0"), request("work", {1}), kGuard);
   REQUIRE(watch.entered->get_future().wait_for(kGuard));
   CHECK(call.cancel());
-  const Outcome o = outcome_of(call);
-  CHECK(o.kind == "Error(Cancelled)");
-  Future<bool> outcome = watch.noticed->get_future();
-  REQUIRE(outcome.wait_for(kGuard));
-  CHECK(outcome.value());
-  // The connection and the agents go on.
+  CHECK(outcome_of(call).kind == "Error(Cancelled)");
+  // A call after it on the same connection: once it is answered, w0 has
+  // read the cancel frame that went before it.
   Future<Message> next = agents[1]->send(agents[1]->worker("w0"), request("echo", {2}), kGuard);
   REQUIRE(next.wait_for(kGuard));
   CHECK(next.value().payload == std::vector<uint8_t>{2});
+  CHECK(watch.saw_cancelled());
   for (auto& agent : agents) agent->shutdown();
 }
 

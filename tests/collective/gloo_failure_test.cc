@@ -28,6 +28,7 @@
 #include "collective/gloo_process_group.h"
 #include "collective/tensor.h"
 #include "common/error.h"
+#include "rpc/future.h"
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
@@ -36,6 +37,7 @@
 
 using namespace switchboard;
 using namespace switchboard::collective;
+namespace rpc = switchboard::rpc;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -499,8 +501,25 @@ TEST_CASE("a stranger's bytes sent to a Gloo listener while the group forms cras
           "the group's ops end in a typed error or succeed, and a new group works",
           "[collective][gloo][hostile]") {
   const std::string group = sbtest::unique_group_name("stranger");
-  HashStore store;
   const std::set<int> before = loopback_listeners();
+  // Rank 0 publishes its address in the store once it listens: at each
+  // write the store looks for the new listener, and says when it is there.
+  struct TellingStore : HashStore {
+    using HashStore::set;
+    explicit TellingStore(std::set<int> before) : before(std::move(before)) {}
+    const std::set<int> before;
+    std::shared_ptr<rpc::Promise<std::set<int>>> listening =
+        std::make_shared<rpc::Promise<std::set<int>>>();
+    void set(const std::string& key, const Bytes& value) override {
+      std::set<int> fresh;
+      for (int port : loopback_listeners()) {
+        if (!before.count(port)) fresh.insert(port);
+      }
+      if (!fresh.empty()) listening->set_value(fresh);  // false (ignored) after the first
+      HashStore::set(key, value);
+    }
+  };
+  TellingStore store(before);
   std::unique_ptr<ProcessGroup> ranks[2];
   std::string construction[2];
   auto construct = [&](int r) {
@@ -511,16 +530,10 @@ TEST_CASE("a stranger's bytes sent to a Gloo listener while the group forms cras
     }
   };
   std::thread first([&] { construct(0); });
-  // Rank 0 listens while it waits for rank 1 (which has not started): find
-  // its port, a condition polled under a guard.
-  std::set<int> fresh;
-  const auto guard = Clock::now() + 30s;
-  while (fresh.empty() && Clock::now() < guard) {
-    for (int port : loopback_listeners()) {
-      if (!before.count(port)) fresh.insert(port);
-    }
-    if (fresh.empty()) std::this_thread::sleep_for(5ms);
-  }
+  // Rank 0 listens while it waits for rank 1 (which has not started).
+  rpc::Future<std::set<int>> listening = store.listening->get_future();
+  REQUIRE(listening.wait_for(30s));
+  const std::set<int> fresh = listening.value();
   REQUIRE_FALSE(fresh.empty());
   std::vector<int> strangers;
   std::mt19937 rng(7);
