@@ -1,0 +1,161 @@
+// The RPC conformance suite, continued: what a function knows of the call
+// it serves (rpc/call_context.h): its caller, its deadline and nested calls,
+// cancellation by the caller, and server interceptors. Same binaries, same
+// backends as rpc_conformance.cc.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "common/error.h"
+#include "rpc/call_context.h"
+#include "rpc/remote_error.h"
+#include "rpc/rpc.h"
+#include "tests/rpc/rpc_conformance.h"
+#include "tests/util/threads.h"
+
+using namespace switchboard;
+using namespace std::chrono_literals;
+using rpc::RpcContext;
+using switchboard::conformance::Cluster;
+using switchboard::testing::Gate;
+
+TEST_CASE("a function sees who called it and under which name", "[rpc][context]") {
+  Cluster cluster(2, [](int, RpcContext& self) {
+    self.register_function("caller", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      if (call == nullptr) return std::string("no call");
+      return fmt::format("{} {} {}", call->caller.name, call->caller.id, call->function);
+    });
+    // An async function's synchronous part sees it too; the thread that
+    // completes its future later does not.
+    self.register_function("caller_async", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      return rpc::Future<std::string>::ready(call ? call->caller.name : "no call");
+    });
+  });
+  CHECK(cluster[1].rpc_sync<std::string>("w0", "caller") == "w1 1 caller");
+  CHECK(cluster[0].rpc_sync<std::string>("w1", "caller") == "w0 0 caller");
+  CHECK(cluster[0].rpc_sync<std::string>("w0", "caller") == "w0 0 caller");  // itself
+  CHECK(cluster[1].rpc_async<std::string>("w0", "caller_async").value() == "w1");
+  CHECK(rpc::current_call() == nullptr);  // not on this thread
+}
+
+TEST_CASE("a call's future cancelled by its caller fails with kCancelled, and the worker "
+          "still drains and shuts down",
+          "[rpc][cancel]") {
+  auto gate = std::make_shared<Gate>(30s);
+  Cluster cluster(2, [gate](int, RpcContext& self) {
+    self.register_function("held", [gate] {
+      gate->pass();
+      return int64_t{1};
+    });
+  });
+  rpc::Future<int64_t> call = cluster[1].rpc_async<int64_t>("w0", "held");
+  REQUIRE(gate->wait_arrived(1));
+  CHECK(call.cancel());
+  try {
+    call.value();
+    FAIL("the cancelled call completed");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::kCancelled);
+  }
+  gate->open();
+  // Nothing of the cancelled call is left in flight on the caller.
+  CHECK(cluster[1].get_metrics_snapshot().calls_in_flight == 0);
+  cluster.shutdown_all();
+}
+
+TEST_CASE("server interceptors see every call first and may refuse it; allow_callers lets "
+          "only some workers call a function",
+          "[rpc][context][interceptor]") {
+  auto seen = std::make_shared<std::atomic<int>>(0);
+  Cluster cluster(3, [seen](int rank, RpcContext& self) {
+    self.register_function("secret_op", [] { return std::string("done"); });
+    self.register_function("open_op", [] { return std::string("open"); });
+    if (rank == 0) {
+      self.add_server_interceptor([seen](const rpc::CallContext& call) {
+        if (call.function != "ping") ++*seen;  // counts what it sees, refuses nothing
+        return std::string();
+      });
+      self.add_server_interceptor(rpc::allow_callers("secret_op", "w1"));
+    }
+  });
+  CHECK(cluster[1].rpc_sync<std::string>("w0", "secret_op") == "done");
+  CHECK(cluster[2].rpc_sync<std::string>("w0", "open_op") == "open");
+  try {
+    cluster[2].rpc_sync<std::string>("w0", "secret_op");
+    FAIL("w2's call of secret_op was not refused");
+  } catch (const rpc::RemoteError& e) {
+    CHECK(e.code() == ErrorCode::kPermissionDenied);
+    CHECK_THAT(e.remote_message(),
+               Catch::Contains("worker \"w0\" refused function \"secret_op\" from \"w2\": "
+                               "only workers matching \"w1\" may call it"));
+  }
+  CHECK(seen->load() == 3);
+  // Other workers have no interceptor.
+  CHECK(cluster[0].rpc_sync<std::string>("w2", "secret_op") == "done");
+  CHECK_THROWS_AS(rpc::allow_callers("f", "("), std::invalid_argument);
+}
+
+namespace {
+
+// What the current call has left until its deadline, in ms; -1 without one.
+int64_t time_left() {
+  const rpc::CallContext* call = rpc::current_call();
+  if (call == nullptr || !call->deadline) return -1;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(*call->deadline -
+                                                               std::chrono::steady_clock::now())
+      .count();
+}
+
+}  // namespace
+
+TEST_CASE("a call's deadline reaches the function and every call it makes", "[rpc][context]") {
+  Cluster cluster(3, [](int, RpcContext& self) {
+    self.register_function("left", [] { return time_left(); });
+    // Calls "left" on `to` (with `timeout_ms`, or none given when 0) and
+    // says what it had left itself, then what the callee had.
+    self.register_function("relay", [&self](std::string to, int64_t timeout_ms) {
+      const int64_t mine = time_left();
+      const int64_t theirs =
+          timeout_ms > 0
+              ? self.rpc_sync<int64_t>(to, "left",
+                                       rpc::with_timeout(std::chrono::milliseconds(timeout_ms)))
+              : self.rpc_sync<int64_t>(to, "left");
+      return fmt::format("{} {}", mine, theirs);
+    });
+  });
+  RpcContext& w0 = cluster[0];
+  const int64_t left = w0.rpc_sync<int64_t>("w1", "left", rpc::with_timeout(20s));
+  CHECK(left > 0);
+  CHECK(left <= 20'000);
+  // The options' timeout (30 s here) when the call gives none; none at all
+  // with a timeout of 0.
+  const int64_t by_default = w0.rpc_sync<int64_t>("w1", "left");
+  CHECK(by_default > 0);
+  CHECK(by_default <= 30'000);
+  CHECK(w0.rpc_sync<int64_t>("w1", "left", rpc::with_timeout(0ms)) == -1);
+  // Nested calls: the default is the time left; a longer timeout is cut to
+  // it; a shorter one stays.
+  for (const int64_t nested : {int64_t{0}, int64_t{600'000}, int64_t{1'000}}) {
+    INFO("the nested call's timeout: " << nested);
+    const std::string answer =
+        w0.rpc_sync<std::string>("w1", "relay", rpc::with_timeout(20s), std::string("w2"),
+                                 nested);
+    std::istringstream fields(answer);
+    int64_t mine = 0;
+    int64_t theirs = 0;
+    fields >> mine >> theirs;
+    CHECK(mine > 0);
+    CHECK(mine <= 20'000);
+    CHECK(theirs > 0);
+    CHECK(theirs <= mine);
+    if (nested == 1'000) CHECK(theirs <= 1'000);
+  }
+}
+
