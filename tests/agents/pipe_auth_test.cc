@@ -81,13 +81,7 @@ class Served {
   std::vector<std::string> functions_ SB_GUARDED_BY(mu_);
 };
 
-Message request(const std::string& function, std::vector<uint8_t> payload = {1, 2, 3}) {
-  Message m;
-  m.type = MessageType::kRequest;
-  m.function = function;
-  m.payload = std::move(payload);
-  return m;
-}
+using pipe_test::request;
 
 bool round_trip(PipeAgent& from, const std::string& to) {
   Future<Message> reply = from.send(from.worker(to), request("echo"), kGuard);

@@ -129,6 +129,16 @@ inline Tensor fake_cuda_tensor() {
   return Tensor::from_blob(host->data(), {4}, DType::kFloat32, Device::cuda(0), host);
 }
 
+// A request message for `function` carrying `payload`.
+inline rpc::Message request(const std::string& function,
+                            std::vector<uint8_t> payload = {1, 2, 3}) {
+  rpc::Message m;
+  m.type = rpc::MessageType::kRequest;
+  m.function = function;
+  m.payload = std::move(payload);
+  return m;
+}
+
 // A TCP socket connected to 127.0.0.1:port (the test fails otherwise); the
 // caller closes it.
 inline int connect_loopback(int port) {
