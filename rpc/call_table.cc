@@ -1,6 +1,7 @@
 #include "rpc/call_table.h"
 
 #include "rpc/call_context.h"
+#include "rpc/caller_requests.h"
 
 #include <fmt/format.h>
 #include <pthread.h>
@@ -8,7 +9,6 @@
 
 #include <array>
 #include <atomic>
-#include <deque>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -87,7 +87,6 @@ std::exception_ptr shut_down_error(const std::string& agent, const CallTable::Ca
 // CallTable object.
 struct CallTable::State : std::enable_shared_from_this<State>,
                           AgentMetrics::Source,
-                          CancellationSource,
                           CancelHook {
   struct Pending {
     Promise<Message> promise;
@@ -125,21 +124,8 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // metrics call in progress (a caller that has its answer sees its request
   // counted out). `handling` lasts until the reply was given.
   std::atomic<size_t> serving{0};
-  // Requests of each peer (by worker id) accepted whose reply has not been
-  // given yet, for the limit per peer; ids past the array share the map,
-  // under `mu`.
-  std::atomic<size_t> max_per_peer{kDefaultMaxRequestsPerPeer};
-  std::array<std::atomic<uint32_t>, 4096> by_peer{};
-  // Each peer's epoch, moved on by cancel_requests_from(); ids past the
-  // array share the last slot (a cancellation there reaches them all).
-  std::array<std::atomic<uint32_t>, 4097> epochs{};
-  const std::atomic<uint32_t>* epoch_of(int peer) const {
-    const size_t slot = peer >= 0 && static_cast<size_t>(peer) < epochs.size() - 1
-                            ? static_cast<size_t>(peer)
-                            : epochs.size() - 1;
-    return &epochs[slot];
-  }
-  std::unordered_map<int, size_t> by_far_peer SB_GUARDED_BY(mu);
+  // Per caller: the limit, epochs, cancelled requests.
+  CallerRequests callers{kDefaultMaxRequestsPerPeer};
   // Threads in wait_idle(); changed under `mu`.
   std::atomic<int> idle_waiters{0};
   std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
@@ -235,24 +221,6 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     }
   }
 
-  // Requests their callers cancelled (peer, id), told by cancel_request():
-  // a few, kept until their request ends (or, for one that had ended
-  // already, until the set is full: the oldest go first).
-  std::set<std::pair<int, uint64_t>> cancelled_requests SB_GUARDED_BY(mu);
-  std::deque<std::pair<int, uint64_t>> cancelled_order SB_GUARDED_BY(mu);
-  std::atomic<size_t> cancelled_count{0};  // cancelled_requests.size(), read without mu
-
-  bool request_cancelled(int peer, uint64_t id) const override SB_EXCLUDES(mu) {
-    if (cancelled_count.load(std::memory_order_relaxed) == 0) return false;
-    MutexLock lock(mu);
-    return cancelled_requests.count({peer, id}) > 0;
-  }
-  void forget_cancelled(int peer, uint64_t id) SB_EXCLUDES(mu) {
-    if (cancelled_count.load(std::memory_order_relaxed) == 0) return;
-    MutexLock lock(mu);
-    if (cancelled_requests.erase({peer, id}) > 0) cancelled_count.fetch_sub(1);
-  }
-
   // Removes call `id` from `pending` (and its deadline); null when absent.
   std::optional<Pending> take(uint64_t id) SB_REQUIRES(mu) {
     auto it = pending.find(id);
@@ -290,38 +258,12 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     if (handling.fetch_sub(1) == 1) wake_idle_waiters();
   }
 
-  // Counts a request from `peer` in, unless the peer has `max_per_peer`
-  // (non-zero) already: false then.
-  bool reserve(int peer) SB_EXCLUDES(mu) {
-    const size_t limit = max_per_peer.load(std::memory_order_relaxed);
-    if (peer >= 0 && static_cast<size_t>(peer) < by_peer.size()) {
-      std::atomic<uint32_t>& n = by_peer[peer];
-      const uint32_t before = n.fetch_add(1, std::memory_order_relaxed);
-      if (limit == 0 || before < limit) return true;
-      n.fetch_sub(1, std::memory_order_relaxed);
-      return false;
-    }
-    MutexLock lock(mu);
-    size_t& n = by_far_peer[peer];
-    if (limit != 0 && n >= limit) return false;
-    ++n;
-    return true;
-  }
-  void release(int peer) SB_EXCLUDES(mu) {
-    if (peer >= 0 && static_cast<size_t>(peer) < by_peer.size()) {
-      by_peer[peer].fetch_sub(1, std::memory_order_relaxed);
-      return;
-    }
-    MutexLock lock(mu);
-    auto it = by_far_peer.find(peer);
-    if (it != by_far_peer.end() && --it->second == 0) by_far_peer.erase(it);
-  }
   // A request is answered (or dropped): its caller may send the next one at
   // once, so its place under the limit and its count in the metrics go
   // before the reply does.
   void request_answered(int peer, uint64_t id) SB_EXCLUDES(mu) {
-    forget_cancelled(peer, id);
-    release(peer);
+    callers.forget(peer, id);
+    callers.release(peer);
     serving.fetch_sub(1, std::memory_order_relaxed);
   }
   // A request is over (replied to, or dropped).
@@ -392,7 +334,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
       request_done(from, request.message.id);
       return;
     }
-    if (request_cancelled(from, request.message.id)) {
+    if (callers.request_cancelled(from, request.message.id)) {
       // Its caller cancelled it while it waited for the pool: not run.
       spdlog::debug("rpc agent \"{}\": request {} of \"{}\" was cancelled before it ran",
                     name, request.message.id, request.from.name);
@@ -406,9 +348,9 @@ struct CallTable::State : std::enable_shared_from_this<State>,
     if (request.message.timeout_ms != 0) {
       context.deadline = request.arrived + std::chrono::milliseconds(request.message.timeout_ms);
     }
-    context.caller_epoch = epoch_of(from);
+    context.caller_epoch = callers.epoch_of(from);
     context.epoch_at_arrival = request.epoch;
-    context.table = this;
+    context.table = &callers;
     ScopedCallContext scope(&context);
     try {
       if (request.prepare) request.prepare(request.message);
@@ -642,11 +584,11 @@ bool CallTable::accept(Request request) {
   State& s = *state_;
   const int from = request.from.id;
   if (request.message.timeout_ms != 0) request.arrived = Clock::now();
-  request.epoch = s.epoch_of(from)->load(std::memory_order_relaxed);
-  if (!s.reserve(from)) {
+  request.epoch = s.callers.epoch_of(from)->load(std::memory_order_relaxed);
+  if (!s.callers.reserve(from)) {
     // A peer with this many requests here already is refused at once: the
     // memory a flood takes stays bounded, and the others are served.
-    const size_t limit = s.max_per_peer.load();
+    const size_t limit = s.callers.limit();
     const Message refusal = s.error_reply(
         request.message.id,
         std::make_exception_ptr(Error(
@@ -678,14 +620,14 @@ bool CallTable::accept(Request request) {
     }
   }
   if (closed) {
-    s.release(from);
+    s.callers.release(from);
     return false;
   }
   return s.post(std::move(request));
 }
 
 void CallTable::set_max_requests_per_peer(size_t limit) {
-  state_->max_per_peer.store(limit);
+  state_->callers.set_limit(limit);
 }
 
 void CallTable::set_cancel_notifier(std::function<void(int dst, uint64_t id)> notifier) {
@@ -693,21 +635,10 @@ void CallTable::set_cancel_notifier(std::function<void(int dst, uint64_t id)> no
   state_->cancel_notifier = std::move(notifier);
 }
 
-void CallTable::cancel_request(int peer, uint64_t id) {
-  State& s = *state_;
-  MutexLock lock(s.mu);
-  if (!s.cancelled_requests.insert({peer, id}).second) return;
-  s.cancelled_order.push_back({peer, id});
-  s.cancelled_count.fetch_add(1);
-  constexpr size_t kKept = 4096;
-  while (s.cancelled_order.size() > kKept) {
-    if (s.cancelled_requests.erase(s.cancelled_order.front()) > 0) s.cancelled_count.fetch_sub(1);
-    s.cancelled_order.pop_front();
-  }
-}
+void CallTable::cancel_request(int peer, uint64_t id) { state_->callers.cancel(peer, id); }
 
 void CallTable::cancel_requests_from(int peer) {
-  const_cast<std::atomic<uint32_t>*>(state_->epoch_of(peer))->fetch_add(1);
+  state_->callers.cancel_all_of(peer);
 }
 
 Message CallTable::error_reply(uint64_t id, std::exception_ptr error) const {
@@ -778,7 +709,7 @@ void CallTable::close() {
     s.timer_cv.notify_all();
     s.idle_cv.notify_all();
   }
-  for (int peer : dropped_peers) s.release(peer);
+  for (int peer : dropped_peers) s.callers.release(peer);
   s.settle(std::move(cancelled));
   if (timer_.joinable()) {
     if (timer_.get_id() == std::this_thread::get_id()) {
