@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
@@ -25,6 +24,8 @@
 #include "common/auth.h"
 #include "common/error.h"
 #include "store/tcp_store.h"
+#include "tools/launch/job_secret.h"
+#include "tools/launch/node_link.h"
 #include "tools/launch/line_relay.h"
 #include "tools/launch/spawn.h"
 
@@ -78,74 +79,6 @@ std::string store_url(const std::string& addr, uint16_t port) {
   return fmt::format("tcp://{}:{}", addr, port);
 }
 
-// The launchers of a multi-node job, through the job's store: keys under
-// "launch/<job id>/". Each launcher announces its node, records the job's
-// first failure (compare_set, so one wins) and says when its workers are
-// done; node 0, which hosts the store, keeps it up until every node is.
-class NodeLink {
- public:
-  NodeLink(const LaunchOptions& options, uint16_t port, std::shared_ptr<const Secret> secret)
-      : store_(options.master_addr, port, store_options(options, std::move(secret))),
-        prefix_(fmt::format("launch/{}/", options.job_id)),
-        node_rank_(options.node_rank),
-        nnodes_(options.nnodes) {}
-
-  void announce() { store_.set(node_key(node_rank_), to_bytes(host_name())); }
-
-  // Node ranks that have not announced themselves yet.
-  std::vector<int> missing() {
-    std::vector<int> out;
-    for (int node = 0; node < nnodes_; ++node) {
-      if (!store_.check({node_key(node)})) out.push_back(node);
-    }
-    return out;
-  }
-
-  std::optional<std::string> failure() {
-    if (!store_.check({prefix_ + "failed"})) return std::nullopt;
-    return to_string(store_.get(prefix_ + "failed"));
-  }
-
-  // Records `what` as the job's failure unless one is recorded; returns the
-  // one that is (the first).
-  std::string report_failure(const std::string& what) {
-    const Bytes now = store_.compare_set(prefix_ + "failed", {}, to_bytes(what));
-    return now.empty() ? what : to_string(now);
-  }
-
-  void report_done() {
-    store_.set(fmt::format("{}done/{}", prefix_, node_rank_), to_bytes("1"));
-    store_.add(prefix_ + "done", 1);
-  }
-  int64_t nodes_done() { return store_.add(prefix_ + "done", 0); }
-  bool node_done(int node) { return store_.check({fmt::format("{}done/{}", prefix_, node)}); }
-
-  // This launcher is alive: a counter the others watch change.
-  void heartbeat() { store_.add(fmt::format("{}alive/{}", prefix_, node_rank_), 1); }
-  int64_t heartbeats_of(int node) {
-    return store_.add(fmt::format("{}alive/{}", prefix_, node), 0);
-  }
-
- private:
-  static TcpStoreOptions store_options(const LaunchOptions& options,
-                                       std::shared_ptr<const Secret> secret) {
-    TcpStoreOptions o;
-    o.timeout = std::chrono::milliseconds(5000);  // each request; joining retries
-    o.secret = std::move(secret);
-    return o;
-  }
-  static std::string host_name() {
-    char name[256] = {};
-    ::gethostname(name, sizeof(name) - 1);
-    return name;
-  }
-  std::string node_key(int node) const { return fmt::format("{}node/{}", prefix_, node); }
-
-  TcpStore store_;
-  const std::string prefix_;
-  const int node_rank_;
-  const int nnodes_;
-};
 
 // Runs one job; see launcher.h. Owns every child and descriptor it makes.
 class Supervisor {
@@ -158,11 +91,11 @@ class Supervisor {
  private:
   bool multi_node() const { return options_.nnodes > 1; }
   bool hosts_store() const { return options_.store.empty() && options_.node_rank == 0; }
-  // Chooses the job secret (LaunchOptions::secret_file) and where the
-  // children find it; false (exit 2 said) when the file is refused.
+  // Chooses the job secret (job_secret.h); false (exit 2 said) when its
+  // file is refused.
   bool prepare_secret();
   // SWITCHBOARD_SECRET_FILE for the children: the job's, or removed.
-  std::string secret_variable() const;
+  std::string secret_variable() const { return secret_->variable(); }
   bool join_nodes();
   bool wait_signals_for(std::chrono::milliseconds timeout);
   void monitor_job(TimePoint now);
@@ -216,11 +149,8 @@ class Supervisor {
   std::map<int, std::pair<int64_t, TimePoint>> heartbeats_;
   std::optional<TimePoint> next_heartbeat_;
   std::optional<TimePoint> store_grace_until_;  // node 0 after a failure
-  // The job secret and its file; a file made for this job lives in
-  // secret_dir_, removed when the launcher ends.
-  std::shared_ptr<const Secret> secret_;
-  std::string secret_path_;
-  std::string secret_dir_;
+  // The job secret and its file (set by prepare_secret()).
+  std::unique_ptr<JobSecret> secret_;
 };
 
 Supervisor::~Supervisor() {
@@ -237,47 +167,17 @@ Supervisor::~Supervisor() {
   for (int fd : {signal_fd_, dev_null_, store_stdout_}) {
     if (fd >= 0) ::close(fd);
   }
-  if (!secret_dir_.empty()) {
-    ::unlink(secret_path_.c_str());
-    ::rmdir(secret_dir_.c_str());
-  }
 }
 
 bool Supervisor::prepare_secret() {
   try {
-    if (options_.no_secret) return true;
-    if (!options_.secret_file.empty()) {
-      secret_ = std::make_shared<const Secret>(Secret::from_file(options_.secret_file));
-      secret_path_ = std::filesystem::absolute(options_.secret_file).string();
-      return true;
-    }
-    if ((secret_ = Secret::from_environment())) {
-      secret_path_ = std::getenv(Secret::kEnvironmentVariable);
-      return true;
-    }
+    secret_ = std::make_unique<JobSecret>(options_, hosts_store() && !multi_node());
   } catch (const std::invalid_argument& e) {
     fmt::print(stderr, "launch: {}\n", e.what());
     exit_code_ = 2;
     return false;
   }
-  // One node that runs its own store server: a secret made for this job,
-  // in a folder only this user can enter. Otherwise (another store server,
-  // which has its own secret or none) the job runs without one.
-  if (!hosts_store() || multi_node()) return true;
-  const char* tmp = std::getenv("TMPDIR");
-  std::string dir = fmt::format("{}/switchboard-job-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (::mkdtemp(dir.data()) == nullptr) throw_errno("mkdtemp for the job secret");
-  secret_dir_ = dir;
-  secret_path_ = dir + "/secret";
-  const Secret made = Secret::random();
-  made.write_file(secret_path_);
-  secret_ = std::make_shared<const Secret>(made);
   return true;
-}
-
-std::string Supervisor::secret_variable() const {
-  if (secret_path_.empty()) return Secret::kEnvironmentVariable;  // removed
-  return fmt::format("{}={}", Secret::kEnvironmentVariable, secret_path_);
 }
 
 int Supervisor::run() {
@@ -318,7 +218,7 @@ bool Supervisor::join_nodes() {
   std::string last_error;
   while (!link_) {
     try {
-      link_ = std::make_unique<NodeLink>(options_, port_, secret_);
+      link_ = std::make_unique<NodeLink>(options_, port_, secret_->secret());
     } catch (const AuthenticationError& e) {
       // Another secret than the job's: trying again cannot help.
       fmt::print(stderr, "launch: node {}: cannot reach the job's store at {}: {}\n",
