@@ -69,6 +69,9 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
                options->membership_lease.count()));
   options->max_requests_per_peer = read_int(reader, "max_requests_per_peer", 0, 1 << 30,
                                             options->max_requests_per_peer);
+  options->tls.cert_file = reader.get("tls_cert_file").value_or("");
+  options->tls.key_file = reader.get("tls_key_file").value_or("");
+  options->tls.ca_file = reader.get("tls_ca_file").value_or("");
   reader.finish();
   return options;
 }
@@ -114,6 +117,7 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
     options.max_requests_per_peer = static_cast<size_t>(typed->max_requests_per_peer);
     options.device_maps = typed->device_maps;
     options.devices = typed->devices;
+    options.tls = typed->tls;
   }
   return std::make_unique<PipeAgent>(init.store, init.name, init.rank, init.world_size,
                                      options);

@@ -51,6 +51,11 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            for a joiner or leaver that holds it and stops
 //                            renewing (default 10000; see
 //                            rpc/membership_token.h)
+//   "tls_cert_file", "tls_key_file", "tls_ca_file"
+//                            PEM files: mutual TLS on every connection
+//                            (all three or none; default: the
+//                            SWITCHBOARD_TLS_* variables, else plain TCP;
+//                            see PipeTlsOptions in agents/pipe_options.h)
 // Device maps are set on the options object, as in PyTorch:
 //   options->set_device_map("w1", {{"cuda:0", "cuda:1"}});
 //   options->set_devices({"cuda:0"});
@@ -69,6 +74,7 @@ struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
       static_cast<int64_t>(PipeAgentOptions{}.max_requests_per_peer);
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
+  PipeTlsOptions tls;
 
   void set_device_map(const std::string& worker,
                       const std::vector<std::pair<std::string, std::string>>& map);

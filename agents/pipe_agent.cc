@@ -83,6 +83,10 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   tcp.num_io_threads = options.num_io_threads;
   tcp.limits = options.limits;
   tcp.ports = port_range(options.port_range);
+  tcp.tls = options.tls.enabled() ? options.tls : PipeTlsOptions::from_environment();
+  // A peer gets as long for its TLS handshake as for its hello.
+  if (options.heartbeat_timeout.count() > 0) tcp.handshake_timeout = options.heartbeat_timeout;
+  tls = tcp.tls.enabled();
   tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
     return buffers->empty(shape, dtype);
   };
@@ -117,6 +121,7 @@ void PipeAgent::Impl::start_up() {
   if (auth.enabled()) {
     spdlog::info("rpc agent \"{}\": every PIPE connection proves the job secret", name);
   }
+  if (tls) spdlog::info("rpc agent \"{}\": every PIPE connection is inside mutual TLS", name);
   transport->listen(resolve_listen_address(options.listen_address),
                     [this](std::shared_ptr<Connection> c) { on_accept(std::move(c)); });
   WorkerAnnouncement mine;
@@ -126,6 +131,7 @@ void PipeAgent::Impl::start_up() {
   mine.device_count = device_count;
   mine.device_maps = options.device_maps;
   mine.devices = options.devices;
+  mine.tls = tls;
   // Heartbeats start first: connections made while joining (or during the
   // static rendezvous) must stay alive while the rest is still being set up.
   transport->every(options.heartbeat_interval, [this] { return heartbeat(); });

@@ -112,6 +112,7 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   const PipeAuth auth;
   PeerTable peers;
   std::unique_ptr<PipeTransport> transport;
+  bool tls = false;  // whether the transport's connections are inside TLS
   std::unique_ptr<StaticRendezvous> rendezvous;  // static groups
   std::unique_ptr<Membership> membership;        // dynamic groups
   std::atomic<bool> shut_down{false};

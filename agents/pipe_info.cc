@@ -16,10 +16,14 @@ namespace switchboard::agents {
 namespace {
 
 // On the wire: [name, address, port, device_count,
-//               {target: [[src, dst], ...]}, [device, ...]] (devices as text).
+//               {target: [[src, dst], ...]}, [device, ...], tls] (devices as
+// text); versions before TLS sent the first six, which still decode (as
+// no TLS).
 using MapWire = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
-using AnnouncementWire =
+using OlderAnnouncementWire =
     std::tuple<std::string, std::string, int, int, MapWire, std::vector<std::string>>;
+using AnnouncementWire =
+    std::tuple<std::string, std::string, int, int, MapWire, std::vector<std::string>, bool>;
 
 template <typename T>
 T unpack_as(const uint8_t* data, size_t size, const char* what) {
@@ -49,13 +53,30 @@ std::vector<uint8_t> encode_announcement(const WorkerAnnouncement& a) {
   }
   std::vector<std::string> devices;
   for (const Device& d : a.devices) devices.push_back(d.str());
-  return pack(AnnouncementWire{a.name, a.address, a.port, a.device_count, maps, devices});
+  return pack(
+      AnnouncementWire{a.name, a.address, a.port, a.device_count, maps, devices, a.tls});
 }
 
 WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size) {
-  auto [name, address, port, count, maps, devices] =
-      unpack_as<AnnouncementWire>(data, size, "worker announcement");
+  std::string name, address;
+  int port = 0, count = 0;
+  MapWire maps;
+  std::vector<std::string> devices;
   WorkerAnnouncement a;
+  try {
+    msgpack::object_handle handle = msgpack::unpack(reinterpret_cast<const char*>(data), size);
+    const msgpack::object& o = handle.get();
+    if (o.type != msgpack::type::ARRAY || (o.via.array.size != 6 && o.via.array.size != 7)) {
+      throw std::invalid_argument("not an array of 6 or 7 fields");
+    }
+    if (o.via.array.size == 6) {
+      std::tie(name, address, port, count, maps, devices) = o.as<OlderAnnouncementWire>();
+    } else {
+      std::tie(name, address, port, count, maps, devices, a.tls) = o.as<AnnouncementWire>();
+    }
+  } catch (const std::exception& e) {
+    throw ProtocolError(fmt::format("PIPE agent: malformed worker announcement: {}", e.what()));
+  }
   a.name = std::move(name);
   a.address = std::move(address);
   a.port = port;
@@ -99,6 +120,18 @@ std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup
                                       static_cast<size_t>(lengths[r].data_as<int64_t>()[0])));
   }
   return all;
+}
+
+void check_same_tls(const WorkerAnnouncement& mine, const WorkerAnnouncement& other,
+                    const std::string& what) {
+  if (mine.tls == other.tls) return;
+  const WorkerAnnouncement& with = mine.tls ? mine : other;
+  const WorkerAnnouncement& without = mine.tls ? other : mine;
+  throw std::invalid_argument(fmt::format(
+      "PIPE agent \"{}\": {}: worker \"{}\" uses TLS and worker \"{}\" does not; every "
+      "worker of a group needs the TLS files (SWITCHBOARD_TLS_CERT_FILE, "
+      "SWITCHBOARD_TLS_KEY_FILE, SWITCHBOARD_TLS_CA_FILE), or none does",
+      mine.name, what, with.name, without.name));
 }
 
 void check_unique_names(const std::vector<WorkerAnnouncement>& all) {

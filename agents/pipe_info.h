@@ -24,6 +24,8 @@ struct WorkerAnnouncement {
   int device_count = 0;
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
+  // Whether its connections are inside TLS (a group is all TLS or none).
+  bool tls = false;
 };
 
 // msgpack; decode throws ProtocolError (common/error.h) on malformed bytes.
@@ -38,6 +40,12 @@ std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup
 
 // std::invalid_argument naming a name used by several ranks, and the ranks.
 void check_unique_names(const std::vector<WorkerAnnouncement>& all);
+// std::invalid_argument when `other` uses TLS and `mine` does not, or the
+// reverse: such a pair cannot talk, and without this check a dynamic
+// joiner would take members that close its connections for members gone.
+// `what` says what is being done ("cannot join the dynamic group").
+void check_same_tls(const WorkerAnnouncement& mine, const WorkerAnnouncement& other,
+                    const std::string& what);
 
 // A hello frame's payload.
 //   kStatic    a static group's connecting worker (the higher rank) says who

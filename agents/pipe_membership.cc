@@ -117,6 +117,7 @@ void Membership::join(const WorkerAnnouncement& mine) {
           "unique in the group",
           name_, m.rank));
     }
+    check_same_tls(mine, m.announcement, "cannot join the dynamic group");
     SB_REQUIRE(m.rank >= 0 && m.rank < capacity_ && m.rank != rank_,
                "PIPE agent \"{}\": the group's member list holds rank {} (\"{}\")", name_,
                m.rank, m.announcement.name);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,34 @@
 #include "rpc/device_map.h"
 
 namespace switchboard::agents {
+
+// Mutual TLS for every PIPE connection (docs/security.md): this worker's
+// certificate chain and private key, and the CA whose certificates it
+// accepts from its peers, as PEM files. All three or none; the key file
+// must be readable by its owner only. Every peer must present a
+// certificate signed by the CA (host names are not checked: the CA is
+// the job's).
+struct PipeTlsOptions {
+  // The variables a worker reads when its options name no files.
+  static constexpr const char* kCertVariable = "SWITCHBOARD_TLS_CERT_FILE";
+  static constexpr const char* kKeyVariable = "SWITCHBOARD_TLS_KEY_FILE";
+  static constexpr const char* kCaVariable = "SWITCHBOARD_TLS_CA_FILE";
+
+  std::string cert_file;
+  std::string key_file;
+  std::string ca_file;
+
+  // Whether any file is named (then all three must be).
+  bool enabled() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
+  // The files the three variables name (empty where unset).
+  static PipeTlsOptions from_environment() {
+    auto read = [](const char* name) {
+      const char* value = std::getenv(name);
+      return std::string(value ? value : "");
+    };
+    return {read(kCertVariable), read(kKeyVariable), read(kCaVariable)};
+  }
+};
 
 struct PipeAgentOptions {
   size_t num_worker_threads = rpc::kDefaultNumWorkerThreads;
@@ -51,6 +80,9 @@ struct PipeAgentOptions {
   // (agents/pipe_auth.h); null: SWITCHBOARD_SECRET_FILE's when it is set,
   // else none.
   std::shared_ptr<const Secret> secret;
+  // Mutual TLS on every connection; none named: the SWITCHBOARD_TLS_*
+  // variables' files when set, else plain TCP.
+  PipeTlsOptions tls;
   // CUDA devices of this machine as the maps are validated against; -1
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
   // a binary that does not link //collective:cuda_allocator).

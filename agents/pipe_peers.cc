@@ -120,6 +120,10 @@ void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth
     throw ConnectionError(
         fmt::format("PIPE agent \"{}\": cannot connect to worker \"{}\" at {}:{}: {}",
                     self_name_, name_of(peer), a.address, a.port, e.what()));
+  } catch (const AuthenticationError& e) {  // TLS refused a certificate
+    throw AuthenticationError(
+        fmt::format("PIPE agent \"{}\": cannot connect to worker \"{}\" at {}:{}: {}",
+                    self_name_, name_of(peer), a.address, a.port, e.what()));
   }
   connection->peer = peer;
   const std::vector<uint8_t> bytes = auth.claim(*connection, hello);

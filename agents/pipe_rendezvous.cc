@@ -40,6 +40,7 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
       allgather_announcements(*gloo_, mine, options_.rpc_timeout);
 
   check_unique_names(all);
+  for (const auto& worker : all) check_same_tls(mine, worker, "cannot form the static group");
   std::vector<rpc::WorkerDevices> gathered;
   for (const auto& worker : all) {
     gathered.push_back({worker.name, worker.device_count, worker.device_maps,

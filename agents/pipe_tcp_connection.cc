@@ -7,7 +7,11 @@
 #include <algorithm>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+
+#include "agents/pipe_tls.h"
 
 namespace switchboard::agents {
 
@@ -18,13 +22,56 @@ using rpc::Message;
 
 TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
                              const pipe::FrameLimits& limits,
-                             pipe::FrameReader::Allocate allocate)
+                             pipe::FrameReader::Allocate allocate,
+                             std::shared_ptr<asio::ssl::context> tls)
     : events_(events),
       strand_(asio::make_strand(socket.get_executor())),
       socket_(std::move(socket)),
-      reader_(limits, std::move(allocate)) {
+      reader_(limits, std::move(allocate)),
+      tls_context_(std::move(tls)) {
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
+  if (tls_context_) {
+    tls_ = std::make_unique<asio::ssl::stream<tcp::socket&>>(socket_, *tls_context_);
+  }
+}
+
+std::string TcpConnection::remote_address() const {
+  boost::system::error_code error;
+  const tcp::endpoint peer = socket_.remote_endpoint(error);
+  if (error) return "";
+  return fmt::format("{}:{}", peer.address().to_string(), peer.port());
+}
+
+void TcpConnection::handshake(bool client, std::chrono::milliseconds timeout,
+                              HandshakeDone done) {
+  asio::post(strand_, [self = shared_from_this(), client, timeout,
+                       done = std::move(done)]() mutable {
+    // A peer that says nothing is cut off at `timeout`: the socket closes
+    // under the handshake, which then fails.
+    auto timer = std::make_shared<asio::steady_timer>(self->strand_);
+    timer->expires_after(timeout);
+    timer->async_wait([self, timer](const boost::system::error_code& error) {
+      if (error) return;
+      self->handshake_timed_out_ = true;
+      boost::system::error_code ignored;
+      self->socket_.close(ignored);
+    });
+    self->tls_->async_handshake(
+        client ? asio::ssl::stream_base::client : asio::ssl::stream_base::server,
+        asio::bind_executor(self->strand_, [self, timer, timeout, done = std::move(done)](
+                                               const boost::system::error_code& error) {
+          timer->cancel();
+          if (!error && !self->handshake_timed_out_) {
+            done("", false);
+          } else if (self->handshake_timed_out_) {
+            done(fmt::format("no TLS handshake within {} ms", timeout.count()), false);
+          } else {
+            done(tls_failure_reason(error, self->tls_->native_handle()),
+                 error.category() == asio::error::get_ssl_category());
+          }
+        }));
+  });
 }
 
 bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices,
@@ -35,7 +82,7 @@ bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices
   for (const Tensor& t : m.tensors) {
     if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
   }
-  if (send_now && !writing_) send_inline_locked();
+  if (send_now && !writing_ && !tls_) send_inline_locked();
   if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
   return true;
 }
@@ -138,10 +185,8 @@ void TcpConnection::write_some() {
   buffers_.clear();
   for_each_piece(sending_, sending_tensors_,
                  [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
-  asio::async_write(
-      socket_, buffers_,
-      asio::bind_executor(strand_, [self = shared_from_this()](
-                                      const boost::system::error_code& error, size_t) {
+  auto written = asio::bind_executor(
+      strand_, [self = shared_from_this()](const boost::system::error_code& error, size_t) {
         self->sending_.clear();
         self->sending_tensors_.clear();
         if (error) {
@@ -149,7 +194,8 @@ void TcpConnection::write_some() {
           return;
         }
         self->write_some();
-      }));
+      });
+  on_stream([&](auto& stream) { asio::async_write(stream, buffers_, std::move(written)); });
 }
 
 void TcpConnection::start_reading() {
@@ -164,15 +210,15 @@ void TcpConnection::read_some() {
     events_.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
     return;
   }
-  auto [data, size] = next;
-  socket_.async_read_some(
-      asio::buffer(data, size),
-      asio::bind_executor(strand_, [self = shared_from_this()](
-                                      const boost::system::error_code& error, size_t n) {
+  auto arrived = asio::bind_executor(
+      strand_, [self = shared_from_this()](const boost::system::error_code& error, size_t n) {
         if (error) {
+          // A TLS peer that closes its socket without a close_notify reads
+          // as a truncated stream: to the agent, the same end.
+          const bool closed =
+              error == asio::error::eof || error == asio::ssl::error::stream_truncated;
           self->events_.connection_failed(
-              self, error == asio::error::eof ? "the peer closed the connection"
-                                              : "read failed: " + error.message());
+              self, closed ? "the peer closed the connection" : "read failed: " + error.message());
           return;
         }
         self->last_recv_ns = now_ns();
@@ -183,7 +229,10 @@ void TcpConnection::read_some() {
           return;
         }
         if (self->drain()) self->read_some();
-      }));
+      });
+  on_stream([&](auto& stream) {
+    stream.async_read_some(asio::buffer(next.first, next.second), std::move(arrived));
+  });
 }
 
 bool TcpConnection::drain() {

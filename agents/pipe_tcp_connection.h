@@ -1,17 +1,22 @@
 // TcpConnection: a Connection (agents/pipe_connection.h) over one TCP
-// socket. Framed reads into a FrameReader; queued and coalesced writes,
-// sent inline from the caller when nothing else is being written. Made by
-// the TCP transport (agents/pipe_tcp_transport.h). Internal to //agents.
+// socket, in the clear or inside TLS. Framed reads into a FrameReader;
+// queued and coalesced writes, sent inline from the caller when nothing
+// else is being written (plain TCP only: a TLS session is driven from the
+// strand alone). Made by the TCP transport (agents/pipe_tcp_transport.h).
+// Internal to //agents.
 //
-// Thread safety: as Connection. Reads, write completions and the
-// ConnectionEvents callbacks run on the connection's strand; the write
-// queue is guarded by mu_.
+// Thread safety: as Connection. Reads, write completions, the TLS
+// handshake and the ConnectionEvents callbacks run on the connection's
+// strand; the write queue is guarded by mu_.
 #pragma once
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/strand.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,9 +34,23 @@ class TcpConnection final : public Connection,
  public:
   // Takes `socket` (connected, TCP_NODELAY set here); reports to `events`,
   // which must outlive the connection; received tensors come from
-  // `allocate`, frames are checked against `limits`.
+  // `allocate`, frames are checked against `limits`. With `tls`, every
+  // byte goes through a TLS session on that context, which handshake()
+  // opens before anything else is sent or read.
   TcpConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
-                const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate);
+                const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
+                std::shared_ptr<boost::asio::ssl::context> tls = nullptr);
+
+  // TLS only, once, before start_reading(): runs the handshake as the
+  // client or the server and calls `done` on the strand with an empty
+  // string, or why it failed (OpenSSL's reason, the certificate check's,
+  // or that `timeout` passed; the socket is then closed) and whether TLS
+  // itself refused (a certificate, an alert from the peer) rather than the
+  // connection failing or falling silent.
+  using HandshakeDone = std::function<void(const std::string& why, bool refused)>;
+  void handshake(bool client, std::chrono::milliseconds timeout, HandshakeDone done);
+  // "address:port" of the peer (empty when the socket has none).
+  std::string remote_address() const;
 
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
                bool send_now) override SB_EXCLUDES(mu_);
@@ -72,11 +91,24 @@ class TcpConnection final : public Connection,
   // Strand only: hands parsed frames to the events; false when they stopped
   // reading.
   bool drain();
+  // Calls f(stream) with the TLS stream when there is one, else the socket.
+  template <typename F>
+  void on_stream(F&& f) {
+    if (tls_) {
+      f(*tls_);
+    } else {
+      f(socket_);
+    }
+  }
 
   ConnectionEvents& events_;
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::ip::tcp::socket socket_;  // strand only, but for send_inline_locked()
   pipe::FrameReader reader_;             // strand only
+  // The TLS session over socket_ (null: plain TCP); strand only.
+  std::shared_ptr<boost::asio::ssl::context> tls_context_;
+  std::unique_ptr<boost::asio::ssl::stream<boost::asio::ip::tcp::socket&>> tls_;
+  bool handshake_timed_out_ = false;  // strand only
 
   Mutex mu_;
   CondVar closed_cv_;

@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <future>
+#include <set>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -19,8 +22,10 @@
 #include <vector>
 
 #include "agents/pipe_tcp_connection.h"
+#include "agents/pipe_tls.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "common/mutex.h"
 
 namespace switchboard::agents {
 
@@ -40,7 +45,9 @@ class TcpTransport final : public PipeTransport {
         options_(std::move(options)),
         work_(asio::make_work_guard(io_)),
         strand_(asio::make_strand(io_)),
-        acceptor_(strand_) {}
+        acceptor_(strand_) {
+    if (options_.tls.enabled()) tls_ = make_tls_context(options_.tls, options_.agent_name);
+  }
 
   // Stops the io_context (pending handlers are dropped, not run) and joins
   // the I/O threads.
@@ -123,7 +130,32 @@ class TcpTransport final : public PipeTransport {
     if (error) throw ConnectionError(error.message());
     socket.non_blocking(false, error);
     if (error) throw ConnectionError(error.message());
-    return make_connection(std::move(socket));
+    std::shared_ptr<TcpConnection> connection = make_connection(std::move(socket));
+    if (tls_) {
+      // The handshake runs on the connection's strand, bounded by its own
+      // timer; a transport destroyed meanwhile breaks the promise.
+      using Outcome = std::pair<std::string, bool>;
+      auto outcome = std::make_shared<std::promise<Outcome>>();
+      std::future<Outcome> done = outcome->get_future();
+      connection->handshake(true, timeout, [outcome](const std::string& why, bool refused) {
+        outcome->set_value({why, refused});
+      });
+      Outcome result;
+      try {
+        result = done.get();
+      } catch (const std::future_error&) {
+        result = {"the transport closed", false};
+      }
+      if (!result.first.empty()) {
+        connection->close_now();
+        // A certificate refused (by either side) is not a peer gone: the
+        // caller must not treat it as one (a dynamic joiner drops members
+        // it cannot reach).
+        if (result.second) throw AuthenticationError("TLS handshake failed: " + result.first);
+        throw ConnectionError("TLS handshake failed: " + result.first);
+      }
+    }
+    return connection;
   }
 
   void every(std::chrono::milliseconds interval, std::function<bool()> tick) override {
@@ -136,6 +168,13 @@ class TcpTransport final : public PipeTransport {
   }
 
   void close() override {
+    closing_ = true;
+    {
+      // Handshakes still running would hold the I/O threads until their
+      // timeout.
+      MutexLock lock(handshakes_mu_);
+      for (const auto& connection : handshaking_) connection->close_now();
+    }
     asio::post(strand_, [this] {
       closed_ = true;
       boost::system::error_code ignored;
@@ -152,9 +191,42 @@ class TcpTransport final : public PipeTransport {
   }
 
  private:
-  std::shared_ptr<Connection> make_connection(tcp::socket socket) {
+  std::shared_ptr<TcpConnection> make_connection(tcp::socket socket) {
     return std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
-                                           options_.allocate);
+                                           options_.allocate, tls_);
+  }
+
+  // Hands an accepted connection to the agent, after its TLS handshake
+  // when there is TLS.
+  void accepted(std::shared_ptr<TcpConnection> connection) {
+    if (!tls_) {
+      on_accept_(std::move(connection));
+      return;
+    }
+    {
+      MutexLock lock(handshakes_mu_);
+      handshaking_.insert(connection);
+    }
+    if (closing_) connection->close_now();
+    connection->handshake(
+        false, options_.handshake_timeout,
+        [this, connection, peer = connection->remote_address()](const std::string& why,
+                                                                bool) {
+          {
+            MutexLock lock(handshakes_mu_);
+            handshaking_.erase(connection);
+          }
+          if (why.empty() && !closing_) {
+            on_accept_(connection);
+            return;
+          }
+          connection->close_now();
+          if (!closing_) {
+            spdlog::warn("rpc agent \"{}\": refused a connection from {}: TLS handshake "
+                         "failed: {}",
+                         options_.agent_name, peer, why);
+          }
+        });
   }
 
   // Strand only.
@@ -167,7 +239,7 @@ class TcpTransport final : public PipeTransport {
         }
         if (!acceptor_.is_open()) return;
       } else {
-        on_accept_(make_connection(std::move(socket)));
+        accepted(make_connection(std::move(socket)));
       }
       accept_next();
     });
@@ -197,6 +269,11 @@ class TcpTransport final : public PipeTransport {
   bool closed_ = false;     // strand only
   std::vector<std::shared_ptr<asio::steady_timer>> timers_;  // strand only
   std::vector<std::thread> threads_;  // owner's thread
+  std::shared_ptr<asio::ssl::context> tls_;  // null: plain TCP
+  std::atomic<bool> closing_{false};
+  Mutex handshakes_mu_;
+  // Accepted connections whose TLS handshake is still running.
+  std::set<std::shared_ptr<TcpConnection>> handshaking_ SB_GUARDED_BY(handshakes_mu_);
 };
 
 }  // namespace

@@ -1,9 +1,11 @@
 // The TCP PipeTransport (agents/pipe_transport.h): an Asio io_context run
 // by `num_io_threads` threads, a TCP acceptor, and TcpConnections
-// (agents/pipe_tcp_connection.h). Internal to //agents; this header keeps
-// Asio out of the files that include it.
+// (agents/pipe_tcp_connection.h), optionally inside mutual TLS
+// (agents/pipe_tls.h). Internal to //agents; this header keeps Asio out of
+// the files that include it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -11,6 +13,7 @@
 
 #include "agents/pipe_connection.h"
 #include "agents/pipe_frame.h"
+#include "agents/pipe_options.h"
 #include "agents/pipe_transport.h"
 #include "common/listen_address.h"
 
@@ -26,10 +29,18 @@ struct TcpTransportOptions {
   // The listener's port comes from this range when set (else the kernel
   // picks one).
   std::optional<PortRange> ports;
+  // Mutual TLS on every connection when enabled(): connect() returns a
+  // connection only after its handshake, and an accepted connection
+  // reaches the accept callback only after its own. A handshake that
+  // fails or takes longer than `handshake_timeout` is closed: on connect()
+  // as a ConnectionError, on accept with a logged warning naming the peer.
+  PipeTlsOptions tls;
+  std::chrono::milliseconds handshake_timeout{10'000};
 };
 
 // A transport whose connections report to `events`, which must outlive it.
-// Threads start at listen().
+// Threads start at listen(). Throws std::invalid_argument when the TLS
+// files cannot be used (agents/pipe_tls.h).
 std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
                                                   TcpTransportOptions options);
 

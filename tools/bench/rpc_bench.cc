@@ -1,6 +1,6 @@
 // `bench rpc`: our RPC backends against raw TCP and PyTorch's RPC.
 //
-//   bench rpc [--quick] [--only pipe|process_group|torch]
+//   bench rpc [--quick] [--only pipe|pipe_tls|process_group|torch]
 //
 // Every figure is measured between two processes on 127.0.0.1, in this
 // order, one side at a time:
@@ -10,7 +10,9 @@
 //   ours:   per backend, a TcpStore master in this process and two children
 //           in worker mode (`bench rpc --worker BACKEND server|client PORT`)
 //           that init_rpc over it; the server serves "noop" and "echo", the
-//           client measures, and both shut down gracefully;
+//           client measures, and both shut down gracefully (PIPE twice:
+//           over plain TCP, then inside mutual TLS with a CA and a
+//           certificate made for the run);
 //   torch:  /usr/bin/python3 tools/bench/torch_rpc.py (or $SB_TORCH_RPC), a
 //           launcher that hosts a torch TCPStore, prints port=N and runs the
 //           same two roles with PyTorch's TensorPipe backend.
@@ -36,6 +38,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -56,6 +59,7 @@
 #include "tools/bench/report.h"
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
+#include "tools/certs/certificate_authority.h"
 #include "tools/cli/cli.h"
 #include "tools/netns/netns_cluster.h"
 
@@ -122,22 +126,27 @@ constexpr Counts kQuick{.tcp_warmup = 200,
 
 const Counts& counts_for(bool quick) { return quick ? kQuick : kFull; }
 
-// A backend under test: its registry name, the prefix of its figures, and
-// the extra that names the address it listens on.
+// A backend under test: its registry name, the prefix of its figures (and
+// its name for --only and --worker), the extra that names the address it
+// listens on, what the report calls it, and whether its connections are
+// inside mutual TLS (a CA and a certificate made for the run).
 struct Backend {
   const char* name;
   const char* prefix;
   const char* address_extra;
+  const char* label;
+  bool tls = false;
 };
 
 constexpr Backend kBackends[] = {
-    {"PIPE", "pipe", "listen_address"},
-    {"PROCESS_GROUP", "process_group", "hostname"},
+    {"PIPE", "pipe", "listen_address", "PIPE"},
+    {"PIPE", "pipe_tls", "listen_address", "PIPE+TLS", true},
+    {"PROCESS_GROUP", "process_group", "hostname", "PROCESS_GROUP"},
 };
 
-const Backend* find_backend(const std::string& name) {
+const Backend* find_backend(const std::string& prefix) {
   for (const Backend& b : kBackends) {
-    if (name == b.name) return &b;
+    if (prefix == b.prefix) return &b;
   }
   return nullptr;
 }
@@ -275,12 +284,23 @@ struct WorkerArgs {
   bool quick = false;
   std::string store_host = "127.0.0.1";  // the bench's store
   std::string listen = "127.0.0.1";      // this worker's address
+  std::string tls_dir;                   // TLS backends: the run's CA and certificate
 };
 
+// The certificate every worker of a TLS backend uses, in the run's directory.
+constexpr const char* kTlsName = "bench";
+
 std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend,
-                                                        const std::string& listen) {
+                                                        const std::string& listen,
+                                                        const std::string& tls_dir = "") {
+  rpc::Extras extras{{backend.address_extra, listen}};
+  if (backend.tls) {
+    extras["tls_cert_file"] = fmt::format("{}/{}.pem", tls_dir, kTlsName);
+    extras["tls_key_file"] = fmt::format("{}/{}.key", tls_dir, kTlsName);
+    extras["tls_ca_file"] = tls_dir + "/ca.pem";
+  }
   return rpc::construct_rpc_backend_options(rpc::backend_type(backend.name), kRpcTimeout,
-                                            "env://", {{backend.address_extra, listen}});
+                                            "env://", extras);
 }
 
 // Runs one role: init_rpc, the client's measurements, graceful shutdown,
@@ -292,7 +312,7 @@ void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
     rpc::register_function("echo", [](Tensor tensor) { return tensor; });
   }
   rpc::init_rpc(args.role, args.backend->name, server ? 0 : 1, 2,
-                backend_options(*args.backend, args.listen), store);
+                backend_options(*args.backend, args.listen, args.tls_dir), store);
   std::string results = server ? std::string() : measure_client(counts_for(args.quick));
   rpc::shutdown(true, kShutdownTimeout);
   if (server) results = fmt::format("server_peak_rss_MiB={:.6f}\n", peak_rss_mib());
@@ -308,7 +328,7 @@ int run_worker(const WorkerArgs& args) {
     run_role(args, store);
   } catch (const std::exception& e) {
     std::string error =
-        fmt::format("our {} ({}): {}", args.role, args.backend->name, e.what());
+        fmt::format("our {} ({}): {}", args.role, args.backend->label, e.what());
     fmt::print(stderr, "bench rpc: {}\n", error);
     rpc::shutdown(false);
     store->set(fmt::format("bench/{}_done", args.role), error);
@@ -372,18 +392,39 @@ Figures collect(Store& store, const std::vector<pid_t>& children,
   return values;
 }
 
+// A CA and the certificate kTlsName for one run of a TLS backend, in a
+// directory of their own, removed afterwards.
+struct TempCertificates {
+  TempCertificates() {
+    std::string pattern = "/tmp/sb-bench-tls-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+    }
+    dir = pattern;
+    certs::CertificateAuthority ca(dir, "bench CA", 1);
+    ca.issue(kTlsName, 1);
+  }
+  ~TempCertificates() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+  }
+  std::string dir;
+};
+
 // One of our backends; nullopt (after printing why) when it is not here.
 std::optional<Figures> run_ours(const Backend& backend, bool quick, const Placement& where) {
   if (!rpc::backend_registered(backend.name)) {
-    fmt::print("{}: skipped (not registered in this build)\n", backend.name);
+    fmt::print("{}: skipped (not registered in this build)\n", backend.label);
     return std::nullopt;
   }
   try {
     backend_options(backend, where.client);
   } catch (const std::exception& e) {
-    fmt::print("{}: skipped ({})\n", backend.name, e.what());
+    fmt::print("{}: skipped ({})\n", backend.label, e.what());
     return std::nullopt;
   }
+  std::optional<TempCertificates> tls;
+  if (backend.tls) tls.emplace();
   TcpStoreOptions options;
   options.is_master = true;
   options.wait_for_workers = false;
@@ -394,14 +435,15 @@ std::optional<Figures> run_ours(const Backend& backend, bool quick, const Placem
   for (const char* role : {kServer, kClient}) {
     const bool server = role == std::string(kServer);
     std::vector<std::string> argv = server ? where.server_prefix : std::vector<std::string>{};
-    argv.insert(argv.end(), {self_exe(), "rpc", "--worker", backend.name, role,
+    argv.insert(argv.end(), {self_exe(), "rpc", "--worker", backend.prefix, role,
                              std::to_string(store.port()), "--store-host", where.client,
                              "--listen", server ? where.server : where.client});
     if (quick) argv.push_back("--quick");
+    if (tls) argv.insert(argv.end(), {"--tls-dir", tls->dir});
     workers.push_back(std::make_unique<ChildProcess>(argv));
     pids.push_back(workers.back()->pid());
   }
-  Figures figures = collect(store, pids, backend.name);
+  Figures figures = collect(store, pids, backend.label);
   for (auto& worker : workers) worker->stop();
   return figures;
 }
@@ -507,6 +549,21 @@ void print_target(const std::string& name, bool met) {
   print_value("target_" + name, met ? "met" : "missed");
 }
 
+// What TLS costs: each figure of PIPE+TLS over PIPE's in the same run
+// (`pipe_tls_vs_pipe_*`; above 1 is worse for the latencies and the RSS,
+// below 1 for the rates). PIPE's targets are not TLS's: none are printed.
+void compare_tls(const Backend& backend, const Figures& with, const Figures* plain) {
+  if (plain == nullptr) {
+    fmt::print("# rpc: no TLS cost for {} (PIPE was not measured in this run)\n",
+               backend.label);
+    return;
+  }
+  for (const Figure& figure : kFigures) {
+    print_number(fmt::format("{}_vs_pipe_{}", backend.prefix, figure.name),
+                 with.at(figure.name) / plain->at(figure.name), 3);
+  }
+}
+
 // Ratios and targets of one of our backends.
 void compare(const Backend& backend, const Figures& ours, const Figures& tcp,
              const std::optional<Figures>& torch) {
@@ -537,7 +594,7 @@ void compare(const Backend& backend, const Figures& ours, const Figures& tcp,
   }
   print_target(prefix + "_beats_torch", worse.empty());
   if (!worse.empty()) {
-    fmt::print("# rpc: {} not better than torch: {}\n", backend.name,
+    fmt::print("# rpc: {} not better than torch: {}\n", backend.label,
                fmt::join(worse, ", "));
   }
 }
@@ -574,8 +631,8 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
   std::vector<std::pair<const Backend*, Figures>> ours;
   for (const Backend& backend : kBackends) {
     if (!only.empty() && only != backend.prefix) continue;
-    ok &= run_side(backend.name, [&] {
-      progress("rpc: {} (a server and a client process)", backend.name);
+    ok &= run_side(backend.label, [&] {
+      progress("rpc: {} (a server and a client process)", backend.label);
       if (std::optional<Figures> figures = run_ours(backend, quick, where)) {
         print_side(backend.prefix, *figures);
         ours.emplace_back(&backend, std::move(*figures));
@@ -596,11 +653,21 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
     print_value("torch_version", version);
     print_side("torch", *torch);
   });
-  for (const auto& [backend, figures] : ours) compare(*backend, figures, tcp, torch);
+  const Figures* plain_pipe = nullptr;
+  for (const auto& [backend, figures] : ours) {
+    if (std::string(backend->prefix) == "pipe") plain_pipe = &figures;
+  }
+  for (const auto& [backend, figures] : ours) {
+    if (backend->tls) {
+      compare_tls(*backend, figures, plain_pipe);
+    } else {
+      compare(*backend, figures, tcp, torch);
+    }
+  }
   for (const Backend& backend : kBackends) {
     bool measured = std::any_of(ours.begin(), ours.end(),
                                 [&](const auto& side) { return side.first == &backend; });
-    if (!measured) fmt::print("# rpc: no targets for {} (not measured)\n", backend.name);
+    if (!measured) fmt::print("# rpc: no targets for {} (not measured)\n", backend.label);
   }
   print_value("loadavg_end", load_average());
   return ok ? 0 : 1;
@@ -618,6 +685,7 @@ struct Flags {
   std::vector<std::string> worker;  // --worker BACKEND ROLE PORT
   std::string store_host = "127.0.0.1";  // --store-host
   std::string listen = "127.0.0.1";      // --listen
+  std::string tls_dir;                   // --tls-dir
 };
 
 // `bench rpc --hosts`: two network namespaces joined by a virtual switch
@@ -652,6 +720,7 @@ WorkerArgs worker_args(const Flags& flags) {
   args.quick = flags.quick;
   args.store_host = flags.store_host;
   args.listen = flags.listen;
+  args.tls_dir = flags.tls_dir;
   if (args.backend == nullptr) {
     throw CLI::ValidationError(
         "--worker", fmt::format("'{}' is not a backend under test", flags.worker[0]));
@@ -676,7 +745,7 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   CLI::App* sub = bench.add_subcommand(
       "rpc",
       "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's");
-  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|process_group|torch] [--hosts]");
+  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|pipe_tls|process_group|torch] [--hosts]");
   sub->add_flag("--quick", flags->quick, "smaller counts: a smoke run of a few seconds");
   sub->add_flag("--hosts", flags->hosts,
                 "measure between two network namespaces over a veth link instead of on "
@@ -700,6 +769,7 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   sub->add_option("--bind", flags->bind, "the TCP server's address")->group("");
   sub->add_option("--store-host", flags->store_host, "a worker's store address")->group("");
   sub->add_option("--listen", flags->listen, "a worker's listen address")->group("");
+  sub->add_option("--tls-dir", flags->tls_dir, "a TLS worker's CA and certificate")->group("");
   sub->callback([flags, worker] {
     if (!flags->worker.empty()) *worker = worker_args(*flags);
   });
