@@ -128,7 +128,22 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
         world_size(world_in),
         pool(std::move(pool_in)),
         metrics(std::move(metrics_in)),
-        calls(name, pool) {}
+        calls(name, pool) {
+    // A call cancelled by its future: the callee is told with a cancel
+    // message (type kCancel), queued behind what was sent to it before.
+    calls.set_cancel_notifier([this](int dst, uint64_t id) {
+      if (dst == rank) {
+        calls.cancel_request(dst, id);
+        return;
+      }
+      if (dst < 0 || dst >= static_cast<int>(peers.size()) || !peers[dst].sender) return;
+      Message cancel;
+      cancel.type = MessageType::kCancel;
+      cancel.id = id;
+      std::string ignored;  // a failed peer no longer runs the call's handler for us
+      peers[dst].sender->enqueue(std::move(cancel), &ignored);
+    });
+  }
 
   // Immutable after construction.
   const std::shared_ptr<Store> store;
@@ -352,6 +367,8 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   void on_message(int peer, Message m) override {
     if (m.type == MessageType::kRequest) {
       calls.accept(incoming(peer, std::move(m)));
+    } else if (m.type == MessageType::kCancel) {
+      calls.cancel_request(peer, m.id);  // the caller's Future::cancel()
     } else {
       complete_call(peer, std::move(m));
     }

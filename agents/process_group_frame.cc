@@ -126,7 +126,7 @@ Header decode_header(const Tensor& header) {
   }
   const uint8_t type = r.u8();
   if (type < static_cast<uint8_t>(MessageType::kRequest) ||
-      type > static_cast<uint8_t>(MessageType::kError)) {
+      type > static_cast<uint8_t>(MessageType::kCancel)) {
     throw ProtocolError(fmt::format("unknown message type {}", type));
   }
   const uint16_t flags = r.u16();
@@ -143,6 +143,13 @@ Header decode_header(const Tensor& header) {
   h.tensor_count = r.u32();
   h.payload_length = r.u64();
   h.descriptors_length = r.u64();
+  if (h.type == MessageType::kCancel &&
+      (h.function_length | h.tensor_count | h.payload_length | h.descriptors_length) != 0) {
+    throw ProtocolError(fmt::format(
+        "message {}: a cancel carries nothing, got function length {}, tensor count {}, "
+        "payload length {}, descriptors length {}",
+        h.id, h.function_length, h.tensor_count, h.payload_length, h.descriptors_length));
+  }
   check_size(h, "function length", h.function_length, wire::kMaxFunctionLength);
   check_size(h, "payload length", h.payload_length, kMaxPayloadLength);
   check_size(h, "tensor count", h.tensor_count, kMaxTensorsPerMessage);

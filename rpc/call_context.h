@@ -26,8 +26,10 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "rpc/message.h"
 
@@ -97,6 +99,39 @@ using ServerInterceptor = std::function<std::string(const CallContext&)>;
 // functions pass. std::invalid_argument for a bad expression.
 //   context.add_server_interceptor(rpc::allow_callers("apply_update", "ps|trainer-[0-9]+"));
 ServerInterceptor allow_callers(std::string function, const std::string& callers);
+
+// What a client interceptor sees of a call this worker is about to make.
+struct ClientCall {
+  WorkerInfo to;          // the worker called
+  std::string function;   // the function called
+  // How long the call will wait (0: no limit): its timeout, or the time
+  // left of the call being served when that is shorter (the deadline rule).
+  std::chrono::milliseconds timeout{0};
+  size_t payload_bytes = 0;  // the encoded arguments, tensors' bytes apart
+  size_t tensors = 0;        // how many tensors travel with it
+
+  // Runs `done` once the call completes, with its error (null when it
+  // succeeded), on the thread that completes it, before the caller's
+  // future completes; also when a later interceptor refuses the call.
+  // Keep it short and non-blocking (record a timing, count an error).
+  // What it throws is dropped.
+  void on_done(std::function<void(std::exception_ptr)> done) {
+    done_callbacks.push_back(std::move(done));
+  }
+  std::vector<std::function<void(std::exception_ptr)>> done_callbacks;
+};
+
+// A client interceptor (gRPC's term): it sees every call this worker
+// makes (rpc_sync, rpc_async and RpcContext::send, nested calls included)
+// on the calling thread, before the request is sent. It returns "" to let
+// the call go, or a reason to refuse it: the call is not sent, and its
+// future fails with Error(kPermissionDenied) saying `rpc to "w1" function
+// "f": refused by this worker's client interceptor: <reason>`. What it
+// throws refuses the call the same way, with the exception's message.
+// Interceptors run in the order they were added; the first that refuses
+// ends the call. They must be thread-safe (calls are made from many
+// threads at once). With none added, a call costs one atomic load more.
+using ClientInterceptor = std::function<std::string(ClientCall&)>;
 
 // Sets current_call() for its scope (the function registry uses it; a
 // backend that dispatches requests itself may too). Nests: the previous

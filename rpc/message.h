@@ -22,6 +22,11 @@ enum class MessageType : uint8_t {
   kRequest = 1,
   kResponse = 2,
   kError = 3,  // payload: encode_remote_error() (rpc/serialize.h)
+  // Transport-level, for backends that carry Future::cancel() to the
+  // callee in their own messages (PROCESS_GROUP): the caller no longer
+  // waits for request `id`. Nothing else is set. Never handed to a
+  // request handler nor to a caller's future.
+  kCancel = 4,
 };
 
 struct Message {

@@ -15,6 +15,7 @@
 #include "common/mutex.h"
 #include "rpc/agent.h"
 #include "rpc/metrics_exporter.h"
+#include "rpc/remote_error.h"
 #include "rpc/rendezvous.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -368,7 +369,70 @@ Future<Message> RpcContext::send(const WorkerRef& to, Message request,
     if (wait.count() == 0 || left < wait) wait = left;
   }
   request.timeout_ms = static_cast<uint64_t>(wait.count());
-  return state->agent->send(worker, std::move(request), wait);
+  if (!has_client_interceptors_.load(std::memory_order_acquire)) {
+    return state->agent->send(worker, std::move(request), wait);
+  }
+  std::shared_ptr<const std::vector<ClientInterceptor>> interceptors;
+  {
+    MutexLock lock(mu_);
+    interceptors = client_interceptors_;
+  }
+  ClientCall call{worker, request.function, wait, request.payload.size(),
+                  request.tensors.size(), {}};
+  auto finish = [](const std::vector<std::function<void(std::exception_ptr)>>& done,
+                   const std::exception_ptr& error) {
+    for (const auto& callback : done) {
+      try {
+        callback(error);
+      } catch (...) {  // documented: dropped
+      }
+    }
+  };
+  for (const ClientInterceptor& interceptor : *interceptors) {
+    std::string refusal;
+    try {
+      refusal = interceptor(call);
+    } catch (const std::exception& e) {
+      refusal = e.what();
+      if (refusal.empty()) refusal = "the interceptor threw";
+    }
+    if (refusal.empty()) continue;
+    auto error = std::make_exception_ptr(Error(
+        ErrorCode::kPermissionDenied,
+        fmt::format("rpc to \"{}\" function \"{}\": refused by this worker's client "
+                    "interceptor: {}",
+                    worker.name, call.function, refusal)));
+    finish(call.done_callbacks, error);
+    return Future<Message>::failed(error);
+  }
+  Future<Message> sent = state->agent->send(worker, std::move(request), wait);
+  if (call.done_callbacks.empty()) return sent;
+  return sent.then_inline(
+      [done = std::move(call.done_callbacks), finish](const Future<Message>& reply) {
+        // An error response is a message at this layer: the callbacks get
+        // the RemoteError the caller will see.
+        std::exception_ptr error = reply.error();
+        if (!error && reply.value().type == MessageType::kError) {
+          try {
+            error = std::make_exception_ptr(decode_remote_error(reply.value()));
+          } catch (...) {
+            error = std::current_exception();
+          }
+        }
+        finish(done, error);
+        return reply.value();
+      });
+}
+
+void RpcContext::add_client_interceptor(ClientInterceptor interceptor) {
+  SB_REQUIRE(interceptor != nullptr, "add_client_interceptor() with an empty interceptor");
+  MutexLock lock(mu_);
+  auto next = client_interceptors_
+                  ? std::make_shared<std::vector<ClientInterceptor>>(*client_interceptors_)
+                  : std::make_shared<std::vector<ClientInterceptor>>();
+  next->push_back(std::move(interceptor));
+  client_interceptors_ = std::move(next);
+  has_client_interceptors_.store(true, std::memory_order_release);
 }
 
 WorkerInfo RpcContext::get_worker_info() const { return state()->agent->self(); }

@@ -18,6 +18,7 @@
 // or fail with Error(kCancelled).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -135,6 +136,10 @@ class RpcContext {
   void add_server_interceptor(ServerInterceptor interceptor) {
     functions_->add_interceptor(std::move(interceptor));
   }
+  // Adds a client interceptor (rpc/call_context.h): every call this worker
+  // makes from now on passes it before it is sent. Kept across shutdown
+  // and re-init. std::invalid_argument for an empty one.
+  void add_client_interceptor(ClientInterceptor interceptor) SB_EXCLUDES(mu_);
 
   // Calls `function` on `to` (a name, WorkerInfo or id) with `args`,
   // optionally led by with_timeout(t) (else options.rpc_timeout; 0: none).
@@ -213,6 +218,11 @@ class RpcContext {
   Mutex lifecycle_mu_;  // serializes init_rpc and shutdown
   mutable Mutex mu_;
   std::shared_ptr<State> state_ SB_GUARDED_BY(mu_);  // null when uninitialized
+  // Client interceptors, copied on write; `has_client_interceptors_` spares
+  // calls the lock while there are none.
+  std::shared_ptr<const std::vector<ClientInterceptor>> client_interceptors_
+      SB_GUARDED_BY(mu_);
+  std::atomic<bool> has_client_interceptors_{false};
 };
 
 // ---------------------------------------------------------------------------
@@ -238,6 +248,10 @@ void register_function(std::string name, F&& f) {
 
 inline void add_server_interceptor(ServerInterceptor interceptor) {
   RpcContext::global().add_server_interceptor(std::move(interceptor));
+}
+
+inline void add_client_interceptor(ClientInterceptor interceptor) {
+  RpcContext::global().add_client_interceptor(std::move(interceptor));
 }
 
 template <typename R = void, typename... Args>

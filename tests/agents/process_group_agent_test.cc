@@ -99,7 +99,8 @@ TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
           "[agents][pg_agent][wire]") {
   namespace wire = agents::process_group_wire;
   const std::string defect =
-      GENERATE(as<std::string>{}, "magic", "version", "type", "sizes", "cuda descriptor");
+      GENERATE(as<std::string>{}, "magic", "version", "type", "sizes", "cuda descriptor",
+               "cancel with a body");
   INFO("defect: " << defect);
   auto store = std::make_shared<HashStore>();
   std::unique_ptr<ProcessGroupAgent> agent;
@@ -152,6 +153,9 @@ TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
   } else if (defect == "sizes") {
     b[19] = 0x7f;  // function length ~2 GiB
     expected = "sizes out of range";
+  } else if (defect == "cancel with a body") {
+    b[5] = static_cast<uint8_t>(MessageType::kCancel);  // still naming a function
+    expected = "a cancel carries nothing, got function length 5";
   }
   Tensor descriptor;
   if (defect == "cuda descriptor") {

@@ -331,6 +331,10 @@ struct Impl : std::enable_shared_from_this<Impl> {
     // refused by enter() (its rank taken) must not take out the rank's owner.
     found->enter(rank, world_size, name, shared_from_this());
     fabric = std::move(found);
+    // A call cancelled by its future: the callee's table is told directly.
+    calls.set_cancel_notifier([this](int dst, uint64_t id) {
+      if (std::shared_ptr<Impl> target = fabric->peer(dst)) target->calls.cancel_request(rank, id);
+    });
     const std::vector<int> missing = fabric->wait_entered(deadline, bounded);
     if (!missing.empty()) {
       throw TimeoutError(fmt::format(

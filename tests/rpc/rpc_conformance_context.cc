@@ -1,6 +1,6 @@
 // The RPC conformance suite, continued: what a function knows of the call
 // it serves (rpc/call_context.h): its caller, its deadline and nested calls,
-// cancellation by the caller, and server interceptors. Same binaries, same
+// cancellation by the caller, and server and client interceptors. Same binaries, same
 // backends as rpc_conformance.cc.
 #include <fmt/format.h>
 
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/call_context.h"
 #include "rpc/remote_error.h"
 #include "rpc/rpc.h"
@@ -159,3 +160,103 @@ TEST_CASE("a call's deadline reaches the function and every call it makes", "[rp
   }
 }
 
+
+TEST_CASE("client interceptors see every call before it is sent, may refuse it, and hear "
+          "how it ended",
+          "[rpc][context][interceptor]") {
+  struct Seen {
+    Mutex mu;
+    std::vector<std::string> calls SB_GUARDED_BY(mu);   // "to function timeout tensors"
+    std::vector<std::string> ended SB_GUARDED_BY(mu);   // "function ok|<error>"
+  };
+  auto seen = std::make_shared<Seen>();
+  Cluster cluster(2, [seen](int rank, RpcContext& self) {
+    self.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+    self.register_function("fail", []() -> int64_t { throw std::runtime_error("no"); });
+    // A function that calls back: its nested call passes w1's interceptors.
+    self.register_function("relay", [&self](std::string to) {
+      return self.rpc_sync<int64_t>(to, "add", int64_t{1}, int64_t{1});
+    });
+    if (rank != 1) return;
+    self.add_client_interceptor([seen](rpc::ClientCall& call) {
+      {
+        MutexLock lock(seen->mu);
+        seen->calls.push_back(fmt::format("{} {} {} {}", call.to.name, call.function,
+                                          call.timeout.count(), call.tensors));
+      }
+      call.on_done([seen, function = call.function](std::exception_ptr error) {
+        std::string how = "ok";
+        if (error) {
+          try {
+            std::rethrow_exception(error);
+          } catch (const std::exception& e) {
+            how = e.what();
+          }
+        }
+        MutexLock lock(seen->mu);
+        seen->ended.push_back(function + " " + how);
+      });
+      return std::string();
+    });
+    self.add_client_interceptor([](rpc::ClientCall& call) {
+      if (call.function == "forbidden") return std::string("this worker may not call it");
+      if (call.function == "thrown") throw std::runtime_error("the interceptor threw here");
+      return std::string();
+    });
+  });
+  RpcContext& w1 = cluster[1];
+  CHECK(w1.rpc_sync<int64_t>("w0", "add", rpc::with_timeout(7s), int64_t{2}, int64_t{3}) == 5);
+  CHECK_THROWS_AS(w1.rpc_sync<int64_t>("w0", "fail"), rpc::RemoteError);
+  for (const char* refused : {"forbidden", "thrown"}) {
+    INFO(refused);
+    try {
+      w1.rpc_sync<int64_t>("w0", refused);
+      FAIL("the call was sent");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::kPermissionDenied);
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format(
+                               "rpc to \"w0\" function \"{}\": refused by this worker's "
+                               "client interceptor: ",
+                               refused)));
+    }
+  }
+  // w0 has no client interceptor; its call to w1's relay makes a nested
+  // call from w1, which w1's interceptors see.
+  CHECK(cluster[0].rpc_sync<int64_t>("w1", "relay", std::string("w0")) == 2);
+
+  MutexLock lock(seen->mu);
+  CHECK(seen->calls == std::vector<std::string>{"w0 add 7000 0", "w0 fail 30000 0",
+                                                "w0 forbidden 30000 0", "w0 thrown 30000 0",
+                                                seen->calls.back()});
+  CHECK_THAT(seen->calls.back(), Catch::StartsWith("w0 add "));
+  REQUIRE(seen->ended.size() == 5);
+  CHECK(seen->ended[0] == "add ok");
+  CHECK_THAT(seen->ended[1], Catch::StartsWith("fail ") && Catch::Contains("no"));
+  CHECK_THAT(seen->ended[2], Catch::Contains("this worker may not call it"));
+  CHECK_THAT(seen->ended[3], Catch::Contains("the interceptor threw here"));
+  CHECK(seen->ended[4] == "add ok");
+  CHECK_THROWS_AS(w1.add_client_interceptor(nullptr), std::invalid_argument);
+}
+
+TEST_CASE("a function learns that its caller cancelled the call", "[rpc][context][cancel]") {
+  auto gate = std::make_shared<Gate>(30s);
+  auto noticed = std::make_shared<std::atomic<int>>(-1);  // -1: not yet known
+  Cluster cluster(2, [gate, noticed](int, RpcContext& self) {
+    self.register_function("work", [gate, noticed] {
+      const rpc::CallContext* call = rpc::current_call();
+      gate->pass();
+      *noticed = call != nullptr && call->cancelled() ? 1 : 0;
+      return int64_t{1};
+    });
+    self.register_function("echo", [](int64_t x) { return x; });
+  });
+  rpc::Future<int64_t> call = cluster[1].rpc_async<int64_t>("w0", "work");
+  REQUIRE(gate->wait_arrived(1));
+  CHECK(call.cancel());
+  // A call made after the cancel, to the same worker: once it is answered,
+  // the callee has taken in the cancel, which went before it.
+  CHECK(cluster[1].rpc_sync<int64_t>("w0", "echo", int64_t{7}) == 7);
+  gate->open();
+  cluster.shutdown_all();
+  CHECK(noticed->load() == 1);
+}
