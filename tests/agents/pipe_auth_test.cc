@@ -83,29 +83,6 @@ class Served {
 
 using pipe_test::request;
 
-bool round_trip(PipeAgent& from, const std::string& to) {
-  Future<Message> reply = from.send(from.worker(to), request("echo"), kGuard);
-  return reply.wait_for(kGuard) && !reply.has_error() &&
-         reply.value().payload == std::vector<uint8_t>{1, 2, 3};
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const AuthenticationError& e) {
-    return std::string("AuthenticationError: ") + e.what();
-  } catch (const TimeoutError& e) {
-    return std::string("TimeoutError: ") + e.what();
-  } catch (const ConnectionError& e) {
-    return std::string("ConnectionError: ") + e.what();
-  } catch (const std::invalid_argument& e) {
-    return std::string("invalid_argument: ") + e.what();
-  } catch (const std::exception& e) {
-    return std::string("other: ") + e.what();
-  }
-  return "none";
-}
-
 // A static group of `secrets.size()` workers "w<r>", worker r with
 // secrets[r]; each construction's error ("none" when it joined).
 struct StaticGroup {
@@ -116,7 +93,7 @@ struct StaticGroup {
     agents.resize(n);
     errors.resize(n);
     on_threads(n, [&](int r) {
-      errors[r] = error_of([&] {
+      errors[r] = pipe_test::thrown_by([&] {
         agents[r] = std::make_unique<PipeAgent>(store, fmt::format("w{}", r), r, n,
                                                 options_with(secrets[r], timeout));
       });
@@ -203,7 +180,7 @@ TEST_CASE("workers that share the job secret form a static group and call each o
   for (int from = 0; from < 3; ++from) {
     for (int to = 0; to < 3; ++to) {
       INFO("w" << from << " to w" << to);
-      CHECK(round_trip(*group.agents[from], fmt::format("w{}", to)));
+      CHECK(pipe_test::echo_round_trip(*group.agents[from], fmt::format("w{}", to)));
     }
   }
 }
@@ -239,8 +216,8 @@ TEST_CASE("a hello without a proof is refused before any request after it is rea
   CHECK_THAT(answer->reason, Catch::Contains("requires the job secret"));
   CHECK(stranger.closed_by_peer());
   CHECK_FALSE(group.served.served("sneaky"));
-  CHECK(round_trip(*group.agents[0], "w1"));
-  CHECK(round_trip(*group.agents[1], "w0"));
+  CHECK(pipe_test::echo_round_trip(*group.agents[0], "w1"));
+  CHECK(pipe_test::echo_round_trip(*group.agents[1], "w0"));
 }
 
 TEST_CASE("a proof recorded on one connection is refused on another", "[pipe][auth]") {
@@ -283,7 +260,7 @@ TEST_CASE("a proof recorded on one connection is refused on another", "[pipe][au
   replay.send_request("replayed");
   CHECK(replay.closed_by_peer());
   CHECK_FALSE(group.served.served("replayed"));
-  CHECK(round_trip(*group.agents[1], "w0"));
+  CHECK(pipe_test::echo_round_trip(*group.agents[1], "w0"));
 }
 
 TEST_CASE("a joiner with another secret, or none, cannot join a dynamic group, which is "
@@ -303,13 +280,13 @@ TEST_CASE("a joiner with another secret, or none, cannot join a dynamic group, w
     if (change.kind == rpc::MembershipChange::Kind::kJoined) joined.push_back(change.worker.name);
   });
 
-  const std::string other = error_of(
+  const std::string other = pipe_test::thrown_by(
       [&] { PipeAgent j(store, "j", 2, std::nullopt, options_with(secret_of('x'), 5s)); });
   CHECK_THAT(other, Catch::StartsWith("AuthenticationError"));
   CHECK_THAT(other, Catch::Contains("cannot join the dynamic group"));
   CHECK_THAT(other, Catch::Contains("does not match this worker's job secret"));
 
-  const std::string none = error_of(
+  const std::string none = pipe_test::thrown_by(
       [&] { PipeAgent j(store, "k", 3, std::nullopt, options_with(no_secret(), 5s)); });
   CHECK_THAT(none, Catch::StartsWith("invalid_argument"));
   CHECK_THAT(none, Catch::Contains("requires the job secret"));
@@ -318,8 +295,8 @@ TEST_CASE("a joiner with another secret, or none, cannot join a dynamic group, w
   PipeAgent good(store, "good", 4, std::nullopt, options_with(secret));
   served.serve(good);
   CHECK(m0.workers().size() == 3);
-  CHECK(round_trip(good, "m0"));
-  CHECK(round_trip(m1, "good"));
+  CHECK(pipe_test::echo_round_trip(good, "m0"));
+  CHECK(pipe_test::echo_round_trip(m1, "good"));
   MutexLock lock(mu);
   CHECK(std::find(joined.begin(), joined.end(), "j") == joined.end());
   CHECK(std::find(joined.begin(), joined.end(), "k") == joined.end());

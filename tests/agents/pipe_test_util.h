@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,9 @@ inline std::string kind_of(std::exception_ptr error, std::string& message) {
   } catch (const TimeoutError& e) {
     message = e.what();
     return "TimeoutError";
+  } catch (const AuthenticationError& e) {
+    message = e.what();
+    return "AuthenticationError";
   } catch (const rpc::RemoteError& e) {
     message = e.what();
     return "RemoteError";
@@ -84,6 +88,19 @@ Outcome outcome_of(const Future<T>& future) {
   outcome.at = Clock::now();
   outcome.kind = future.has_error() ? kind_of(future.error(), outcome.message) : "none";
   return outcome;
+}
+
+// What `run` threw, as "Kind: message" with kind_of()'s kinds ("none" when
+// it returned).
+inline std::string thrown_by(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (...) {
+    std::string message;
+    const std::string kind = kind_of(std::current_exception(), message);
+    return kind + ": " + message;
+  }
+  return "none";
 }
 
 // PIPE options for the tests: loopback, a small pool, plus `more`.
@@ -137,6 +154,15 @@ inline rpc::Message request(const std::string& function,
   m.function = function;
   m.payload = std::move(payload);
   return m;
+}
+
+// Whether `from` gets its payload back from worker `to`, which echoes
+// (request() carries {1, 2, 3}).
+template <typename Agent>
+bool echo_round_trip(Agent& from, const std::string& to) {
+  Future<rpc::Message> reply = from.send(from.worker(to), request("echo"), kGuard);
+  return reply.wait_for(kGuard) && !reply.has_error() &&
+         reply.value().payload == std::vector<uint8_t>{1, 2, 3};
 }
 
 // A TCP socket connected to 127.0.0.1:port (the test fails otherwise); the

@@ -64,29 +64,6 @@ void serve_echo(PipeAgent& agent) {
   });
 }
 
-bool round_trip(PipeAgent& from, const std::string& to) {
-  Future<Message> reply = from.send(from.worker(to), request("echo"), kGuard);
-  return reply.wait_for(kGuard) && !reply.has_error() &&
-         reply.value().payload == std::vector<uint8_t>{1, 2, 3};
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const AuthenticationError& e) {
-    return std::string("AuthenticationError: ") + e.what();
-  } catch (const ConnectionError& e) {
-    return std::string("ConnectionError: ") + e.what();
-  } catch (const TimeoutError& e) {
-    return std::string("TimeoutError: ") + e.what();
-  } catch (const std::invalid_argument& e) {
-    return std::string("invalid_argument: ") + e.what();
-  } catch (const std::exception& e) {
-    return std::string("other: ") + e.what();
-  }
-  return "none";
-}
-
 // Two dynamic members "m0" and "m1" with certificates of `ca`.
 struct TlsGroup {
   explicit TlsGroup(TestCa& ca)
@@ -99,7 +76,7 @@ struct TlsGroup {
   // A joiner with `tls`: the error its construction threw ("none" when it
   // joined).
   std::string join(const std::string& name, int rank, PipeTlsOptions tls) {
-    return error_of([&] {
+    return pipe_test::thrown_by([&] {
       PipeAgent joiner(store, name, rank, std::nullopt, options_with(std::move(tls), 5s));
     });
   }
@@ -172,14 +149,14 @@ TEST_CASE("a joiner whose certificate another CA signed, or expired, or that has
   CHECK_THAT(plain, Catch::Contains("worker \"m0\" uses TLS and worker \"p\" does not"));
 
   CHECK(group.m0.workers().size() == 2);
-  CHECK(round_trip(group.m0, "m1"));
-  CHECK(round_trip(group.m1, "m0"));
+  CHECK(pipe_test::echo_round_trip(group.m0, "m1"));
+  CHECK(pipe_test::echo_round_trip(group.m1, "m0"));
   // A joiner with a certificate of the job's CA gets in.
   PipeAgent good(group.store, "good", 6, std::nullopt,
                  options_with(tls_of(ca.issue("good"), ca.ca_file())));
   serve_echo(good);
-  CHECK(round_trip(good, "m0"));
-  CHECK(round_trip(group.m1, "good"));
+  CHECK(pipe_test::echo_round_trip(good, "m0"));
+  CHECK(pipe_test::echo_round_trip(group.m1, "good"));
   CHECK(group.m0.workers().size() == 3);
 }
 
@@ -190,7 +167,7 @@ TEST_CASE("a static group where one worker has no TLS fails at once, naming both
   std::vector<std::string> errors(2);
   const TlsFiles w0 = ca.issue("w0");
   testing::on_threads(2, [&](int r) {
-    errors[r] = error_of([&] {
+    errors[r] = pipe_test::thrown_by([&] {
       PipeAgent agent(store, fmt::format("w{}", r), r, 2,
                       options_with(r == 0 ? tls_of(w0, ca.ca_file()) : PipeTlsOptions{}));
     });
@@ -223,7 +200,7 @@ TEST_CASE("TLS files that cannot be used are refused at construction, named", "[
   const TlsFiles mine = ca.issue("w0");
   const TlsFiles other = ca.issue("w1");
   auto construct = [&](PipeTlsOptions tls) {
-    return error_of([&] {
+    return pipe_test::thrown_by([&] {
       PipeAgent agent(std::make_shared<HashStore>(), "w0", 0, 1, options_with(std::move(tls)));
     });
   };
