@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/listen_address.h"
 #include "rpc/remote_error.h"
+#include "rpc/quiet_group.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -660,9 +661,17 @@ void PipeAgent::join(Timeout timeout) {
     s.membership->leave(timeout);
     return;
   }
-  const auto deadline = Clock::now() + timeout;
-  s.calls.drain(timeout, fmt::format("join on rpc worker \"{}\"", s.name));
-  s.rendezvous->barrier(timeout.count() > 0 ? std::optional(deadline) : std::nullopt);
+  // Every join of the group gets its own keys: all workers join as often.
+  rpc::QuietGroup group;
+  group.calls = &s.calls;
+  group.store = s.store.get();
+  group.prefix = fmt::format("join/{}/", s.join_generation++);
+  group.rank = s.rank;
+  for (int r = 0; r < s.capacity; ++r) group.names.push_back(s.peers.name_of(r));
+  group.gone = [&s](int r) { return s.peers.gone(r); };
+  group.timeout = timeout;
+  group.who = fmt::format("join on rpc worker \"{}\"", s.name);
+  rpc::wait_for_quiet_group(group);
 }
 
 void PipeAgent::shutdown() {

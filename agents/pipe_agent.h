@@ -56,11 +56,11 @@ class PipeAgent final : public rpc::RpcAgent {
   std::vector<rpc::WorkerInfo> workers() const override;
   void set_membership_listener(rpc::MembershipListener listener) override;
 
-  // Static: waits until this agent has no call in flight and no request
-  // being handled, then meets every worker at a Gloo barrier. Dynamic:
-  // leaves the group (docs/pipe.md, "Dynamic groups"). TimeoutError after `timeout` (0: none; a
-  // minute for the dynamic token) naming what was still in flight or the
-  // barrier.
+  // Static: waits until the whole group is quiet (rpc/quiet_group.h, over
+  // the store). Dynamic: leaves the group (docs/pipe.md, "Dynamic groups").
+  // TimeoutError after `timeout` (0: none; a minute for the dynamic token)
+  // naming what was still in flight, or the workers missing or busy;
+  // ConnectionError naming workers that shut down or were lost first.
   void join(Timeout timeout) override;
   // Fails pending calls with Error(kCancelled), says goodbye to every peer,
   // closes the sockets, joins the I/O threads and the pool. Idempotent;

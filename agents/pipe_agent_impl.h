@@ -116,6 +116,9 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   std::unique_ptr<StaticRendezvous> rendezvous;  // static groups
   std::unique_ptr<Membership> membership;        // dynamic groups
   std::atomic<bool> shut_down{false};
+  // join()s made so far (static groups): each meets the others under keys
+  // of its own.
+  std::atomic<uint64_t> join_generation{0};
   // The heartbeat's last tick, and when silence counts from (a late tick
   // restarts the count: heartbeat()); the heartbeat timer's own.
   std::atomic<int64_t> last_heartbeat_ns{0};

@@ -376,6 +376,14 @@ std::string PeerTable::reason(int peer) const {
   return status_[peer].reason;
 }
 
+std::optional<std::string> PeerTable::gone(int peer) const {
+  MutexLock lock(mu_);
+  const Status& s = status_[peer];
+  if (s.state == State::kLeft) return std::string("shut down");
+  if (s.state == State::kLost) return fmt::format("was lost ({})", s.reason);
+  return std::nullopt;
+}
+
 rpc::WorkerInfo PeerTable::find(const std::string& name) const {
   MutexLock lock(mu_);
   const PeerInfo* found = nullptr;

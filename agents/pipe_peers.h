@@ -194,6 +194,9 @@ class PeerTable {
   bool is_up(int peer) const SB_EXCLUDES(mu_);
   // Why the peer is down ("" while up).
   std::string reason(int peer) const SB_EXCLUDES(mu_);
+  // How a peer is gone, when it is: "shut down" (it said goodbye) or "was
+  // lost (<reason>)"; nullopt while it is up, connecting or absent.
+  std::optional<std::string> gone(int peer) const SB_EXCLUDES(mu_);
   // Who the peer is (published peers only; see above).
   const PeerInfo& info(int peer) const { return infos_[peer]; }
   const std::string& name_of(int peer) const { return infos_[peer].info.name; }

@@ -88,19 +88,6 @@ std::string StaticRendezvous::accept_hello(const Hello& hello,
   return std::string();
 }
 
-void StaticRendezvous::barrier(std::optional<Clock::time_point> deadline) {
-  if (!deadline) {
-    gloo_->barrier().wait();
-    return;
-  }
-  // The Gloo op itself is bounded by what is left, not by the group's
-  // timeout (rpc_timeout): a barrier that a lost worker never joins must
-  // not hold close() (which waits for the running op) past the deadline.
-  const auto left =
-      std::max(Timeout(1), std::chrono::duration_cast<Timeout>(*deadline - Clock::now()));
-  gloo_->barrier(left).wait();
-}
-
 void StaticRendezvous::close() { gloo_.reset(); }
 
 }  // namespace switchboard::agents

@@ -3,13 +3,13 @@
 // group"): the all-gather of every worker's announcement over a Gloo
 // group, the name and device-map checks, connecting the mesh (rank i
 // connects to every rank below it) and waiting until every peer is
-// connected; then the hellos of the higher ranks, and join()'s barrier.
-// Internal to //agents.
+// connected; then the hellos of the higher ranks. (join() waits for the
+// group to be quiet over the store: rpc/quiet_group.h.) Internal to
+// //agents.
 //
 // Thread safety: run() once, on the constructing thread; check_hello() on
-// any thread (it reads what run() published in the peer table); barrier()
-// and close() on the owner's thread (join() and shutdown()), not
-// concurrently with each other.
+// any thread (it reads what run() published in the peer table); close() on
+// the owner's thread (shutdown()).
 // Ownership: owns the Gloo group; shares nothing else (the store, peer
 // table and transport are the agent's and outlive this).
 #pragma once
@@ -57,9 +57,6 @@ class StaticRendezvous {
   // it (the protocol error to close the connection with).
   std::string accept_hello(const Hello& hello, const std::shared_ptr<Connection>& connection);
 
-  // Every worker meets here (join()); TimeoutError at `deadline` (none:
-  // waits for ever).
-  void barrier(std::optional<std::chrono::steady_clock::time_point> deadline);
   // Destroys the Gloo group (shutdown).
   void close();
 

@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/mutex.h"
 #include "rpc/call_table.h"
+#include "rpc/quiet_group.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -441,30 +442,20 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   // ------------------------------------------------------------ join
 
   void join(Timeout timeout) {
-    const bool bounded = timeout.count() > 0;
-    const auto deadline = Clock::now() + timeout;
-    const std::string who = fmt::format("join on rpc worker \"{}\"", name);
-    calls.drain(timeout, who);
     uint64_t generation = 0;
     {
       MutexLock lock(mu);
       generation = join_generation++;
     }
-    const std::string prefix = fmt::format("{}{}/", wire::kJoinKey, generation);
-    const std::vector<std::string> keys = rank_keys(prefix);
-    store->set(keys[rank], "1");
-    try {
-      store->wait(keys, store_timeout(deadline, bounded));
-    } catch (const TimeoutError&) {
-      std::vector<std::string> missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!store->check({keys[r]}))
-          missing.push_back(fmt::format("\"{}\"", workers[r].name));
-      }
-      throw TimeoutError(
-          fmt::format("{}: timed out after {} ms waiting for workers [{}] to join", who,
-                      timeout.count(), fmt::join(missing, ", ")));
-    }
+    rpc::QuietGroup group;
+    group.calls = &calls;
+    group.store = store.get();
+    group.prefix = fmt::format("{}{}/", wire::kJoinKey, generation);
+    group.rank = rank;
+    for (const WorkerInfo& w : workers) group.names.push_back(w.name);
+    group.timeout = timeout;
+    group.who = fmt::format("join on rpc worker \"{}\"", name);
+    rpc::wait_for_quiet_group(group);
   }
 
   // ------------------------------------------------------------ shutdown

@@ -80,15 +80,12 @@ class ProcessGroupAgent final : public rpc::RpcAgent {
   // Every worker, by rank.
   std::vector<rpc::WorkerInfo> workers() const override;
 
-  // Waits until this agent has no call in flight and no request being
-  // handled, then for every worker to reach the same join() (a barrier over
-  // store keys "rpc/join/<generation>/<rank>"; every worker must call
-  // join() equally often). When every worker passed its first phase, no
-  // call was in flight anywhere. TimeoutError after `timeout` (0: none),
-  // naming the calls still in flight or the workers that did not arrive.
-  // Error(kCancelled) when the agent was shut down before or during the
-  // first phase (the store wait of the second is not interrupted: it ends
-  // when the others arrive or at the timeout).
+  // Waits until the whole group is quiet (rpc/quiet_group.h: rounds over
+  // store keys "rpc/join/<generation>/<round>/<rank>"; every worker must
+  // call join() equally often). TimeoutError after `timeout` (0: none),
+  // naming the calls still in flight here, or the workers that did not
+  // arrive or were still busy. Error(kCancelled) when the agent was shut
+  // down meanwhile.
   void join(Timeout timeout) override;
 
   // Fails pending calls with Error(kCancelled), stops the listeners and

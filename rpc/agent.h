@@ -82,9 +82,10 @@ class RpcAgent {
   virtual WorkerInfo worker(int id) const = 0;
   virtual std::vector<WorkerInfo> workers() const = 0;
 
-  // Static groups: a barrier; returns when every worker called join() and
-  // none has requests in flight (sent and unanswered). Dynamic groups: this
-  // worker leaves (see the agent). TimeoutError after `timeout`.
+  // Static groups: returns when every worker called join() and the group
+  // is quiet: none has requests in flight (sent and unanswered) or will
+  // send more (rpc/quiet_group.h does this over the store). Dynamic groups:
+  // this worker leaves (see the agent). TimeoutError after `timeout`.
   virtual void join(Timeout timeout) = 0;
 
   // Agents of dynamic groups call `listener` on the pool, once per change,
@@ -94,7 +95,9 @@ class RpcAgent {
   virtual void set_membership_listener(MembershipListener listener) { (void)listener; }
   // Stops serving and sending; fails pending futures with
   // Error(kCancelled); joins every thread. Idempotent. Waits for handlers
-  // already running (a handler that never returns blocks it), nothing else.
+  // already running until the pool's shutdown deadline
+  // (ThreadPool::set_shutdown_deadline; RpcContext::shutdown sets it from
+  // its timeout), nothing else.
   virtual void shutdown() = 0;
 
   // The pool that runs handlers and callbacks (shared with the RPC layer).

@@ -120,6 +120,7 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // with someone in wait_idle() (see wake_idle_waiters()).
   std::atomic<size_t> in_flight{0};
   std::atomic<size_t> handling{0};
+  std::atomic<uint64_t> calls_added{0};  // calls ever added
   // Requests whose reply has not been handed to the agent yet: what the
   // metrics call in progress (a caller that has its answer sees its request
   // counted out). `handling` lasts until the reply was given.
@@ -487,6 +488,7 @@ CallTable::Added CallTable::add(Call call) {
   promise.on_cancel(std::weak_ptr<CancelHook>(state_), added.id);
   s.pending.emplace(added.id, State::Pending{std::move(promise), std::move(call), deadline,
                                              now, &stats});
+  s.calls_added.fetch_add(1, std::memory_order_relaxed);
   s.in_flight.fetch_add(1);
   // Calls still in the table: not the one whose future is completing
   // while its caller adds the next (see Added::in_flight).
@@ -684,13 +686,17 @@ void CallTable::drain(std::chrono::milliseconds timeout, const std::string& who)
 }
 
 CallTable::Load CallTable::load() const {
-  return Load{state_->in_flight.load(), state_->handling.load()};
+  // Read first: a call counted in flight has been counted as added.
+  const uint64_t added = state_->calls_added.load();
+  return Load{state_->in_flight.load(), state_->handling.load(), added};
 }
 
 void CallTable::close() {
   State& s = *state_;
   std::vector<Failure> cancelled;
   std::vector<int> dropped_peers;  // of the requests that waited for start()
+  // Handlers still running learn that their reply will not be sent.
+  s.callers.cancel_everything();
   {
     MutexLock lock(s.mu);
     if (s.closed) return;

@@ -121,6 +121,7 @@ class CallTable {
   struct Load {
     size_t calls_in_flight = 0;  // added, future not yet completed
     size_t handling = 0;         // accepted, reply not yet given
+    uint64_t calls_started = 0;  // every call ever added (rpc/quiet_group.h)
   };
 
   // `agent_name` names this worker in errors; `executor` (non-null) runs

@@ -50,6 +50,7 @@ void CallerRequests::cancel(int caller, uint64_t id) {
 }
 
 bool CallerRequests::request_cancelled(int caller, uint64_t id) const {
+  if (everything_cancelled_.load(std::memory_order_relaxed)) return true;
   if (cancelled_count_.load(std::memory_order_relaxed) == 0) return false;
   MutexLock lock(mu_);
   return cancelled_.count({caller, id}) > 0;

@@ -44,6 +44,9 @@ class CallerRequests final : public CancellationSource {
   // kKeptCancelled later cancellations for one that had ended already).
   void cancel(int caller, uint64_t id) SB_EXCLUDES(mu_);
   bool request_cancelled(int caller, uint64_t id) const override SB_EXCLUDES(mu_);
+  // Every request, running or to come, counts as cancelled from now on
+  // (the table was closed: no reply will be sent).
+  void cancel_everything() { everything_cancelled_.store(true); }
   // The request is over.
   void forget(int caller, uint64_t id) SB_EXCLUDES(mu_);
 
@@ -62,6 +65,7 @@ class CallerRequests final : public CancellationSource {
   std::set<std::pair<int, uint64_t>> cancelled_ SB_GUARDED_BY(mu_);
   std::deque<std::pair<int, uint64_t>> cancelled_order_ SB_GUARDED_BY(mu_);
   std::atomic<size_t> cancelled_count_{0};  // cancelled_.size(), read without mu_
+  std::atomic<bool> everything_cancelled_{false};
 };
 
 }  // namespace switchboard::rpc

@@ -465,10 +465,16 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     state = state_;
   }
   if (state == nullptr) return;
+  // One bound for all of it (0: none): the group's wait, then the handlers
+  // still running, whose threads are left to them past it.
+  const std::chrono::milliseconds bound = timeout.value_or(state->options->rpc_timeout);
+  if (bound.count() > 0) {
+    state->agent->pool()->set_shutdown_deadline(std::chrono::steady_clock::now() + bound);
+  }
   std::exception_ptr join_error;
   if (graceful) {
     try {
-      state->agent->join(timeout.value_or(state->options->rpc_timeout));
+      state->agent->join(bound);
     } catch (...) {
       join_error = std::current_exception();
     }
@@ -487,7 +493,8 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     state->agent->shutdown();
   }
   if (join_error) {
-    spdlog::warn("rpc worker \"{}\": graceful shutdown's barrier failed; stopped anyway",
+    spdlog::warn("rpc worker \"{}\": graceful shutdown's wait for the group failed; "
+                 "stopped anyway",
                  state->agent->self().name);
     std::rethrow_exception(join_error);
   }

@@ -185,15 +185,20 @@ class RpcContext {
   // Error(kFailedPrecondition) before init_rpc.
   std::optional<uint16_t> metrics_port() const;
 
-  // Graceful, static group: waits (the agent's join(), a barrier) until
-  // every worker called shutdown and none has calls outstanding, then stops;
-  // a failing barrier (TimeoutError after `timeout`, default
-  // options.rpc_timeout) still stops this worker, then rethrows. Graceful,
-  // dynamic group: leaves (takes the membership token, says goodbye,
-  // finishes its calls in flight). Ungraceful: stops at once, failing
-  // pending futures with Error(kCancelled). Afterwards the context may
-  // init_rpc again; uninitialized, returns at once. Waits for handlers that
-  // are running.
+  // Graceful, static group: waits (the agent's join()) until the whole
+  // group is quiet: no worker has calls outstanding or will make more
+  // (rpc/quiet_group.h), then stops; a failing wait (TimeoutError;
+  // ConnectionError for workers that shut down without joining) still
+  // stops this worker, then rethrows. Graceful, dynamic group: leaves
+  // (takes the membership token, says goodbye, finishes its calls in
+  // flight). Ungraceful: stops at once, failing pending futures with
+  // Error(kCancelled). Either way, handlers still running see their call
+  // cancelled (CallContext::cancelled()), and shutdown waits for them only
+  // while its bound lasts; past it their threads are left to finish on
+  // their own (logged) and their replies are not sent. `timeout` (default
+  // options.rpc_timeout; 0: none) bounds the whole of shutdown, the wait
+  // for the group included. Afterwards the context may init_rpc again;
+  // uninitialized, returns at once.
   void shutdown(bool graceful = true,
                 std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -46,6 +47,11 @@ struct ThreadPool::Impl {
   // and a task that blocks never holds back the ones queued behind it).
   size_t waking SB_GUARDED_BY(mu) = 0;
   bool closed SB_GUARDED_BY(mu) = false;
+  // shutdown() waits for running tasks until then at most; then the
+  // threads are detached (`abandoned`) and this state is kept for them.
+  std::optional<std::chrono::steady_clock::time_point> shutdown_deadline SB_GUARDED_BY(mu);
+  bool abandoned SB_GUARDED_BY(mu) = false;
+  CondVar exit_cv;  // `live` reached 0
   std::chrono::milliseconds idle_timeout SB_GUARDED_BY(mu) = kDefaultIdleTimeout;
   std::shared_ptr<AgentMetrics> agent_metrics SB_GUARDED_BY(mu);
 
@@ -59,6 +65,9 @@ struct ThreadPool::Impl {
   void run_task(std::function<void()>& task) SB_EXCLUDES(mu);
   void close() SB_EXCLUDES(mu);
   void join_all() SB_EXCLUDES(mu, join_mu);
+  // join_all(), or, when the shutdown deadline passes while tasks still
+  // run, detaches the threads and keeps this state for them (false).
+  bool join_all_until_deadline(const std::shared_ptr<Impl>& self) SB_EXCLUDES(mu, join_mu);
 };
 
 namespace {
@@ -86,6 +95,13 @@ class Reaper {
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     pending_.push_back(std::move(pool));
     cv_.notify_one();
+  }
+
+  // Keeps the state of a pool whose threads were left running past its
+  // shutdown deadline (they use it until they return; never freed).
+  void keep(std::shared_ptr<ThreadPool::Impl> pool) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    kept_.push_back(std::move(pool));
   }
 
   ~Reaper() SB_EXCLUDES(mu_) {
@@ -118,6 +134,7 @@ class Reaper {
   Mutex mu_;
   CondVar cv_;
   std::deque<std::shared_ptr<ThreadPool::Impl>> pending_ SB_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<ThreadPool::Impl>> kept_ SB_GUARDED_BY(mu_);
   bool stopping_ SB_GUARDED_BY(mu_) = false;
   std::thread thread_ SB_GUARDED_BY(mu_);
 };
@@ -132,6 +149,7 @@ void ThreadPool::Impl::start_thread() {
 // Growth rule: there is queued work no idle thread will take, and blocked
 // threads leave fewer than num_threads threads able to run it.
 void ThreadPool::Impl::maybe_grow() {
+  if (abandoned) return;  // no thread may be added that nobody would join
   if (queue.size() <= idle || live - blocked >= num_threads || live >= max_threads) {
     return;
   }
@@ -159,7 +177,7 @@ void ThreadPool::Impl::retire_self() {
     retired.push_back(std::move(*self));
     threads.erase(self);
   }
-  --live;
+  if (--live == 0) exit_cv.notify_all();
 }
 
 void ThreadPool::Impl::run_task(std::function<void()>& task) {
@@ -220,7 +238,7 @@ void ThreadPool::Impl::run() {
       return;
     }
   }
-  --live;
+  if (--live == 0) exit_cv.notify_all();
 }
 
 void ThreadPool::Impl::close() {
@@ -249,6 +267,41 @@ void ThreadPool::Impl::join_all() {
   }
 }
 
+bool ThreadPool::Impl::join_all_until_deadline(const std::shared_ptr<Impl>& self) {
+  {
+    MutexLock lock(mu);
+    if (abandoned) return false;
+    if (shutdown_deadline) {
+      exit_cv.wait_until(mu, *shutdown_deadline, [&]() SB_REQUIRES(mu) { return live == 0; });
+    }
+    if (shutdown_deadline && live > 0) {
+      // Past the deadline: the threads finish what they run (and what is
+      // queued) on their own; nobody waits for them.
+      spdlog::warn(
+          "ThreadPool \"{}\": shutdown's deadline passed with {} task(s) still running and "
+          "{} queued; their threads are left to finish on their own (a handler that does "
+          "not stop when its call is cancelled keeps its thread)",
+          name, live - idle, queue.size());
+      abandoned = true;
+      for (auto& t : threads) t.detach();
+      for (auto& t : retired) t.detach();
+      threads.clear();
+      retired.clear();
+    }
+  }
+  bool left_running = false;
+  {
+    MutexLock lock(mu);
+    left_running = abandoned;
+  }
+  if (left_running) {
+    Reaper::instance().keep(self);
+    return false;
+  }
+  join_all();
+  return true;
+}
+
 ThreadPool::ThreadPool(size_t num_threads, std::string name, size_t max_threads) {
   SB_REQUIRE(num_threads > 0, "ThreadPool \"{}\": num_threads must be at least 1", name);
   if (max_threads == 0) max_threads = std::max<size_t>(32 * num_threads, 64);
@@ -271,7 +324,7 @@ ThreadPool::~ThreadPool() {
   impl_->owner.store(nullptr);
   impl_->close();
   if (tl_pool != impl_.get()) {
-    impl_->join_all();
+    impl_->join_all_until_deadline(impl_);
     return;
   }
   try {
@@ -308,7 +361,12 @@ void ThreadPool::post(std::function<void()> task) {
 void ThreadPool::shutdown() {
   impl_->close();
   if (tl_pool == impl_.get()) return;  // cannot join ourselves; see the header
-  impl_->join_all();
+  impl_->join_all_until_deadline(impl_);
+}
+
+void ThreadPool::set_shutdown_deadline(std::chrono::steady_clock::time_point deadline) {
+  MutexLock lock(impl_->mu);
+  impl_->shutdown_deadline = deadline;
 }
 
 size_t ThreadPool::size() const {

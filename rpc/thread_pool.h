@@ -10,8 +10,11 @@
 // beyond `num_threads` exit after an idle timeout (set_idle_timeout).
 //
 // Threads and lifetimes: the pool owns its threads and joins every one of
-// them; none is detached. shutdown() stops accepting tasks, lets the threads
-// run every task already queued, then joins them. Called on one of the
+// them, except past a shutdown deadline (set_shutdown_deadline()): then
+// shutdown() stops waiting, and the threads still running tasks are left to
+// finish them on their own (detached; the pool's state is kept for them
+// until the process exits). shutdown() stops accepting tasks, lets the
+// threads run every task already queued, then joins them. Called on one of the
 // pool's own threads, shutdown() cannot join that thread: it closes the pool
 // and returns at once; the threads exit once the queue is empty and are
 // joined by the next shutdown() made from another thread, or by the
@@ -69,9 +72,17 @@ class ThreadPool final : public Executor {
   void post(std::function<void()> task) override;
 
   // Stops accepting tasks, runs the tasks already queued, and joins every
-  // thread (waiting for running tasks to return). Idempotent. On a pool
-  // thread it only closes the pool and returns without waiting (see above).
+  // thread (waiting for running tasks to return), or, when the shutdown
+  // deadline passes first, leaves the threads still at work to finish on
+  // their own (logged with how many tasks were running). Idempotent. On a
+  // pool thread it only closes the pool and returns without waiting (see
+  // above).
   void shutdown();
+  // Bounds every later shutdown() (the destructor's included): it waits
+  // for running tasks until `deadline` at most. What RpcContext::shutdown()
+  // sets from its timeout, so that a handler that never returns cannot
+  // hold the caller of shutdown.
+  void set_shutdown_deadline(std::chrono::steady_clock::time_point deadline);
 
   // The number of threads now alive (grows past num_threads while threads
   // are blocked, shrinks back after the idle timeout, 0 once joined).

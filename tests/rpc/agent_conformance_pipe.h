@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-#include <optional>
 #include <string>
 
 #include "tests/rpc/agent_conformance.h"
@@ -17,14 +16,6 @@ class PipeFactory final : public RegistryAgentFactory {
  public:
   explicit PipeFactory(const rpc::Extras& more = {})
       : RegistryAgentFactory("PIPE", with(more)) {}
-
-  std::optional<std::string> limitation(Limitation what) const override {
-    if (what == Limitation::kJoinNamesMissingWorkers) {
-      return "PIPE's join() meets the others at a Gloo barrier, which cannot tell "
-             "which workers are missing or gone (agents/pipe_agent.h)";
-    }
-    return std::nullopt;
-  }
 
   // A PIPE worker says goodbye when it shuts down: its peers report it as
   // having left rather than lost (agents/pipe_agent.h).

@@ -672,3 +672,26 @@ TEST_CASE("cancelling a future made by then() cancels the future it came from", 
   CHECK(source.get_future().has_error());
   CHECK(derived.has_error());
 }
+
+TEST_CASE("past its shutdown deadline a pool leaves a running task to finish on its own",
+          "[pool][shutdown]") {
+  auto let_go = std::make_shared<Promise<void>>();
+  auto started = std::make_shared<Promise<void>>();
+  auto finished = std::make_shared<Promise<void>>();
+  {
+    ThreadPool pool(2, "deadline");
+    pool.post([let_go, started, finished] {
+      started->set_value();
+      (void)let_go->get_future().wait_for(60s);  // a task that does not return
+      finished->set_value();
+    });
+    REQUIRE(started->get_future().wait_for(60s));
+    pool.set_shutdown_deadline(std::chrono::steady_clock::now() + 50ms);
+    pool.shutdown();  // returns although the task still runs
+    CHECK_FALSE(finished->get_future().done());
+    CHECK_THROWS_AS(pool.post([] {}), Error);
+  }  // nor does the destructor wait
+  let_go->set_value();
+  // The task goes on, on its own thread, after the pool object is gone.
+  CHECK(finished->get_future().wait_for(60s));
+}

@@ -28,6 +28,7 @@
 #include "common/mutex.h"
 #include "rpc/message.h"
 #include "rpc/call_table.h"
+#include "rpc/quiet_group.h"
 #include "store/store.h"
 
 namespace switchboard::testing {
@@ -90,7 +91,7 @@ struct Impl;
 // ---------------------------------------------------------------- Fabric
 
 // The meeting point of one group's agents: which agent serves each rank,
-// and the join() barrier. Shared by the agents of the group (and weakly by
+// and which left. Shared by the agents of the group (and weakly by
 // the process-global table below). Holds agents weakly: an agent that goes
 // away without leave() counts as gone.
 //
@@ -98,8 +99,6 @@ struct Impl;
 // it (the agents call the fabric, never the other way round).
 class Fabric {
  public:
-  enum class BarrierResult { kPassed, kTimedOut, kPeerLeft, kSelfLeft };
-
   explicit Fabric(std::string id) : id_(std::move(id)) {}
   const std::string& id() const { return id_; }
 
@@ -170,60 +169,22 @@ class Fabric {
     return others;
   }
 
-  // join()'s second phase: `rank` arrives at barrier `generation` and waits
-  // for every rank to arrive there. On failure `missing` gets the ranks
-  // that did not arrive (kTimedOut) or that left without arriving
-  // (kPeerLeft). kSelfLeft: `rank` left (shut down) while waiting.
-  BarrierResult barrier(int rank, uint64_t generation, Clock::time_point deadline,
-                        bool bounded, std::vector<int>& missing) SB_EXCLUDES(mu_) {
+  // Whether `rank` left the group (shut down), for join().
+  bool left(int rank) SB_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    // std::map: the reference stays valid until this entry is erased, which
-    // happens only after every rank arrived and returned.
-    Arrivals& arrivals = barriers_[generation];
-    arrivals.ranks.insert(rank);
-    cv_.notify_all();
-    auto finish = [&](BarrierResult result) SB_REQUIRES(mu_) {
-      if (++arrivals.returned == world_size_) barriers_.erase(generation);
-      return result;
-    };
-    for (;;) {
-      if (static_cast<int>(arrivals.ranks.size()) == world_size_) {
-        return finish(BarrierResult::kPassed);
-      }
-      if (left_[rank]) return finish(BarrierResult::kSelfLeft);
-      missing.clear();
-      for (int r = 0; r < world_size_; ++r) {
-        if (arrivals.ranks.count(r) == 0 && left_[r]) missing.push_back(r);
-      }
-      if (!missing.empty()) return finish(BarrierResult::kPeerLeft);
-      if (!bounded) {
-        cv_.wait(mu_);
-      } else if (cv_.wait_until(mu_, deadline) == std::cv_status::timeout &&
-                 static_cast<int>(arrivals.ranks.size()) != world_size_) {
-        for (int r = 0; r < world_size_; ++r) {
-          if (arrivals.ranks.count(r) == 0) missing.push_back(r);
-        }
-        return finish(BarrierResult::kTimedOut);
-      }
-    }
+    return rank >= 0 && rank < world_size_ && left_[rank];
   }
 
  private:
-  struct Arrivals {
-    std::set<int> ranks;  // arrived
-    int returned = 0;     // waiters that returned (any result)
-  };
-
   const std::string id_;
   Mutex mu_;
-  CondVar cv_;  // entries, departures, arrivals
+  CondVar cv_;  // entries and departures
   int world_size_ SB_GUARDED_BY(mu_) = -1;  // set by the first enter
   std::vector<std::weak_ptr<Impl>> slots_ SB_GUARDED_BY(mu_);  // by rank
   std::vector<std::string> names_ SB_GUARDED_BY(mu_);
   std::vector<bool> entered_ SB_GUARDED_BY(mu_);
   std::vector<bool> left_ SB_GUARDED_BY(mu_);
   int num_entered_ SB_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, Arrivals> barriers_ SB_GUARDED_BY(mu_);  // by generation
 };
 
 // The process-global table of fabrics by id. Holds them weakly: a fabric
@@ -299,6 +260,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // agents read them after finding it there); `fabric` once it entered
   // (read by this agent's own calls, all of which come after construction).
   std::shared_ptr<Fabric> fabric;
+  std::shared_ptr<Store> store;  // the group's: join() meets the others there
   std::vector<WorkerInfo> workers;  // by rank
   std::unordered_map<std::string, int> ranks_by_name;
   // The transport's counters, by rank (null for this worker): what a real
@@ -322,7 +284,8 @@ struct Impl : std::enable_shared_from_this<Impl> {
   }
 
   // Blocks until every rank of the group is in the fabric; see the header.
-  void rendezvous(const std::shared_ptr<Store>& store, Timeout timeout) {
+  void rendezvous(const std::shared_ptr<Store>& store_in, Timeout timeout) {
+    store = store_in;
     const bool bounded = timeout.count() > 0;
     const auto deadline = Clock::now() + timeout;
     std::shared_ptr<Fabric> found = find_fabric(*store);
@@ -570,35 +533,24 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // ------------------------------------------------------------ join
 
   void join(Timeout timeout) {
-    SB_REQUIRE(timeout.count() >= 0, "join on rpc worker \"{}\": negative timeout {} ms",
-               name, timeout.count());
-    const bool bounded = timeout.count() > 0;
-    const auto deadline = Clock::now() + timeout;
-    const std::string who = fmt::format("join on rpc worker \"{}\"", name);
-    calls.drain(timeout, who);
     uint64_t generation = 0;
     {
       MutexLock lock(mu);
       generation = join_generation++;
     }
-    std::vector<int> missing;
-    const auto result = fabric->barrier(rank, generation, deadline, bounded, missing);
-    std::vector<std::string> names;
-    for (int r : missing) names.push_back(fmt::format("\"{}\"", workers[r].name));
-    switch (result) {
-      case Fabric::BarrierResult::kPassed:
-        return;
-      case Fabric::BarrierResult::kTimedOut:
-        throw TimeoutError(
-            fmt::format("{}: timed out after {} ms waiting for workers [{}] to join", who,
-                        timeout.count(), fmt::join(names, ", ")));
-      case Fabric::BarrierResult::kPeerLeft:
-        throw ConnectionError(fmt::format("{}: workers [{}] shut down without joining",
-                                          who, fmt::join(names, ", ")));
-      case Fabric::BarrierResult::kSelfLeft:
-        throw Error(ErrorCode::kCancelled,
-                    fmt::format("{}: rpc agent \"{}\" shut down", who, name));
-    }
+    rpc::QuietGroup group;
+    group.calls = &calls;
+    group.store = store.get();
+    group.prefix = fmt::format("local/join/{}/", generation);
+    group.rank = rank;
+    for (const WorkerInfo& w : workers) group.names.push_back(w.name);
+    group.gone = [this](int r) -> std::optional<std::string> {
+      if (fabric->left(r)) return std::string("shut down");
+      return std::nullopt;
+    };
+    group.timeout = timeout;
+    group.who = fmt::format("join on rpc worker \"{}\"", name);
+    rpc::wait_for_quiet_group(group);
   }
 
   // ------------------------------------------------------------ shutdown

@@ -1,0 +1,145 @@
+#include "rpc/quiet_group.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "common/check.h"
+#include "common/error.h"
+
+namespace switchboard::rpc {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long one store wait lasts before `gone` is asked again.
+constexpr std::chrono::milliseconds kGoneCheckInterval{100};
+
+std::string quoted_names(const QuietGroup& group, const std::vector<int>& ranks) {
+  std::vector<std::string> names;
+  for (int r : ranks) names.push_back(fmt::format("\"{}\"", group.names[r]));
+  return fmt::format("[{}]", fmt::join(names, ", "));
+}
+
+uint64_t parse_count(const Bytes& bytes, const std::string& key) {
+  uint64_t value = 0;
+  const char* begin = reinterpret_cast<const char*>(bytes.data());
+  const auto [end, error] = std::from_chars(begin, begin + bytes.size(), value);
+  if (error != std::errc() || end != begin + bytes.size()) {
+    throw ProtocolError(fmt::format("store key \"{}\" holds \"{}\", not a count", key,
+                                    std::string(begin, bytes.size())));
+  }
+  return value;
+}
+
+// Waits until every rank's key of a round is in the store; throws as the
+// header says when the deadline passes or a rank is gone.
+void wait_for_round(const QuietGroup& group, const std::vector<std::string>& keys,
+                    std::optional<Clock::time_point> deadline) {
+  for (;;) {
+    auto slice = kGoneCheckInterval;
+    if (deadline) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          *deadline - Clock::now());
+      slice = std::clamp(left, std::chrono::milliseconds(1), slice);
+    }
+    try {
+      group.store->wait(keys, slice);
+      return;
+    } catch (const TimeoutError&) {
+    }
+    std::vector<int> missing;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      if (!group.store->check({keys[r]})) missing.push_back(static_cast<int>(r));
+    }
+    if (missing.empty()) return;
+    if (group.calls->closed()) {
+      throw Error(ErrorCode::kCancelled,
+                  fmt::format("{}: rpc agent \"{}\" shut down", group.who,
+                              group.calls->agent_name()));
+    }
+    if (group.gone) {
+      std::vector<int> gone;
+      std::vector<std::string> how;
+      bool all_shut_down = true;
+      for (int r : missing) {
+        if (std::optional<std::string> h = group.gone(r)) {
+          gone.push_back(r);
+          how.push_back(fmt::format("\"{}\" {}", group.names[r], *h));
+          all_shut_down &= *h == "shut down";
+        }
+      }
+      if (!gone.empty()) {
+        throw ConnectionError(
+            all_shut_down
+                ? fmt::format("{}: workers {} shut down without joining", group.who,
+                              quoted_names(group, gone))
+                : fmt::format("{}: workers {} are gone without joining ({})", group.who,
+                              quoted_names(group, gone), fmt::join(how, "; ")));
+      }
+    }
+    if (deadline && Clock::now() >= *deadline) {
+      throw TimeoutError(fmt::format("{}: timed out after {} ms waiting for workers {} to join",
+                                     group.who, group.timeout.count(),
+                                     quoted_names(group, missing)));
+    }
+  }
+}
+
+}  // namespace
+
+int wait_for_quiet_group(const QuietGroup& group) {
+  SB_REQUIRE(group.calls != nullptr && group.store != nullptr,
+             "{}: wait_for_quiet_group needs a call table and a store", group.who);
+  SB_REQUIRE(group.timeout.count() >= 0, "{}: negative timeout {} ms", group.who,
+             group.timeout.count());
+  const int world = static_cast<int>(group.names.size());
+  std::optional<Clock::time_point> deadline;
+  if (group.timeout.count() > 0) deadline = Clock::now() + group.timeout;
+  uint64_t reported_started = group.calls->load().calls_started;
+  for (int round = 1;; ++round) {
+    // This worker first: its own calls and requests.
+    switch (group.calls->wait_idle(deadline)) {
+      case CallTable::Idle::kIdle:
+        break;
+      case CallTable::Idle::kTimedOut: {
+        const CallTable::Load now = group.calls->load();
+        throw TimeoutError(fmt::format(
+            "{}: timed out after {} ms with {} calls in flight and {} requests being handled",
+            group.who, group.timeout.count(), now.calls_in_flight, now.handling));
+      }
+      case CallTable::Idle::kClosed:
+        throw Error(ErrorCode::kCancelled, fmt::format("{}: rpc agent \"{}\" shut down",
+                                                       group.who, group.calls->agent_name()));
+    }
+    const CallTable::Load load = group.calls->load();
+    const uint64_t activity =
+        load.calls_in_flight + load.handling + (load.calls_started - reported_started);
+    reported_started = load.calls_started;
+    std::vector<std::string> keys;
+    for (int r = 0; r < world; ++r) keys.push_back(fmt::format("{}{}/{}", group.prefix, round, r));
+    group.store->set(keys[group.rank], std::to_string(activity));
+    wait_for_round(group, keys, deadline);
+    // Every rank has read the previous round before writing this one.
+    if (round > 1) {
+      group.store->delete_key(fmt::format("{}{}/{}", group.prefix, round - 1, group.rank));
+    }
+    const std::vector<Bytes> values = group.store->multi_get(keys);
+    std::vector<int> busy;
+    for (int r = 0; r < world; ++r) {
+      if (parse_count(values[r], keys[r]) > 0) busy.push_back(r);
+    }
+    if (busy.empty()) return round;
+    if (deadline && Clock::now() >= *deadline) {
+      throw TimeoutError(fmt::format(
+          "{}: timed out after {} ms: the group was not quiet after {} rounds (workers {} "
+          "were still making or serving calls)",
+          group.who, group.timeout.count(), round, quoted_names(group, busy)));
+    }
+  }
+}
+
+}  // namespace switchboard::rpc
