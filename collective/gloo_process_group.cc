@@ -27,6 +27,7 @@
 #include <optional>
 #include <thread>
 
+#include "collective/gloo_signature.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/listen_address.h"
@@ -145,6 +146,18 @@ std::exception_ptr translate_gloo_error(const std::string& where,
   }
 }
 
+// An op with no bytes still meets the others, under its own tag: a rank
+// that disagrees (elements on one side, none on the other) is then stuck
+// with the rest, where the SignatureWatch finds it, instead of one rank
+// returning while the others wait.
+void empty_op(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_t tag,
+              std::chrono::milliseconds timeout) {
+  gloo::BarrierOptions opts(context);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::barrier(opts);
+}
+
 }  // namespace
 
 struct GlooProcessGroup::Impl {
@@ -163,7 +176,10 @@ struct GlooProcessGroup::Impl {
   CondVar cv;
   std::deque<Op> queue SB_GUARDED_BY(mu);
   bool stopping SB_GUARDED_BY(mu) = false;
-  uint32_t next_tag SB_GUARDED_BY(mu) = 0;  // collectives' Gloo tags
+  uint64_t next_tag SB_GUARDED_BY(mu) = 0;  // collectives issued (their tags: op_tag())
+  // Compares the ranks' signatures beside each op (null for a group of one).
+  // Used by the op thread only; destroyed after it is joined.
+  std::unique_ptr<SignatureWatch> watch;
   std::thread worker;
 
   // Posted sends and recvs waiting for a waiter thread.
@@ -172,6 +188,7 @@ struct GlooProcessGroup::Impl {
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     Tensor tensor;  // keeps the bytes alive while Gloo may touch them
     bool is_send = false;
+    bool any_source = false;  // recv_any(): the Work learns the sender
   };
   CondVar p2p_cv;
   std::deque<P2p> p2p_queue SB_GUARDED_BY(mu);
@@ -210,8 +227,10 @@ struct GlooProcessGroup::Impl {
   }
 
   // Queues `run` (which receives the op's Gloo tag) and returns its Work.
-  // `timeout`: what `run` gives Gloo (nullopt: op_timeout), for the errors.
-  Work enqueue(const std::string& op, std::function<void(uint32_t)> run,
+  // Before `run`, the ranks compare their signatures (gloo_signature.h): a
+  // mismatch fails the op on every rank instead of reaching Gloo. `timeout`:
+  // what `run` gives Gloo (nullopt: op_timeout), for the errors.
+  Work enqueue(const std::string& op, OpSignature signature, std::function<void(uint32_t)> run,
                std::optional<std::chrono::milliseconds> timeout = std::nullopt)
       SB_EXCLUDES(mu) {
     Work work(group.work_info(op));
@@ -221,12 +240,39 @@ struct GlooProcessGroup::Impl {
         throw Error(ErrorCode::kCancelled,
                     fmt::format("{}: the group is shutting down", group.where(op)));
       }
-      const uint32_t tag = next_tag++;
-      queue.push_back(Op{work, [run = std::move(run), tag] { run(tag); },
-                         timeout.value_or(op_timeout)});
+      const uint64_t sequence = next_tag++;
+      const auto limit = timeout.value_or(op_timeout);
+      queue.push_back(Op{work,
+                         [this, run = std::move(run), sequence, limit,
+                          signature = std::move(signature), at = group.where(op)] {
+                           run_checked(sequence, signature, limit, at, run);
+                         },
+                         limit});
     }
     cv.notify_one();
     return work;
+  }
+
+  // Runs an op under its signature's tag while `watch` compares the ranks'
+  // signatures (gloo_signature.h); a disagreement wins over the error it
+  // causes in the op.
+  void run_checked(uint64_t sequence, const OpSignature& signature,
+                   std::chrono::milliseconds limit, const std::string& at,
+                   const std::function<void(uint32_t)>& run) {
+    const uint32_t tag = op_tag(sequence, signature);
+    if (!watch) {
+      run(tag);
+      return;
+    }
+    watch->begin(sequence, signature, limit, at);
+    std::exception_ptr op_error;
+    try {
+      run(tag);
+    } catch (...) {
+      op_error = std::current_exception();
+    }
+    watch->end();  // throws when the ranks disagreed
+    if (op_error) std::rethrow_exception(op_error);
   }
 
   std::exception_ptr cancelled(const std::string& op) const {
@@ -263,6 +309,7 @@ struct GlooProcessGroup::Impl {
     for (auto& op : queued) op.work.fail(cancelled(op.work.info().op));
     for (auto& p2p : posted) p2p.work.fail(cancelled(p2p.work.info().op));
     if (worker.joinable()) worker.join();
+    watch.reset();
     for (auto& waiter : threads) waiter.join();
   }
 
@@ -272,10 +319,12 @@ struct GlooProcessGroup::Impl {
   // a shorter timeout waits on the Work, not on Gloo. Each posted op gets a
   // waiter of its own (idle waiters are reused, new ones started when none
   // is idle), so a send that completes late never holds up another.
+  // `peer` -1 (a recv only): from any other rank.
   Work post_p2p(const std::string& op, const Tensor& tensor, int peer, int tag,
                 bool is_send) SB_EXCLUDES(mu) {
     Work work(group.work_info(op));
-    if (tensor.nbytes() == 0) {
+    const bool any_source = peer < 0;
+    if (tensor.nbytes() == 0 && !any_source) {
       work.complete();
       return work;
     }
@@ -283,6 +332,12 @@ struct GlooProcessGroup::Impl {
     try {
       if (is_send) {
         buffer->send(peer, static_cast<uint64_t>(tag));
+      } else if (any_source) {
+        std::vector<int> sources;
+        for (int r = 0; r < group.size(); ++r) {
+          if (r != group.rank()) sources.push_back(r);
+        }
+        buffer->recv(sources, static_cast<uint64_t>(tag));
       } else {
         buffer->recv(peer, static_cast<uint64_t>(tag));
       }
@@ -292,7 +347,7 @@ struct GlooProcessGroup::Impl {
     {
       MutexLock lock(mu);
       if (stopping) std::rethrow_exception(cancelled(op));
-      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send});
+      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send, any_source});
       if (idle_waiters == 0) {
         waiters.emplace_back([this] { run_waiter(); });
       } else {
@@ -315,9 +370,12 @@ struct GlooProcessGroup::Impl {
         in_flight.emplace(p2p.buffer.get(), p2p.is_send);
       }
       try {
+        int source = -1;
         const bool finished = p2p.is_send ? p2p.buffer->waitSend(op_timeout)
-                                          : p2p.buffer->waitRecv(op_timeout);
-        if (finished) {
+                                          : p2p.buffer->waitRecv(&source, op_timeout);
+        if (finished && p2p.any_source) {
+          p2p.work.complete_from(source);
+        } else if (finished) {
           p2p.work.complete();
         } else {
           p2p.work.fail(cancelled(p2p.work.info().op));
@@ -392,6 +450,7 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
   }
   context->setTimeout(impl_->op_timeout);
   impl_->context = std::move(context);
+  if (size > 1) impl_->watch = std::make_unique<SignatureWatch>(impl_->context);
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }
 
@@ -407,13 +466,13 @@ Work GlooProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   const std::string at = where("allreduce");
   checks::tensor(at, tensor, kCpu);
   checks::reduce_op(at, op, tensor.dtype());
-  if (tensor.nbytes() == 0 || size() == 1) {
-    return Work::done(work_info("allreduce"));
-  }
+  if (size() == 1) return Work::done(work_info("allreduce"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
-  return impl_->enqueue("allreduce", [=](uint32_t tag) {
+  return impl_->enqueue("allreduce", OpSignature::of("allreduce", tensor, -1, op),
+                        [=](uint32_t tag) {
+    if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
     with_element_type(tensor.dtype(), [&](auto element) {
       using T = decltype(element);
       gloo::AllreduceOptions opts(context);
@@ -438,12 +497,12 @@ Work GlooProcessGroup::broadcast(Tensor& tensor, int src_rank) {
   const std::string at = where("broadcast");
   checks::tensor(at, tensor, kCpu);
   checks::rank(at, src_rank, size(), "src_rank");
-  if (tensor.nbytes() == 0 || size() == 1) {
-    return Work::done(work_info("broadcast"));
-  }
+  if (size() == 1) return Work::done(work_info("broadcast"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
-  return impl_->enqueue("broadcast", [=](uint32_t tag) {
+  return impl_->enqueue("broadcast", OpSignature::of("broadcast", tensor, src_rank),
+                        [=](uint32_t tag) {
+    if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
     gloo::BroadcastOptions opts(context);
     opts.setOutput(static_cast<uint8_t*>(tensor.data()), tensor.nbytes());
     opts.setRoot(src_rank);
@@ -458,14 +517,14 @@ Work GlooProcessGroup::reduce(Tensor& tensor, int dst_rank, ReduceOp op) {
   checks::tensor(at, tensor, kCpu);
   checks::rank(at, dst_rank, size(), "dst_rank");
   checks::reduce_op(at, op, tensor.dtype());
-  if (tensor.nbytes() == 0 || size() == 1) {
-    return Work::done(work_info("reduce"));
-  }
+  if (size() == 1) return Work::done(work_info("reduce"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
   const bool is_root = rank() == dst_rank;
-  return impl_->enqueue("reduce", [=](uint32_t tag) {
+  return impl_->enqueue("reduce", OpSignature::of("reduce", tensor, dst_rank, op),
+                        [=](uint32_t tag) {
+    if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
     // Gloo's reduce uses its output as scratch on every rank; reduce from a
     // copy so that only dst's tensor changes, as the contract says.
     Tensor scratch = is_root ? tensor : tensor.clone();
@@ -495,13 +554,14 @@ Work GlooProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& inp
   const std::string at = where("allgather");
   checks::tensor(at, input, kCpu);
   checks::list(at, outputs, static_cast<size_t>(size()), input, "outputs", kCpu);
-  if (input.nbytes() == 0) return Work::done(work_info("allgather"));
+  if (input.nbytes() == 0 && size() == 1) return Work::done(work_info("allgather"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
   std::vector<Tensor> outs = outputs;  // aliases of the caller's tensors
-  return impl_->enqueue("allgather", [=](uint32_t tag) {
+  return impl_->enqueue("allgather", OpSignature::of("allgather", input), [=](uint32_t tag) {
     const size_t chunk = input.nbytes();
+    if (chunk == 0) return empty_op(context, tag, timeout);
     std::vector<uint8_t> flat(chunk * static_cast<size_t>(n));
     gloo::AllgatherOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
@@ -524,13 +584,15 @@ Work GlooProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input,
   if (is_root) {
     checks::list(at, outputs, static_cast<size_t>(size()), input, "outputs", kCpu);
   }
-  if (input.nbytes() == 0) return Work::done(work_info("gather"));
+  if (input.nbytes() == 0 && size() == 1) return Work::done(work_info("gather"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
   std::vector<Tensor> outs = is_root ? outputs : std::vector<Tensor>{};
-  return impl_->enqueue("gather", [=](uint32_t tag) {
+  return impl_->enqueue("gather", OpSignature::of("gather", input, dst_rank),
+                        [=](uint32_t tag) {
     const size_t chunk = input.nbytes();
+    if (chunk == 0) return empty_op(context, tag, timeout);
     std::vector<uint8_t> flat(is_root ? chunk * static_cast<size_t>(n) : 0);
     gloo::GatherOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
@@ -554,11 +616,13 @@ Work GlooProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs
   if (is_root) {
     checks::list(at, inputs, static_cast<size_t>(size()), output, "inputs", kCpu);
   }
-  if (output.nbytes() == 0) return Work::done(work_info("scatter"));
+  if (output.nbytes() == 0 && size() == 1) return Work::done(work_info("scatter"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   std::vector<Tensor> ins = is_root ? inputs : std::vector<Tensor>{};
-  return impl_->enqueue("scatter", [=](uint32_t tag) {
+  return impl_->enqueue("scatter", OpSignature::of("scatter", output, src_rank),
+                        [=](uint32_t tag) {
+    if (output.nbytes() == 0) return empty_op(context, tag, timeout);
     gloo::ScatterOptions opts(context);
     if (is_root) {
       std::vector<uint8_t*> ptrs;
@@ -579,12 +643,14 @@ Work GlooProcessGroup::reduce_scatter(Tensor& output, const std::vector<Tensor>&
   checks::tensor(at, output, kCpu);
   checks::list(at, inputs, static_cast<size_t>(size()), output, "inputs", kCpu);
   checks::reduce_op(at, op, output.dtype());
-  if (output.nbytes() == 0) return Work::done(work_info("reduce_scatter"));
+  if (output.nbytes() == 0 && size() == 1) return Work::done(work_info("reduce_scatter"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
   const int me = rank();
-  return impl_->enqueue("reduce_scatter", [=](uint32_t tag) {
+  return impl_->enqueue("reduce_scatter", OpSignature::of("reduce_scatter", output, -1, op),
+                        [=](uint32_t tag) {
+    if (output.nbytes() == 0) return empty_op(context, tag, timeout);
     // Allreduce of the concatenated inputs, then keep this rank's chunk.
     const size_t chunk = output.nbytes();
     const size_t count = static_cast<size_t>(output.numel());
@@ -621,13 +687,14 @@ Work GlooProcessGroup::alltoall(std::vector<Tensor>& outputs,
   checks::tensor(at, inputs[0], kCpu);
   checks::list(at, inputs, static_cast<size_t>(size()), inputs[0], "inputs", kCpu);
   checks::list(at, outputs, static_cast<size_t>(size()), inputs[0], "outputs", kCpu);
-  if (inputs[0].nbytes() == 0) return Work::done(work_info("alltoall"));
+  if (inputs[0].nbytes() == 0 && size() == 1) return Work::done(work_info("alltoall"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
   std::vector<Tensor> outs = outputs;
-  return impl_->enqueue("alltoall", [=](uint32_t tag) {
+  return impl_->enqueue("alltoall", OpSignature::of("alltoall", inputs[0]), [=](uint32_t tag) {
     const size_t chunk = inputs[0].nbytes();
+    if (chunk == 0) return empty_op(context, tag, timeout);
     std::vector<uint8_t> in(chunk * static_cast<size_t>(n));
     std::vector<uint8_t> out(in.size());
     for (int r = 0; r < n; ++r) {
@@ -655,10 +722,12 @@ Work GlooProcessGroup::alltoall_single(Tensor& output, const Tensor& input) {
   SB_REQUIRE(input.dim() >= 1 && input.shape()[0] % size() == 0,
              "{}: input {} needs a dim 0 divisible by the group size {}", at,
              input.describe(), size());
-  if (input.nbytes() == 0) return Work::done(work_info("alltoall_single"));
+  if (input.nbytes() == 0 && size() == 1) return Work::done(work_info("alltoall_single"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
-  return impl_->enqueue("alltoall_single", [=](uint32_t tag) {
+  return impl_->enqueue("alltoall_single", OpSignature::of("alltoall_single", input),
+                        [=](uint32_t tag) {
+    if (input.nbytes() == 0) return empty_op(context, tag, timeout);
     gloo::AlltoallOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(input.data()), input.nbytes());
     opts.setOutput(static_cast<uint8_t*>(output.data()), output.nbytes());
@@ -676,7 +745,7 @@ Work GlooProcessGroup::barrier(std::chrono::milliseconds timeout) {
              where("barrier"), timeout.count());
   auto context = impl_->context;
   return impl_->enqueue(
-      "barrier",
+      "barrier", OpSignature{"barrier"},
       [=](uint32_t tag) {
         gloo::BarrierOptions opts(context);
         opts.setTag(tag);
@@ -693,6 +762,14 @@ Work GlooProcessGroup::send(const Tensor& tensor, int dst_rank, int tag) {
   SB_REQUIRE(dst_rank != rank(), "{}: cannot send to itself", at);
   SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
   return impl_->post_p2p("send", tensor, dst_rank, tag, /*is_send=*/true);
+}
+
+Work GlooProcessGroup::recv_any(Tensor& tensor, int tag) {
+  const std::string at = where("recv_any");
+  checks::tensor(at, tensor, kCpu);
+  SB_REQUIRE(size() > 1, "{}: no other rank to receive from", at);
+  SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
+  return impl_->post_p2p("recv_any", tensor, -1, tag, /*is_send=*/false);
 }
 
 Work GlooProcessGroup::recv(Tensor& tensor, int src_rank, int tag) {

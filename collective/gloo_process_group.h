@@ -26,8 +26,11 @@
 // Errors: a peer that closes its connection fails the op with
 // ConnectionError, one that stays silent with TimeoutError after the
 // group's timeout; both name the op, the group, the rank and the timeout.
-// After such an error the group is unusable: destroy it and create a new
-// one.
+// Ranks that disagree on a collective (its op, dtype, element count, root
+// or reduction) fail it at once on every rank with Error(kFailedPrecondition)
+// naming each side, instead of ending the process in Gloo
+// (collective/gloo_signature.h). After any of these errors the group is
+// unusable: destroy it and create a new one.
 //
 // SIGPIPE: Gloo writes to its sockets without MSG_NOSIGNAL, so a write to
 // a peer that exited would raise SIGPIPE and kill the process. The first
@@ -84,6 +87,7 @@ class GlooProcessGroup final : public ProcessGroup {
   Work barrier(std::chrono::milliseconds timeout);
   Work send(const Tensor& tensor, int dst_rank, int tag = 0) override;
   Work recv(Tensor& tensor, int src_rank, int tag = 0) override;
+  Work recv_any(Tensor& tensor, int tag = 0) override;
 
   // The address Gloo bound, e.g. "127.0.0.1" (for logs and tests).
   std::string device_description() const;

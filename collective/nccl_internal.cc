@@ -56,6 +56,9 @@ NcclType nccl_type(DType dtype) {
 NcclOp nccl_op(ReduceOp op, DType dtype) {
   SB_REQUIRE(op != ReduceOp::kAvg || is_floating(dtype),
              "NCCL: AVG needs a floating dtype, got {}", dtype_name(dtype));
+  SB_REQUIRE(op != ReduceOp::kBand && op != ReduceOp::kBor && op != ReduceOp::kBxor,
+             "NCCL: {} is not supported (NCCL has no bitwise reductions; use a GLOO group)",
+             reduce_op_name(op));
   if (dtype == DType::kBool) {  // 0/1 bytes: OR is max, AND is min
     const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
     return any ? NcclOp{ncclMax, "ncclMax"} : NcclOp{ncclMin, "ncclMin"};
@@ -71,6 +74,8 @@ NcclOp nccl_op(ReduceOp op, DType dtype) {
       return {ncclMax, "ncclMax"};
     case ReduceOp::kAvg:
       return {ncclAvg, "ncclAvg"};
+    default:  // bitwise: refused above
+      break;
   }
   throw Error(ErrorCode::kInternal,
               fmt::format("unknown reduce op {}", static_cast<int>(op)));

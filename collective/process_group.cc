@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <cstring>
 #include <stdexcept>
 
@@ -22,6 +23,12 @@ std::string_view reduce_op_name(ReduceOp op) {
       return "MAX";
     case ReduceOp::kAvg:
       return "AVG";
+    case ReduceOp::kBand:
+      return "BAND";
+    case ReduceOp::kBor:
+      return "BOR";
+    case ReduceOp::kBxor:
+      return "BXOR";
   }
   return "UNKNOWN";
 }
@@ -79,6 +86,7 @@ Work ProcessGroup::send_multigpu(const Tensor&, int, int, int) {
   unsupported("send_multigpu");
 }
 Work ProcessGroup::recv_multigpu(Tensor&, int, int, int) { unsupported("recv_multigpu"); }
+Work ProcessGroup::recv_any(Tensor&, int) { unsupported("recv_any"); }
 
 namespace checks {
 
@@ -124,6 +132,11 @@ void reduce_op(std::string_view where, ReduceOp op, DType dtype) {
   SB_REQUIRE(op != ReduceOp::kAvg || is_floating(dtype),
              "{}: AVG needs a floating dtype, the tensor is {}", where,
              dtype_name(dtype));
+  const bool bitwise =
+      op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  SB_REQUIRE(!bitwise || !is_floating(dtype),
+             "{}: {} needs an integer or bool dtype, the tensor is {}", where,
+             reduce_op_name(op), dtype_name(dtype));
 }
 
 }  // namespace checks
@@ -146,6 +159,17 @@ void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
     case ReduceOp::kMax:
       for (size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
       return;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        for (size_t i = 0; i < n; ++i) {
+          out[i] = static_cast<T>(op == ReduceOp::kBand  ? (a[i] & b[i])
+                                  : op == ReduceOp::kBor ? (a[i] | b[i])
+                                                         : (a[i] ^ b[i]));
+        }
+      }
+      return;  // floating dtypes: refused by checks::reduce_op()
   }
 }
 
@@ -171,6 +195,8 @@ void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* 
       case ReduceOp::kMax:
         r = std::max(x, y);
         break;
+      default:  // bitwise: refused by checks::reduce_op()
+        break;
     }
     out[i] = FromFloat(r);
   }
@@ -178,7 +204,12 @@ void reduce_half(ReduceOp op, uint16_t* out, const uint16_t* a, const uint16_t* 
 
 void reduce_bool(ReduceOp op, uint8_t* out, const uint8_t* a, const uint8_t* b,
                  size_t n) {
-  const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kAvg;
+  if (op == ReduceOp::kBxor) {
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>((a[i] != 0) != (b[i] != 0));
+    return;
+  }
+  const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kAvg ||
+                   op == ReduceOp::kBor;
   for (size_t i = 0; i < n; ++i) {
     out[i] = any ? static_cast<uint8_t>(a[i] != 0 || b[i] != 0)
                  : static_cast<uint8_t>(a[i] != 0 && b[i] != 0);

@@ -29,8 +29,11 @@
 // and, for one process driving several devices, the *_multigpu variants
 // (NCCL; other backends throw std::invalid_argument saying so).
 //
-// ReduceOp::kAvg is defined for floating dtypes only. For bool tensors SUM
-// and MAX are logical OR, PRODUCT and MIN logical AND.
+// ReduceOp::kAvg is defined for floating dtypes only, and kBand, kBor and
+// kBxor for integer and bool dtypes only (std::invalid_argument otherwise).
+// For bool tensors SUM, MAX and BOR are logical OR, PRODUCT, MIN and BAND
+// logical AND, BXOR exclusive OR. NCCL has no bitwise reductions: its
+// groups refuse them.
 //
 // Thread safety: ops may be issued from several threads, but collectives
 // must be issued in the same order on every rank, so issue them from one
@@ -53,9 +56,11 @@ class Store;
 
 namespace switchboard::collective {
 
-enum class ReduceOp : uint8_t { kSum, kProduct, kMin, kMax, kAvg };
+// kBand, kBor, kBxor: bitwise AND, OR and XOR (torch's BAND, BOR, BXOR),
+// for integer and bool tensors only.
+enum class ReduceOp : uint8_t { kSum, kProduct, kMin, kMax, kAvg, kBand, kBor, kBxor };
 
-// "SUM", "PRODUCT", "MIN", "MAX", "AVG".
+// "SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR".
 std::string_view reduce_op_name(ReduceOp op);
 
 class ProcessGroup;
@@ -124,6 +129,10 @@ class ProcessGroup {
   // Point to point. A send matches the recv on dst with the same tag.
   virtual Work send(const Tensor& tensor, int dst_rank, int tag = 0) = 0;
   virtual Work recv(Tensor& tensor, int src_rank, int tag = 0) = 0;
+  // A recv from whichever rank sends first with `tag` (torch's
+  // recv(src=None)); Work::source_rank() then names it. The default throws
+  // std::invalid_argument naming the backend (NCCL cannot).
+  virtual Work recv_any(Tensor& tensor, int tag = 0);
 
   // Multi-device variants (one process, several GPUs): each rank passes one
   // tensor per local device. The defaults throw std::invalid_argument

@@ -74,6 +74,20 @@ const Work::Info& Work::info() const { return state_->info; }
 
 void Work::complete() const { finish(nullptr); }
 
+void Work::complete_from(int source) const {
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) return;
+    state_->source = source;
+  }
+  finish(nullptr);
+}
+
+int Work::source_rank() const {
+  std::lock_guard lock(state_->mu);
+  return state_->done ? state_->source : -1;
+}
+
 void Work::fail(std::exception_ptr error) const { finish(std::move(error)); }
 
 void Work::finish(std::exception_ptr error) const {

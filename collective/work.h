@@ -63,8 +63,14 @@ class Work {
   std::exception_ptr exception() const;
   const Info& info() const;
 
+  // The rank a recv_any() received from, once it completed; -1 otherwise
+  // (torch's recv(src=None) returns it).
+  int source_rank() const;
+
   // Backend side: mark finished. Only the first call has an effect.
   void complete() const;
+  // A receive from any source finished, from `source`.
+  void complete_from(int source) const;
   void fail(std::exception_ptr error) const;
 
  private:
@@ -74,6 +80,7 @@ class Work {
     std::condition_variable cv;
     bool done = false;
     std::exception_ptr error;
+    int source = -1;
     Driver drive;               // empty for queue-completed Works
     std::timed_mutex drive_mu;  // serializes drivers
   };

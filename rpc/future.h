@@ -43,6 +43,7 @@
 // with a null exception_ptr.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -563,5 +564,46 @@ class Promise<void> : public detail::PromiseCommon<void> {
   // Completes; false when already completed.
   bool set_value() const { return this->core().state->complete_value(std::monostate{}); }
 };
+
+// torch.futures' combinators.
+//
+// collect_all(futures): a future that completes, with the same futures,
+// once every one of them completed (with a value or an error; it never
+// fails itself). Its callbacks run inline, on the thread that completed the
+// last of them. Cancelling it cancels nothing else.
+//   rpc::collect_all(calls).then([](const auto& all) { ... all.value()[i].value() ... });
+template <typename T>
+Future<std::vector<Future<T>>> collect_all(std::vector<Future<T>> futures) {
+  Promise<std::vector<Future<T>>> all;
+  if (futures.empty()) {
+    all.set_value({});
+    return all.get_future();
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(futures.size());
+  auto held = std::make_shared<std::vector<Future<T>>>(futures);
+  for (const Future<T>& f : futures) {
+    f.add_callback([all, left, held](const Future<T>&) {
+      if (left->fetch_sub(1) == 1) all.set_value(*held);
+    });
+  }
+  return all.get_future();
+}
+
+// wait_all(futures): waits for every future, then returns their values in
+// order, or rethrows the error of the first one (in the list's order) that
+// failed, as torch.futures.wait_all raises. For Future<void>, returns
+// nothing.
+template <typename T>
+auto wait_all(const std::vector<Future<T>>& futures) {
+  for (const Future<T>& f : futures) f.wait();
+  if constexpr (std::is_void_v<T>) {
+    for (const Future<T>& f : futures) f.value();
+  } else {
+    std::vector<T> values;
+    values.reserve(futures.size());
+    for (const Future<T>& f : futures) values.push_back(f.value());
+    return values;
+  }
+}
 
 }  // namespace switchboard::rpc

@@ -25,6 +25,7 @@
 //   std::optional<T>                      optional[T] (nil when empty)
 //   std::tuple<A...>, std::pair<A, B>     tuple[A, B]
 //   Tensor                                tensor
+//   rpc::WorkerInfo                       worker_info: the array [name, id]
 //   a user struct                         its demangled C++ name, e.g. "ns::Point"
 // Note that std::vector<uint8_t> is bytes, never list[uint8]; send many small
 // integers as a uint8 Tensor instead.
@@ -316,6 +317,8 @@ std::string type_name() {
     return "str";
   } else if constexpr (std::is_same_v<U, Tensor>) {
     return "tensor";
+  } else if constexpr (std::is_same_v<U, WorkerInfo>) {
+    return "worker_info";
   } else if constexpr (detail::IsVector<U>::value) {
     using E = typename detail::IsVector<U>::Element;
     if constexpr (std::is_same_v<E, unsigned char> || std::is_same_v<E, char> ||
@@ -429,6 +432,29 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
     const msgpack::object& operator()(const msgpack::object& o,
                                       switchboard::Tensor& t) const {
       t = switchboard::rpc::detail::resolve_tensor(o);
+      return o;
+    }
+  };
+
+  // WorkerInfo as torch passes it (an argument or a result): [name, id].
+  template <>
+  struct pack<switchboard::rpc::WorkerInfo> {
+    template <typename Stream>
+    packer<Stream>& operator()(packer<Stream>& o, const switchboard::rpc::WorkerInfo& w) const {
+      o.pack_array(2);
+      o.pack(w.name);
+      o.pack(w.id);
+      return o;
+    }
+  };
+
+  template <>
+  struct convert<switchboard::rpc::WorkerInfo> {
+    const msgpack::object& operator()(const msgpack::object& o,
+                                      switchboard::rpc::WorkerInfo& w) const {
+      if (o.type != msgpack::type::ARRAY || o.via.array.size != 2) throw msgpack::type_error();
+      w.name = o.via.array.ptr[0].as<std::string>();
+      w.id = o.via.array.ptr[1].as<int>();
       return o;
     }
   };

@@ -695,3 +695,45 @@ TEST_CASE("past its shutdown deadline a pool leaves a running task to finish on 
   // The task goes on, on its own thread, after the pool object is gone.
   CHECK(finished->get_future().wait_for(60s));
 }
+
+// torch's test_futures.py: test_collect_all, test_wait_all,
+// test_wait_all_exception, test_collect_all_empty.
+TEST_CASE("collect_all completes once every future did, with all of them, failures "
+          "included",
+          "[future][combinators]") {
+  Promise<int> a;
+  Promise<int> b;
+  Future<std::vector<Future<int>>> all =
+      switchboard::rpc::collect_all(std::vector<Future<int>>{a.get_future(), b.get_future()});
+  a.set_value(1);
+  CHECK_FALSE(all.done());
+  b.set_error(std::make_exception_ptr(std::runtime_error("b failed")));
+  REQUIRE(all.done());
+  REQUIRE_FALSE(all.has_error());
+  const std::vector<Future<int>>& got = all.value();
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].value() == 1);
+  CHECK_THROWS_WITH(got[1].value(), "b failed");
+  CHECK(switchboard::rpc::collect_all(std::vector<Future<int>>{}).value().empty());
+}
+
+TEST_CASE("wait_all returns the values in order, or throws the first failure",
+          "[future][combinators]") {
+  Promise<int> a;
+  Promise<int> b;
+  std::thread completer([&] {
+    b.set_value(2);
+    a.set_value(1);
+  });
+  CHECK(switchboard::rpc::wait_all(std::vector<Future<int>>{a.get_future(), b.get_future()}) ==
+        std::vector<int>{1, 2});
+  completer.join();
+
+  Promise<void> ok;
+  Promise<void> bad;
+  ok.set_value();
+  bad.set_error(std::make_exception_ptr(std::runtime_error("second failed")));
+  CHECK_THROWS_WITH(
+      switchboard::rpc::wait_all(std::vector<Future<void>>{ok.get_future(), bad.get_future()}),
+      "second failed");
+}

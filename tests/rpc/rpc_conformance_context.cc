@@ -260,3 +260,30 @@ TEST_CASE("a function learns that its caller cancelled the call", "[rpc][context
   cluster.shutdown_all();
   CHECK(noticed->load() == 1);
 }
+
+// torch's test_worker_info_pickle and test_worker_id: WorkerInfo travels as
+// an argument and as a result.
+TEST_CASE("WorkerInfo travels as an argument and as a result", "[rpc]") {
+  Cluster cluster(2, [](int, RpcContext& self) {
+    self.register_function("same", [](rpc::WorkerInfo w) { return w; });
+    self.register_function("caller", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      return call ? call->caller : rpc::WorkerInfo{};
+    });
+    // A function that calls the worker it is given.
+    self.register_function("ask", [&self](rpc::WorkerInfo w) {
+      return self.rpc_sync<std::string>(w, "name_of_self");
+    });
+    self.register_function("name_of_self", [&self] { return self.get_worker_info().name; });
+    self.register_function("list", [](std::vector<rpc::WorkerInfo> all) { return all; });
+  });
+  RpcContext& w0 = cluster[0];
+  const rpc::WorkerInfo w1 = w0.get_worker_info("w1");
+  CHECK(w0.rpc_sync<rpc::WorkerInfo>("w1", "same", w1) == w1);
+  CHECK(w0.rpc_sync<rpc::WorkerInfo>("w1", "caller") == w0.get_worker_info());
+  // w1 calls back the worker named by the WorkerInfo it received.
+  CHECK(w0.rpc_sync<std::string>("w1", "ask", w0.get_worker_info()) == "w0");
+  // In containers too.
+  CHECK(w0.rpc_sync<std::vector<rpc::WorkerInfo>>("w1", "list", w0.get_worker_infos()) ==
+        w0.get_worker_infos());
+}

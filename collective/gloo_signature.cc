@@ -1,0 +1,266 @@
+#include "collective/gloo_signature.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/mutex.h"
+
+namespace switchboard::collective {
+
+namespace {
+
+// On the wire: int64 fields. A name's hash stands for the op (the names are
+// known on every side); up to kDims extents of the shape travel for the
+// error message only.
+constexpr int64_t kMagic = 0x53424f50;  // "SBOP"
+constexpr size_t kDims = 4;
+enum Field : size_t { kMagicField, kOp, kDType, kNumel, kRoot, kReduce, kNdim, kShape };
+constexpr size_t kFields = kShape + kDims;
+
+int64_t op_code(const std::string& op) {
+  // FNV-1a: the same on every rank, and never 0 for the names we use.
+  uint64_t h = 1469598103934665603ULL;
+  for (char c : op) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ULL;
+  return static_cast<int64_t>(h >> 1);
+}
+
+std::vector<int64_t> encode(const OpSignature& s) {
+  std::vector<int64_t> f(kFields, 0);
+  f[kMagicField] = kMagic;
+  f[kOp] = op_code(s.op);
+  f[kDType] = static_cast<int64_t>(s.dtype);
+  f[kNumel] = s.numel;
+  f[kRoot] = s.root;
+  f[kReduce] = s.reduce_op;
+  f[kNdim] = static_cast<int64_t>(s.shape.size());
+  for (size_t d = 0; d < std::min(kDims, s.shape.size()); ++d) f[kShape + d] = s.shape[d];
+  return f;
+}
+
+// What another rank's fields say, in words (its op name is known only when
+// it is ours).
+std::string describe_fields(const int64_t* f, const OpSignature& mine) {
+  OpSignature s;
+  s.op = f[kOp] == op_code(mine.op) ? mine.op : "another op";
+  s.dtype = f[kDType] >= 0 && f[kDType] <= static_cast<int64_t>(DType::kBool)
+                ? static_cast<DType>(f[kDType])
+                : DType::kUInt8;
+  s.numel = f[kNumel];
+  s.root = static_cast<int>(f[kRoot]);
+  s.reduce_op = static_cast<int>(f[kReduce]);
+  const int64_t ndim = std::clamp<int64_t>(f[kNdim], 0, 64);
+  for (int64_t d = 0; d < std::min<int64_t>(ndim, kDims); ++d) s.shape.push_back(f[kShape + d]);
+  std::string text = s.describe();
+  if (ndim > static_cast<int64_t>(kDims)) text += fmt::format(" ({} dims)", ndim);
+  return text;
+}
+
+bool same(const int64_t* a, const int64_t* b) {
+  // The shape is for words only: ranks may view the same elements in other
+  // shapes, as in PyTorch.
+  for (size_t i : {kMagicField, kOp, kDType, kNumel, kRoot, kReduce}) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+OpSignature OpSignature::of(std::string op, const Tensor& chunk, int root,
+                            std::optional<ReduceOp> reduce) {
+  OpSignature s;
+  s.op = std::move(op);
+  s.dtype = chunk.dtype();
+  s.numel = chunk.numel();
+  s.shape = chunk.shape();
+  s.root = root;
+  s.reduce_op = reduce ? static_cast<int>(*reduce) : -1;
+  return s;
+}
+
+std::string OpSignature::describe() const {
+  std::string text = op;
+  if (reduce_op >= 0 && reduce_op <= static_cast<int>(ReduceOp::kBxor)) {
+    text += fmt::format("({})", reduce_op_name(static_cast<ReduceOp>(reduce_op)));
+  }
+  if (root >= 0) text += fmt::format(" at root {}", root);
+  return fmt::format("{} of {}[{}] ({} elements)", text, dtype_name(dtype),
+                     fmt::join(shape, ", "), numel);
+}
+
+uint32_t op_tag(uint64_t sequence, const OpSignature& s) {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  };
+  mix(sequence);
+  for (int64_t f : encode(s)) mix(static_cast<uint64_t>(f));
+  // The top bit stays clear: the signatures' own slots are elsewhere.
+  return static_cast<uint32_t>((h ^ (h >> 32)) & 0x7fffffffu);
+}
+
+struct SignatureWatch::Op {
+  uint64_t sequence = 0;  // its low 48 bits: the signature slots
+  OpSignature mine;
+  std::vector<int64_t> fields;  // mine, encoded
+  std::chrono::milliseconds timeout{0};
+  std::string where;
+  std::chrono::steady_clock::time_point started;
+  // The exchange, once started (kept until the watcher is destroyed: a
+  // posted buffer must outlive what Gloo may still deliver into it).
+  std::vector<int> peers;
+  std::vector<int64_t> received;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs;
+};
+
+struct SignatureWatch::State {
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::chrono::milliseconds suspicion{0};
+  Mutex mu;
+  CondVar cv;
+  std::shared_ptr<Op> current SB_GUARDED_BY(mu);   // the op running, if any
+  bool probing SB_GUARDED_BY(mu) = false;          // the watcher exchanges `current`'s
+  std::string mismatch SB_GUARDED_BY(mu);          // found for `current`
+  bool stopping SB_GUARDED_BY(mu) = false;
+  std::vector<std::shared_ptr<Op>> exchanged SB_GUARDED_BY(mu);  // kept, see Op
+  std::thread thread;
+};
+
+SignatureWatch::SignatureWatch(std::shared_ptr<gloo::rendezvous::Context> context,
+                               std::chrono::milliseconds suspicion)
+    : state_(std::make_unique<State>()) {
+  state_->context = std::move(context);
+  state_->suspicion = suspicion;
+  state_->thread = std::thread([this] { run(); });
+}
+
+SignatureWatch::~SignatureWatch() {
+  {
+    MutexLock lock(state_->mu);
+    state_->stopping = true;
+    if (state_->current) {
+      for (auto& r : state_->current->recvs) r->abortWaitRecv();
+    }
+  }
+  state_->cv.notify_all();
+  state_->thread.join();
+}
+
+void SignatureWatch::begin(uint64_t sequence, const OpSignature& mine,
+                           std::chrono::milliseconds timeout, std::string where) {
+  auto op = std::make_shared<Op>();
+  op->sequence = sequence & ((uint64_t{1} << 48) - 1);
+  op->mine = mine;
+  op->timeout = timeout;
+  op->where = std::move(where);
+  op->started = std::chrono::steady_clock::now();
+  MutexLock lock(state_->mu);
+  state_->current = std::move(op);
+  state_->mismatch.clear();
+}
+
+void SignatureWatch::end() {
+  std::string mismatch;
+  {
+    MutexLock lock(state_->mu);
+    // An exchange still waiting (a peer that was never slow) is let go.
+    if (state_->current) {
+      for (auto& r : state_->current->recvs) r->abortWaitRecv();
+    }
+    state_->cv.wait(state_->mu, [&]() SB_REQUIRES(state_->mu) { return !state_->probing; });
+    state_->current = nullptr;
+    mismatch = std::move(state_->mismatch);
+    state_->mismatch.clear();
+  }
+  if (!mismatch.empty()) throw Error(ErrorCode::kFailedPrecondition, mismatch);
+}
+
+void SignatureWatch::run() {
+  State& s = *state_;
+  // How often the watcher looks at the op that runs.
+  const auto tick = std::min(s.suspicion, std::chrono::milliseconds(100));
+  for (;;) {
+    std::shared_ptr<Op> op;
+    {
+      MutexLock lock(s.mu);
+      s.cv.wait_for(s.mu, tick, [&]() SB_REQUIRES(s.mu) { return s.stopping; });
+      if (s.stopping) return;
+      if (!s.current || !s.current->recvs.empty() ||
+          std::chrono::steady_clock::now() - s.current->started < s.suspicion) {
+        continue;
+      }
+      op = s.current;
+      s.probing = true;
+      // Posted under the lock: end() aborts whatever it finds posted.
+      op->fields = encode(op->mine);
+      const uint64_t slot = (uint64_t{0x5342} << 48) | op->sequence;
+      for (int r = 0; r < s.context->size; ++r) {
+        if (r != s.context->rank) op->peers.push_back(r);
+      }
+      op->received.assign(kFields * op->peers.size(), 0);
+      for (size_t i = 0; i < op->peers.size(); ++i) {
+        op->recvs.push_back(s.context->createUnboundBuffer(op->received.data() + kFields * i,
+                                                           kFields * sizeof(int64_t)));
+        op->recvs.back()->recv(op->peers[i], slot);
+        op->sends.push_back(
+            s.context->createUnboundBuffer(op->fields.data(), kFields * sizeof(int64_t)));
+        op->sends.back()->send(op->peers[i], slot);
+      }
+      s.exchanged.push_back(op);
+    }
+    exchange(op);
+    MutexLock lock(s.mu);
+    s.probing = false;
+    s.cv.notify_all();
+  }
+}
+
+void SignatureWatch::exchange(const std::shared_ptr<Op>& op) {
+  State& s = *state_;
+  std::vector<std::string> differ;
+  for (size_t i = 0; i < op->peers.size(); ++i) {
+    bool complete = false;
+    try {
+      // Bounded by the op's own timeout; end() and the destructor abort it.
+      complete = op->recvs[i]->waitRecv(nullptr, op->timeout);
+    } catch (const std::exception&) {
+    }
+    if (!complete) return;  // the op ended, or its own error says what happened
+    const int64_t* theirs = op->received.data() + kFields * i;
+    if (!same(op->fields.data(), theirs)) {
+      differ.push_back(
+          fmt::format("rank {}: {}", op->peers[i], describe_fields(theirs, op->mine)));
+    }
+  }
+  if (differ.empty()) return;  // merely slow
+  {
+    MutexLock lock(s.mu);
+    s.mismatch = fmt::format(
+        "{}: the ranks disagree on the op, so it did not run (the group is unusable now: "
+        "destroy it and make a new one): rank {}: {}; {}",
+        op->where, s.context->rank, describe_fields(op->fields.data(), op->mine),
+        fmt::join(differ, "; "));
+  }
+  // The op waits for messages its peers send under another tag. Gloo
+  // fails every connection of the context when a wait on an unbound buffer
+  // times out, which wakes the op's waits: make one time out.
+  uint8_t byte = 0;
+  auto probe = s.context->createUnboundBuffer(&byte, 1);
+  probe->recv(op->peers.front(), (uint64_t{0x5343} << 48) | op->sequence);
+  try {
+    probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+  } catch (const std::exception&) {  // what it is for
+  }
+}
+
+}  // namespace switchboard::collective

@@ -1,0 +1,86 @@
+// OpSignature: what a rank is about to do in a collective (the op, the
+// dtype, the elements each rank contributes, the root, the reduction).
+// Ranks that disagree would hand Gloo buffers of different sizes, and Gloo
+// throws on its I/O thread, which ends the process. Here the signature
+// picks the op's Gloo tag (op_tag), so disagreeing ranks never exchange the
+// op's bytes, and a SignatureWatch compares the signatures beside the op and
+// fails it on every rank, naming each side. Internal to //collective:gloo.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "collective/process_group.h"
+#include "collective/tensor.h"
+
+namespace gloo::rendezvous {
+class Context;
+}
+
+namespace switchboard::collective {
+
+struct OpSignature {
+  std::string op;        // "allreduce", ...
+  DType dtype = DType::kUInt8;
+  int64_t numel = 0;     // the elements of each rank's chunk
+  Tensor::Shape shape;   // for the error (the chunk's shape)
+  int root = -1;         // broadcast, reduce, gather, scatter; else -1
+  int reduce_op = -1;    // ReduceOp for reductions; else -1
+
+  // The signature of a tensor op.
+  static OpSignature of(std::string op, const Tensor& chunk, int root = -1,
+                        std::optional<ReduceOp> reduce = std::nullopt);
+  // "allreduce(SUM) of float32[10]", "broadcast from rank 0 of int64[2, 3]".
+  std::string describe() const;
+};
+
+// The Gloo tag of op number `sequence` with signature `s`: the same on
+// every rank that agrees, and (but for a 2^-32 chance) different on a rank
+// that does not, so that the op's own messages of disagreeing ranks never
+// meet (Gloo would throw on its I/O thread when their sizes differ).
+uint32_t op_tag(uint64_t sequence, const OpSignature& s);
+
+// Watches the op that runs and, when it has run for longer than
+// `suspicion`, exchanges its signature with every peer: a disagreement
+// (whose ranks are stuck, since their op_tag()s differ) then fails the op
+// on every rank at once with an error naming each side; an op that is
+// merely slow is left alone. Ops that finish within `suspicion` cost an
+// atomic store and a lock on each side: no message, no wake-up.
+//
+// When the ranks disagree, the watcher makes Gloo fail every connection of
+// the context (what Gloo itself does when a wait times out), which ends the
+// op; the group is then unusable, as after a timeout.
+//
+// Thread safety: begin() and end() on the group's op thread, one op at a
+// time; the watcher thread is this object's.
+class SignatureWatch {
+ public:
+  static constexpr std::chrono::milliseconds kDefaultSuspicion{1000};
+
+  explicit SignatureWatch(std::shared_ptr<gloo::rendezvous::Context> context,
+                          std::chrono::milliseconds suspicion = kDefaultSuspicion);
+  // Stops the watcher (aborting what it waits for) and joins it.
+  ~SignatureWatch();
+  SignatureWatch(const SignatureWatch&) = delete;
+  SignatureWatch& operator=(const SignatureWatch&) = delete;
+
+  // The op `sequence` with signature `mine` starts; `where` names it.
+  void begin(uint64_t sequence, const OpSignature& mine, std::chrono::milliseconds timeout,
+             std::string where);
+  // It ended (returned or threw): throws Error(kFailedPrecondition) naming
+  // every side when the watcher found that the ranks disagree.
+  void end();
+
+ private:
+  struct Op;
+  void run();
+  void exchange(const std::shared_ptr<Op>& op);
+
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace switchboard::collective
