@@ -27,6 +27,7 @@
 #include <optional>
 #include <thread>
 
+#include "collective/gloo_monitored_barrier.h"
 #include "collective/gloo_signature.h"
 #include "common/check.h"
 #include "common/error.h"
@@ -162,6 +163,10 @@ void empty_op(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_
 
 struct GlooProcessGroup::Impl {
   GlooProcessGroup& group;
+  // Receives given up on that Gloo may still deliver into (a
+  // monitored_barrier's late ranks). Declared before `context`: destroyed
+  // after it. Op thread only.
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> kept_buffers;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::chrono::milliseconds op_timeout;
@@ -244,8 +249,8 @@ struct GlooProcessGroup::Impl {
       const auto limit = timeout.value_or(op_timeout);
       queue.push_back(Op{work,
                          [this, run = std::move(run), sequence, limit,
-                          signature = std::move(signature), at = group.where(op)] {
-                           run_checked(sequence, signature, limit, at, run);
+                          signature = std::move(signature)] {
+                           run_checked(sequence, signature, limit, run);
                          },
                          limit});
     }
@@ -257,14 +262,13 @@ struct GlooProcessGroup::Impl {
   // signatures (gloo_signature.h); a disagreement wins over the error it
   // causes in the op.
   void run_checked(uint64_t sequence, const OpSignature& signature,
-                   std::chrono::milliseconds limit, const std::string& at,
-                   const std::function<void(uint32_t)>& run) {
+                   std::chrono::milliseconds limit, const std::function<void(uint32_t)>& run) {
     const uint32_t tag = op_tag(sequence, signature);
     if (!watch) {
       run(tag);
       return;
     }
-    watch->begin(sequence, signature, limit, at);
+    watch->begin(sequence, signature, limit);
     std::exception_ptr op_error;
     try {
       run(tag);
@@ -450,7 +454,10 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
   }
   context->setTimeout(impl_->op_timeout);
   impl_->context = std::move(context);
-  if (size > 1) impl_->watch = std::make_unique<SignatureWatch>(impl_->context);
+  if (size > 1) {
+    impl_->watch = std::make_unique<SignatureWatch>(
+        impl_->context, [this](std::string_view op) { return where(op); });
+  }
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }
 
@@ -753,6 +760,22 @@ Work GlooProcessGroup::barrier(std::chrono::milliseconds timeout) {
         gloo::barrier(opts);
       },
       timeout);
+}
+
+Work GlooProcessGroup::monitored_barrier(std::chrono::milliseconds timeout,
+                                         bool wait_all_ranks) {
+  if (size() == 1) return Work::done(work_info("monitored_barrier"));
+  SB_REQUIRE(timeout.count() > 0, "{}: timeout must be positive, got {} ms",
+             where("monitored_barrier"), timeout.count());
+  auto context = impl_->context;
+  Impl* impl = impl_.get();
+  const std::string at = where("monitored_barrier");
+  return impl_->enqueue(
+      "monitored_barrier", OpSignature{"monitored_barrier"},
+      [=](uint32_t tag) {
+        run_monitored_barrier(context, tag, timeout, wait_all_ranks, at, impl->kept_buffers);
+      },
+      2 * timeout + std::chrono::seconds(5));
 }
 
 Work GlooProcessGroup::send(const Tensor& tensor, int dst_rank, int tag) {

@@ -85,6 +85,8 @@ class GlooProcessGroup final : public ProcessGroup {
   // again then (a Work::wait() that gives up earlier leaves the op running
   // until its own timeout, and the destructor waits for it).
   Work barrier(std::chrono::milliseconds timeout);
+  Work monitored_barrier(std::chrono::milliseconds timeout,
+                         bool wait_all_ranks = false) override;
   Work send(const Tensor& tensor, int dst_rank, int tag = 0) override;
   Work recv(Tensor& tensor, int src_rank, int tag = 0) override;
   Work recv_any(Tensor& tensor, int tag = 0) override;

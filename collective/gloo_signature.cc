@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -114,9 +116,8 @@ struct SignatureWatch::Op {
   std::vector<int64_t> fields;  // mine, encoded
   std::chrono::milliseconds timeout{0};
   std::string where;
-  std::chrono::steady_clock::time_point started;
-  // The exchange, once started (kept until the watcher is destroyed: a
-  // posted buffer must outlive what Gloo may still deliver into it).
+  // The exchange (kept until the watcher is destroyed: a posted buffer must
+  // outlive what Gloo may still deliver into it).
   std::vector<int> peers;
   std::vector<int64_t> received;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
@@ -126,20 +127,31 @@ struct SignatureWatch::Op {
 struct SignatureWatch::State {
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::chrono::milliseconds suspicion{0};
+  std::function<std::string(std::string_view)> where;
   Mutex mu;
   CondVar cv;
-  std::shared_ptr<Op> current SB_GUARDED_BY(mu);   // the op running, if any
-  bool probing SB_GUARDED_BY(mu) = false;          // the watcher exchanges `current`'s
-  std::string mismatch SB_GUARDED_BY(mu);          // found for `current`
+  // The op running (begin() to end()): no allocation on this path. `mine`
+  // points at the op thread's signature, valid until end(), which waits
+  // for the watcher to be done with it.
+  bool running SB_GUARDED_BY(mu) = false;
+  uint64_t sequence SB_GUARDED_BY(mu) = 0;
+  const OpSignature* mine SB_GUARDED_BY(mu) = nullptr;
+  std::chrono::milliseconds timeout SB_GUARDED_BY(mu){0};
+  std::chrono::steady_clock::time_point started SB_GUARDED_BY(mu);
+  std::shared_ptr<Op> probe SB_GUARDED_BY(mu);  // the running op's exchange, once begun
+  bool probing SB_GUARDED_BY(mu) = false;       // the watcher waits on `probe`
+  std::string mismatch SB_GUARDED_BY(mu);       // found for the running op
   bool stopping SB_GUARDED_BY(mu) = false;
   std::vector<std::shared_ptr<Op>> exchanged SB_GUARDED_BY(mu);  // kept, see Op
   std::thread thread;
 };
 
 SignatureWatch::SignatureWatch(std::shared_ptr<gloo::rendezvous::Context> context,
+                               std::function<std::string(std::string_view)> where,
                                std::chrono::milliseconds suspicion)
     : state_(std::make_unique<State>()) {
   state_->context = std::move(context);
+  state_->where = std::move(where);
   state_->suspicion = suspicion;
   state_->thread = std::thread([this] { run(); });
 }
@@ -148,8 +160,8 @@ SignatureWatch::~SignatureWatch() {
   {
     MutexLock lock(state_->mu);
     state_->stopping = true;
-    if (state_->current) {
-      for (auto& r : state_->current->recvs) r->abortWaitRecv();
+    if (state_->probe) {
+      for (auto& r : state_->probe->recvs) r->abortWaitRecv();
     }
   }
   state_->cv.notify_all();
@@ -157,15 +169,15 @@ SignatureWatch::~SignatureWatch() {
 }
 
 void SignatureWatch::begin(uint64_t sequence, const OpSignature& mine,
-                           std::chrono::milliseconds timeout, std::string where) {
-  auto op = std::make_shared<Op>();
-  op->sequence = sequence & ((uint64_t{1} << 48) - 1);
-  op->mine = mine;
-  op->timeout = timeout;
-  op->where = std::move(where);
-  op->started = std::chrono::steady_clock::now();
+                           std::chrono::milliseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
   MutexLock lock(state_->mu);
-  state_->current = std::move(op);
+  state_->running = true;
+  state_->sequence = sequence & ((uint64_t{1} << 48) - 1);
+  state_->mine = &mine;
+  state_->timeout = timeout;
+  state_->started = now;
+  state_->probe = nullptr;
   state_->mismatch.clear();
 }
 
@@ -174,11 +186,13 @@ void SignatureWatch::end() {
   {
     MutexLock lock(state_->mu);
     // An exchange still waiting (a peer that was never slow) is let go.
-    if (state_->current) {
-      for (auto& r : state_->current->recvs) r->abortWaitRecv();
+    if (state_->probe) {
+      for (auto& r : state_->probe->recvs) r->abortWaitRecv();
     }
     state_->cv.wait(state_->mu, [&]() SB_REQUIRES(state_->mu) { return !state_->probing; });
-    state_->current = nullptr;
+    state_->running = false;
+    state_->mine = nullptr;
+    state_->probe = nullptr;
     mismatch = std::move(state_->mismatch);
     state_->mismatch.clear();
   }
@@ -195,11 +209,16 @@ void SignatureWatch::run() {
       MutexLock lock(s.mu);
       s.cv.wait_for(s.mu, tick, [&]() SB_REQUIRES(s.mu) { return s.stopping; });
       if (s.stopping) return;
-      if (!s.current || !s.current->recvs.empty() ||
-          std::chrono::steady_clock::now() - s.current->started < s.suspicion) {
+      if (!s.running || s.probe ||
+          std::chrono::steady_clock::now() - s.started < s.suspicion) {
         continue;
       }
-      op = s.current;
+      op = std::make_shared<Op>();
+      op->sequence = s.sequence;
+      op->mine = *s.mine;
+      op->timeout = s.timeout;
+      op->where = s.where ? s.where(op->mine.op) : op->mine.op;
+      s.probe = op;
       s.probing = true;
       // Posted under the lock: end() aborts whatever it finds posted.
       op->fields = encode(op->mine);

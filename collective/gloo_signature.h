@@ -9,9 +9,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "collective/process_group.h"
 #include "collective/tensor.h"
@@ -60,16 +62,19 @@ class SignatureWatch {
  public:
   static constexpr std::chrono::milliseconds kDefaultSuspicion{1000};
 
-  explicit SignatureWatch(std::shared_ptr<gloo::rendezvous::Context> context,
-                          std::chrono::milliseconds suspicion = kDefaultSuspicion);
+  // `where(op)` names an op for the error ("allreduce in group ..."),
+  // called only when an exchange starts.
+  SignatureWatch(std::shared_ptr<gloo::rendezvous::Context> context,
+                 std::function<std::string(std::string_view)> where,
+                 std::chrono::milliseconds suspicion = kDefaultSuspicion);
   // Stops the watcher (aborting what it waits for) and joins it.
   ~SignatureWatch();
   SignatureWatch(const SignatureWatch&) = delete;
   SignatureWatch& operator=(const SignatureWatch&) = delete;
 
-  // The op `sequence` with signature `mine` starts; `where` names it.
-  void begin(uint64_t sequence, const OpSignature& mine, std::chrono::milliseconds timeout,
-             std::string where);
+  // The op `sequence` with signature `mine` starts; `mine` must stay valid
+  // until end(). No allocation, one uncontended lock.
+  void begin(uint64_t sequence, const OpSignature& mine, std::chrono::milliseconds timeout);
   // It ended (returned or threw): throws Error(kFailedPrecondition) naming
   // every side when the watcher found that the ranks disagree.
   void end();

@@ -87,6 +87,9 @@ Work ProcessGroup::send_multigpu(const Tensor&, int, int, int) {
 }
 Work ProcessGroup::recv_multigpu(Tensor&, int, int, int) { unsupported("recv_multigpu"); }
 Work ProcessGroup::recv_any(Tensor&, int) { unsupported("recv_any"); }
+Work ProcessGroup::monitored_barrier(std::chrono::milliseconds, bool) {
+  unsupported("monitored_barrier");
+}
 
 namespace checks {
 

@@ -126,6 +126,14 @@ class ProcessGroup {
   // from rank r.
   virtual Work alltoall_single(Tensor& output, const Tensor& input) = 0;
   virtual Work barrier() = 0;
+  // A barrier that names who did not come (torch's monitored_barrier):
+  // rank 0 waits `timeout` for every other rank, then lets them go; when
+  // some did not arrive, rank 0 and every rank that did fail with
+  // TimeoutError naming them (every one with `wait_all_ranks`, else the
+  // first). The group is unusable after a failure. The default throws
+  // std::invalid_argument naming the backend (GLOO has it, NCCL not).
+  virtual Work monitored_barrier(std::chrono::milliseconds timeout,
+                                 bool wait_all_ranks = false);
   // Point to point. A send matches the recv on dst with the same tag.
   virtual Work send(const Tensor& tensor, int dst_rank, int tag = 0) = 0;
   virtual Work recv(Tensor& tensor, int src_rank, int tag = 0) = 0;

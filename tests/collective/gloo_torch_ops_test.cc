@@ -14,6 +14,7 @@
 
 #include "collective/gloo_process_group.h"
 #include "collective/tensor.h"
+#include "common/error.h"
 #include "tests/collective/pg_harness.h"
 
 using namespace switchboard;
@@ -124,4 +125,35 @@ TEST_CASE("recv_any takes what any rank sends and names the sender", "[gloo][p2p
       sbtest::watchdog_for(kTimeout));
   std::sort(got.begin(), got.end());
   CHECK(got == std::vector<std::pair<int, float>>{{1, 10.0f}, {2, 20.0f}});
+}
+
+// torch's test_monitored_barrier_gloo cases: the ranks that did not come
+// are named on rank 0 and on every rank that came.
+TEST_CASE("monitored_barrier passes when every rank comes, and names the ranks that did "
+          "not",
+          "[gloo][monitored_barrier]") {
+  for (const bool wait_all : {true, false}) {
+    INFO("wait_all_ranks " << wait_all);
+    sbtest::Groups groups =
+        sbtest::make_groups(4, sbtest::unique_group_name("monitored"), kTimeout);
+    std::vector<std::string> errors(4);
+    sbtest::run_threads(
+        4,
+        [&](int rank) {
+          groups[rank]->monitored_barrier(10s, wait_all).wait();  // everyone comes
+          if (rank >= 2) return;  // ranks 2 and 3 stay away from the second one
+          try {
+            groups[rank]->monitored_barrier(300ms, wait_all).wait();
+          } catch (const TimeoutError& e) {
+            errors[rank] = e.what();
+          }
+        },
+        sbtest::watchdog_for(kTimeout));
+    INFO(errors[0]);
+    INFO(errors[1]);
+    CHECK_THAT(errors[0], Catch::Contains("monitored_barrier in group"));
+    CHECK_THAT(errors[0], Catch::Contains(wait_all ? "ranks [2, 3] did not arrive within 300 ms"
+                                                   : "ranks [2] did not arrive within 300 ms"));
+    CHECK_THAT(errors[1], Catch::Contains("rank 0 reports that ranks [2, 3] did not arrive"));
+  }
 }
