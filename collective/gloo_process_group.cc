@@ -147,6 +147,20 @@ std::exception_ptr translate_gloo_error(const std::string& where,
   }
 }
 
+// The Gloo slot of a send or recv: its tag, and a hash of its dtype and
+// byte count, so that a send and a recv that disagree never meet (Gloo would
+// throw on its I/O thread, ending the process); they time out instead. The
+// top bit keeps these slots apart from the collectives'.
+uint64_t p2p_slot(int tag, const Tensor& tensor) {
+  uint64_t h = 1469598103934665603ULL;
+  for (uint64_t v : {static_cast<uint64_t>(tensor.nbytes()),
+                     static_cast<uint64_t>(tensor.dtype())}) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  }
+  const uint64_t check = (h ^ (h >> 31)) & 0x7fffffffULL;
+  return (uint64_t{1} << 63) | (check << 32) | static_cast<uint32_t>(tag);
+}
+
 // An op with no bytes still meets the others, under its own tag: a rank
 // that disagrees (elements on one side, none on the other) is then stuck
 // with the rest, where the SignatureWatch finds it, instead of one rank
@@ -194,6 +208,7 @@ struct GlooProcessGroup::Impl {
     Tensor tensor;  // keeps the bytes alive while Gloo may touch them
     bool is_send = false;
     bool any_source = false;  // recv_any(): the Work learns the sender
+    std::string what;         // "float32[5] (20 bytes) from rank 1 with tag 3", for errors
   };
   CondVar p2p_cv;
   std::deque<P2p> p2p_queue SB_GUARDED_BY(mu);
@@ -326,24 +341,34 @@ struct GlooProcessGroup::Impl {
   // `peer` -1 (a recv only): from any other rank.
   Work post_p2p(const std::string& op, const Tensor& tensor, int peer, int tag,
                 bool is_send) SB_EXCLUDES(mu) {
-    Work work(group.work_info(op));
     const bool any_source = peer < 0;
+    const std::string what = fmt::format(
+        "{} {} ({} bytes) {} with tag {}: a send and a recv match only when their tag, dtype "
+        "and byte count agree",
+        is_send ? "a send of" : "a recv into", tensor.describe(), tensor.nbytes(),
+        is_send ? fmt::format("to rank {}", peer)
+                : any_source ? std::string("from any rank") : fmt::format("from rank {}", peer),
+        tag);
+    Work::Info info = group.work_info(op);
+    info.detail = what;
+    Work work(std::move(info));
     if (tensor.nbytes() == 0 && !any_source) {
       work.complete();
       return work;
     }
     auto buffer = context->createUnboundBuffer(tensor.data(), tensor.nbytes());
+    const uint64_t slot = p2p_slot(tag, tensor);
     try {
       if (is_send) {
-        buffer->send(peer, static_cast<uint64_t>(tag));
+        buffer->send(peer, slot);
       } else if (any_source) {
         std::vector<int> sources;
         for (int r = 0; r < group.size(); ++r) {
           if (r != group.rank()) sources.push_back(r);
         }
-        buffer->recv(sources, static_cast<uint64_t>(tag));
+        buffer->recv(sources, slot);
       } else {
-        buffer->recv(peer, static_cast<uint64_t>(tag));
+        buffer->recv(peer, slot);
       }
     } catch (...) {
       std::rethrow_exception(translate(op, std::current_exception()));
@@ -351,7 +376,7 @@ struct GlooProcessGroup::Impl {
     {
       MutexLock lock(mu);
       if (stopping) std::rethrow_exception(cancelled(op));
-      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send, any_source});
+      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send, any_source, what});
       if (idle_waiters == 0) {
         waiters.emplace_back([this] { run_waiter(); });
       } else {
@@ -385,7 +410,17 @@ struct GlooProcessGroup::Impl {
           p2p.work.fail(cancelled(p2p.work.info().op));
         }
       } catch (...) {
-        p2p.work.fail(translate(p2p.work.info().op, std::current_exception()));
+        std::exception_ptr error = translate(p2p.work.info().op, std::current_exception());
+        try {
+          std::rethrow_exception(error);
+        } catch (const TimeoutError& e) {
+          // A send and a recv whose sizes or dtypes differ never meet (their
+          // slots differ), rather than ending the process in Gloo: say so.
+          error = std::make_exception_ptr(
+              TimeoutError(fmt::format("{} ({})", e.what(), p2p.what)));
+        } catch (...) {
+        }
+        p2p.work.fail(error);
       }
       MutexLock lock(mu);
       in_flight.erase(p2p.buffer.get());

@@ -27,9 +27,10 @@ void Work::wait(Timeout timeout) const {
     const Info& info = state_->info;
     const std::string of =
         info.size > 0 ? fmt::format(" of {}", info.size) : std::string();
+    const std::string detail = info.detail.empty() ? std::string() : " (" + info.detail + ")";
     return TimeoutError(
-        fmt::format("{} in group \"{}\" (rank {}{}): timed out after {} ms", info.op,
-                    info.group, info.rank, of, timeout.count()));
+        fmt::format("{} in group \"{}\" (rank {}{}): timed out after {} ms{}", info.op,
+                    info.group, info.rank, of, timeout.count(), detail));
   };
   if (state_->drive) {
     // One driver at a time; a second waiter blocks here until the first

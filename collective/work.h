@@ -40,6 +40,8 @@ class Work {
     int rank = 0;
     Timeout default_timeout{0};
     int size = 0;  // group size; 0 when unknown
+    // Said after a timeout (e.g. what a send or recv expected to match).
+    std::string detail;
   };
 
   // A pending Work; the backend completes it through complete()/fail().

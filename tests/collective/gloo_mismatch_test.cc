@@ -180,3 +180,39 @@ TEST_CASE("ranks that agree pay no extra round: a thousand small allreduces all 
   });
   CHECK(errors == std::vector<std::string>{"", ""});
 }
+
+TEST_CASE("a recv into 5 floats from a send of 10, or of another dtype, fails both sides "
+          "with a timeout naming what this side expected; the process lives",
+          "[gloo][mismatch][p2p]") {
+  for (const bool other_dtype : {false, true}) {
+    INFO((other_dtype ? "float64 against float32" : "10 floats against 5"));
+    // A short group timeout: the mismatched pair times out (the group is
+    // then unusable, as after any timeout).
+    sbtest::Groups groups =
+        sbtest::make_groups(2, sbtest::unique_group_name("p2p"), std::chrono::milliseconds(800));
+    std::vector<std::string> errors(2);
+    sbtest::run_threads(
+        2,
+        [&](int rank) {
+          try {
+            if (rank == 1) {
+              Tensor t = other_dtype ? Tensor::zeros({5}, DType::kFloat64) : floats(10);
+              groups[1]->send(t, 0, 3).wait();
+            } else {
+              Tensor t = floats(other_dtype ? 10 : 5);
+              groups[0]->recv(t, 1, 3).wait();
+            }
+          } catch (const TimeoutError& e) {
+            errors[rank] = e.what();
+          }
+        },
+        sbtest::watchdog_for(kTimeout));
+    INFO(errors[0]);
+    INFO(errors[1]);
+    CHECK_THAT(errors[0], Catch::Contains(other_dtype ? "a recv into float32[10] on cpu (40 bytes)"
+                                                      : "a recv into float32[5] on cpu (20 bytes)"));
+    CHECK_THAT(errors[0], Catch::Contains("from rank 1 with tag 3"));
+    CHECK_THAT(errors[1], Catch::Contains("to rank 0 with tag 3"));
+    CHECK_THAT(errors[1], Catch::Contains("match only when their tag, dtype and byte count"));
+  }
+}
