@@ -105,8 +105,21 @@ TEST_CASE("graceful shutdown is bounded by its own timeout, not by rpc_timeout",
     });
   });
   // w1's handler runs on for several rpc_timeouts while w0 waits in
-  // shutdown: a wait bounded by rpc_timeout would have failed by then.
-  std::this_thread::sleep_for(4 * 300ms);
+  // shutdown: a wait bounded by rpc_timeout would have failed by then. The
+  // handler is let go once a call of a worker of its own, held on another
+  // gate, has failed its 1200 ms deadline (the library's timer, not a sleep).
+  auto held = std::make_shared<Gate>(kGuard);
+  Cluster clock(1, [held](int, RpcContext& self) {
+    self.register_function("held", [held] {
+      held->pass();
+      return int64_t{0};
+    });
+  });
+  rpc::Future<int64_t> deadline =
+      clock[0].rpc_async<int64_t>("w0", "held", rpc::with_timeout(4 * 300ms));
+  REQUIRE(deadline.wait_for(kGuard));
+  CHECK_THROWS_AS(deadline.value(), TimeoutError);
+  held->open();
   CHECK(stopped == 0);
   gate->open();
   stopper.join();
