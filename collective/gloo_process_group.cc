@@ -28,6 +28,7 @@
 #include <thread>
 
 #include "collective/gloo_monitored_barrier.h"
+#include "collective/gloo_ops.h"
 #include "collective/gloo_signature.h"
 #include "common/check.h"
 #include "common/error.h"
@@ -100,77 +101,6 @@ gloo::transport::tcp::attr device_attr(const GlooOptions& options) {
                      {"SWITCHBOARD_GLOO_HOSTNAME", /*host_name=*/true}};
   attr.hostname = choose_listen_address(request).address;
   return attr;
-}
-
-// Picks a same-size integer type so Gloo's templates compute the element
-// size; the bytes are never interpreted as that type (reductions run our
-// own kernels).
-template <typename F>
-auto with_element_type(DType dtype, F&& f) {
-  switch (dtype_size(dtype)) {
-    case 1:
-      return f(uint8_t{});
-    case 2:
-      return f(uint16_t{});
-    case 4:
-      return f(uint32_t{});
-    default:
-      return f(uint64_t{});
-  }
-}
-
-// Turns Gloo's exceptions into ours, naming the op, group, rank (in
-// `where`) and the timeout; leaves our own errors alone.
-std::exception_ptr translate_gloo_error(const std::string& where,
-                                        std::chrono::milliseconds timeout,
-                                        std::exception_ptr error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const gloo::IoException& e) {
-    const std::string what = e.what();
-    // "Timed out waiting ..." in the op that timed out, and "Application
-    // timeout caused pair closure" in every other op of the context.
-    if (what.find("imed out") != std::string::npos ||
-        what.find("timeout caused") != std::string::npos) {
-      return std::make_exception_ptr(TimeoutError(
-          fmt::format("{}: timed out after {} ms waiting for peers (gloo: {})", where,
-                      timeout.count(), what)));
-    }
-    return std::make_exception_ptr(ConnectionError(
-        fmt::format("{}: a peer connection failed (timeout {} ms; gloo: {})", where,
-                    timeout.count(), what)));
-  } catch (const gloo::Exception& e) {
-    return std::make_exception_ptr(
-        Error(ErrorCode::kInternal, fmt::format("{}: gloo failed: {}", where, e.what())));
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
-// The Gloo slot of a send or recv: its tag, and a hash of its dtype and
-// byte count, so that a send and a recv that disagree never meet (Gloo would
-// throw on its I/O thread, ending the process); they time out instead. The
-// top bit keeps these slots apart from the collectives'.
-uint64_t p2p_slot(int tag, const Tensor& tensor) {
-  uint64_t h = 1469598103934665603ULL;
-  for (uint64_t v : {static_cast<uint64_t>(tensor.nbytes()),
-                     static_cast<uint64_t>(tensor.dtype())}) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
-  }
-  const uint64_t check = (h ^ (h >> 31)) & 0x7fffffffULL;
-  return (uint64_t{1} << 63) | (check << 32) | static_cast<uint32_t>(tag);
-}
-
-// An op with no bytes still meets the others, under its own tag: a rank
-// that disagrees (elements on one side, none on the other) is then stuck
-// with the rest, where the SignatureWatch finds it, instead of one rank
-// returning while the others wait.
-void empty_op(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_t tag,
-              std::chrono::milliseconds timeout) {
-  gloo::BarrierOptions opts(context);
-  opts.setTag(tag);
-  opts.setTimeout(timeout);
-  gloo::barrier(opts);
 }
 
 }  // namespace

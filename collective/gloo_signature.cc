@@ -6,6 +6,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -28,9 +29,18 @@ constexpr size_t kDims = 4;
 enum Field : size_t { kMagicField, kOp, kDType, kNumel, kRoot, kReduce, kNdim, kShape };
 constexpr size_t kFields = kShape + kDims;
 
+// FNV-1a over the bytes of `values`, continuing from `h`: the same on
+// every rank.
+constexpr uint64_t kFnvBasis = 1469598103934665603ULL;
+uint64_t fnv1a(uint64_t h, std::initializer_list<uint64_t> values) {
+  for (uint64_t v : values) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
+  }
+  return h;
+}
+
 int64_t op_code(const std::string& op) {
-  // FNV-1a: the same on every rank, and never 0 for the names we use.
-  uint64_t h = 1469598103934665603ULL;
+  uint64_t h = kFnvBasis;
   for (char c : op) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ULL;
   return static_cast<int64_t>(h >> 1);
 }
@@ -100,14 +110,22 @@ std::string OpSignature::describe() const {
 }
 
 uint32_t op_tag(uint64_t sequence, const OpSignature& s) {
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&h](uint64_t v) {
-    for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ULL;
-  };
-  mix(sequence);
-  for (int64_t f : encode(s)) mix(static_cast<uint64_t>(f));
+  // The fields same() compares, and only those: ranks that view the same
+  // elements in other shapes agree, and must meet.
+  const uint64_t h = fnv1a(kFnvBasis, {sequence, static_cast<uint64_t>(op_code(s.op)),
+                                       static_cast<uint64_t>(s.dtype),
+                                       static_cast<uint64_t>(s.numel),
+                                       static_cast<uint64_t>(s.root),
+                                       static_cast<uint64_t>(s.reduce_op)});
   // The top bit stays clear: the signatures' own slots are elsewhere.
   return static_cast<uint32_t>((h ^ (h >> 32)) & 0x7fffffffu);
+}
+
+uint64_t p2p_slot(int tag, const Tensor& tensor) {
+  const uint64_t h = fnv1a(kFnvBasis, {static_cast<uint64_t>(tensor.nbytes()),
+                                       static_cast<uint64_t>(tensor.dtype())});
+  const uint64_t check = (h ^ (h >> 31)) & 0x7fffffffULL;
+  return (uint64_t{1} << 63) | (check << 32) | static_cast<uint32_t>(tag);
 }
 
 struct SignatureWatch::Op {

@@ -45,6 +45,12 @@ struct OpSignature {
 // meet (Gloo would throw on its I/O thread when their sizes differ).
 uint32_t op_tag(uint64_t sequence, const OpSignature& s);
 
+// The Gloo slot of a send or recv: its tag, and a hash of its dtype and
+// byte count, so that a send and a recv that disagree never meet (Gloo would
+// throw on its I/O thread, ending the process); they time out instead. The
+// top bit keeps these slots apart from the collectives'.
+uint64_t p2p_slot(int tag, const Tensor& tensor);
+
 // Watches the op that runs and, when it has run for longer than
 // `suspicion`, exchanges its signature with every peer: a disagreement
 // (whose ranks are stuck, since their op_tag()s differ) then fails the op

@@ -216,3 +216,12 @@ TEST_CASE("a recv into 5 floats from a send of 10, or of another dtype, fails bo
     CHECK_THAT(errors[1], Catch::Contains("match only when their tag, dtype and byte count"));
   }
 }
+
+TEST_CASE("ranks that view the same elements in other shapes agree, as in PyTorch",
+          "[gloo][mismatch]") {
+  const auto errors = run_pair([](int rank, GlooProcessGroup& g) {
+    Tensor t = rank == 0 ? Tensor::zeros({2, 3}, DType::kFloat32) : floats(6);
+    return g.allreduce(t);
+  });
+  CHECK(errors == std::vector<std::string>{"", ""});
+}

@@ -1,0 +1,51 @@
+// Pieces every op of GlooProcessGroup uses: the element type Gloo's
+// templates are given, the translation of Gloo's exceptions into ours, and
+// the op that carries no bytes. Internal to //collective:gloo.
+// Pure functions, or run on the calling op's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "collective/tensor.h"
+
+namespace gloo::rendezvous {
+class Context;
+}
+
+namespace switchboard::collective {
+
+// Picks a same-size integer type so Gloo's templates compute the element
+// size; the bytes are never interpreted as that type (reductions run our
+// own kernels).
+template <typename F>
+auto with_element_type(DType dtype, F&& f) {
+  switch (dtype_size(dtype)) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    default:
+      return f(uint64_t{});
+  }
+}
+
+// Turns Gloo's exceptions into ours, naming the op, group, rank (in
+// `where`) and the timeout; leaves our own errors alone.
+std::exception_ptr translate_gloo_error(const std::string& where,
+                                        std::chrono::milliseconds timeout,
+                                        std::exception_ptr error);
+
+// An op with no bytes still meets the others, under its own tag: a rank
+// that disagrees (elements on one side, none on the other) is then stuck
+// with the rest, where the SignatureWatch finds it, instead of one rank
+// returning while the others wait.
+void empty_op(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_t tag,
+              std::chrono::milliseconds timeout);
+
+}  // namespace switchboard::collective
