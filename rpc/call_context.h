@@ -80,6 +80,16 @@ struct CallContext {
   }
 };
 
+// A per-call timeout: rpc_sync<R>(to, "f", with_timeout(2s), args...)
+// (also for RRef calls: rref.rpc_sync<R>("f", with_timeout(2s), args...)).
+struct CallTimeout {
+  std::chrono::milliseconds value;
+};
+template <typename Rep, typename Period>
+CallTimeout with_timeout(std::chrono::duration<Rep, Period> timeout) {
+  return {std::chrono::duration_cast<std::chrono::milliseconds>(timeout)};
+}
+
 // The call this thread is serving now; null outside a registered function.
 const CallContext* current_call();
 

@@ -17,6 +17,7 @@
 #include "rpc/metrics_exporter.h"
 #include "rpc/remote_error.h"
 #include "rpc/rendezvous.h"
+#include "rpc/rref_table.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 #include "store/store_metrics.h"
@@ -28,6 +29,7 @@ struct RpcContext::State {
   std::shared_ptr<RpcBackendOptions> options;
   std::shared_ptr<Store> store;
   std::unique_ptr<RpcAgent> agent;
+  std::shared_ptr<detail::RRefTable> rrefs;
   std::optional<uint16_t> metrics_port;
   // Last: destroyed (it stops serving) before what its scrapes read. Reset
   // by shutdown().
@@ -261,7 +263,7 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   if (!options) options = construct_rpc_backend_options(backend);
 
   auto state = std::make_shared<State>(
-      State{backend, options, nullptr, nullptr, std::nullopt, nullptr});
+      State{backend, options, nullptr, nullptr, nullptr, std::nullopt, nullptr});
   if (store) {
     if (rank < 0) rank = env_rank().value_or(-1);
     SB_REQUIRE(!world_size || (rank >= 0 && rank < *world_size),
@@ -306,7 +308,12 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   functions_->set_worker_name(name);
   set_default_log_identity(name);
   std::shared_ptr<FunctionRegistry> functions = functions_;
-  state->agent->start([functions](Message request, const WorkerInfo& from) {
+  state->rrefs = std::make_shared<detail::RRefTable>(
+      this, state->agent->self(), state->agent->pool(), functions, options->rpc_timeout);
+  state->agent->start([functions, rrefs = state->rrefs](Message request, const WorkerInfo& from) {
+    // RRefs in the arguments arrive at this worker.
+    detail::RRefDecodeScope scope(rrefs);
+    if (detail::RRefTable::is_protocol(request.function)) return rrefs->serve(request, from);
     return functions->call(request, from);
   });
   MutexLock lock(mu_);
@@ -350,7 +357,27 @@ WorkerInfo resolve(const RpcAgent& agent, const WorkerRef& to) {
 
 Future<Message> RpcContext::send(const WorkerRef& to, Message request,
                                  std::optional<std::chrono::milliseconds> timeout) {
+  return send(to, std::move(request), timeout, nullptr);
+}
+
+std::shared_ptr<detail::RRefCore> RpcContext::create_remote(
+    const WorkerRef& to, Message request, std::string type,
+    std::optional<std::chrono::milliseconds> timeout, detail::RRefEncodeScope* forks) {
   std::shared_ptr<State> state = this->state();
+  const WorkerInfo owner = resolve(*state->agent, to);
+  return state->rrefs->create(owner, std::move(request), std::move(type), timeout, nullptr,
+                              forks);
+}
+
+std::map<std::string, int64_t> RpcContext::rref_debug_info() const {
+  return state()->rrefs->debug_info();
+}
+
+Future<Message> RpcContext::send(const WorkerRef& to, Message request,
+                                 std::optional<std::chrono::milliseconds> timeout,
+                                 std::shared_ptr<detail::RRefTable>* rrefs) {
+  std::shared_ptr<State> state = this->state();
+  if (rrefs != nullptr) *rrefs = state->rrefs;
   SB_REQUIRE(!timeout || timeout->count() >= 0,
              "rpc to function \"{}\": the timeout must be >= 0 ms, got {}",
              request.function, timeout.value_or(std::chrono::milliseconds(0)).count());
@@ -473,12 +500,17 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
   }
   std::exception_ptr join_error;
   if (graceful) {
+    // The references this worker holds are released first, so that the
+    // group's quiet rounds deliver those messages too.
+    state->rrefs->release_users(std::chrono::steady_clock::now() +
+                                (bound.count() > 0 ? bound : std::chrono::hours(24)));
     try {
       state->agent->join(bound);
     } catch (...) {
       join_error = std::current_exception();
     }
   }
+  state->rrefs->close();
   {
     // From here on, new calls fail with "not initialized"; calls that
     // already hold the state fail with Error(kCancelled) from the agent.
@@ -492,6 +524,7 @@ void RpcContext::shutdown(bool graceful, std::optional<std::chrono::milliseconds
     std::jthread stop_exporter([&state] { state->exporter.reset(); });
     state->agent->shutdown();
   }
+  state->rrefs->abandon();
   if (join_error) {
     spdlog::warn("rpc worker \"{}\": graceful shutdown's wait for the group failed; "
                  "stopped anyway",

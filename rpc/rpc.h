@@ -39,6 +39,7 @@
 #include "rpc/message.h"
 #include "rpc/metrics.h"
 #include "rpc/remote_error.h"
+#include "rpc/rref.h"
 #include "rpc/serialize.h"
 
 namespace switchboard {
@@ -46,15 +47,6 @@ class Store;
 }
 
 namespace switchboard::rpc {
-
-// A per-call timeout: rpc_sync<R>(to, "f", with_timeout(2s), args...).
-struct CallTimeout {
-  std::chrono::milliseconds value;
-};
-template <typename Rep, typename Period>
-CallTimeout with_timeout(std::chrono::duration<Rep, Period> timeout) {
-  return {std::chrono::duration_cast<std::chrono::milliseconds>(timeout)};
-}
 
 // Where a call goes: a worker's name, its WorkerInfo or its id.
 class WorkerRef {
@@ -159,6 +151,20 @@ class RpcContext {
   template <typename R = void, typename... Args>
   R rpc_sync(const WorkerRef& to, const std::string& function, const Args&... args);
 
+  // Runs `function` on `to` with `args` (optionally led by
+  // with_timeout(t)) and returns at once an RRef to its result, which stays
+  // on `to` (rpc/rref.h; torch's rpc.remote). T is the result's type.
+  // Throws as rpc_async; what the call meets later (the function threw, a
+  // timeout, `to` died) comes out of to_here() and the calls on the RRef.
+  template <typename T, typename... Args>
+  RRef<T> remote(const WorkerRef& to, const std::string& function, const Args&... args);
+  // torch's _rref_context_get_debug_info(): num_owner_rrefs (values this
+  // worker owns), num_user_rrefs (references it holds to others' values),
+  // num_pending_users (those not yet confirmed by their owner), num_forks
+  // (references it sent whose receivers have not yet been counted).
+  // Error(kFailedPrecondition) before init_rpc.
+  std::map<std::string, int64_t> rref_debug_info() const;
+
   // This worker; the named one (NotFoundError naming it); every worker
   // (by id). Error(kFailedPrecondition) before init_rpc.
   WorkerInfo get_worker_info() const;
@@ -215,6 +221,14 @@ class RpcContext {
   template <typename R, typename... Args>
   Future<R> call(const WorkerRef& to, const std::string& function,
                  std::optional<std::chrono::milliseconds> timeout, const Args&... args);
+  // send(), also handing out the worker's RRef table (the result's RRefs
+  // arrive there).
+  Future<Message> send(const WorkerRef& to, Message request,
+                       std::optional<std::chrono::milliseconds> timeout,
+                       std::shared_ptr<detail::RRefTable>* rrefs);
+  std::shared_ptr<detail::RRefCore> create_remote(
+      const WorkerRef& to, Message request, std::string type,
+      std::optional<std::chrono::milliseconds> timeout, detail::RRefEncodeScope* forks);
 
   struct Callbacks;
 
@@ -270,6 +284,11 @@ R rpc_sync(const WorkerRef& to, const std::string& function, const Args&... args
   return RpcContext::global().rpc_sync<R>(to, function, args...);
 }
 
+template <typename T, typename... Args>
+RRef<T> remote(const WorkerRef& to, const std::string& function, const Args&... args) {
+  return RpcContext::global().remote<T>(to, function, args...);
+}
+
 WorkerInfo get_worker_info();
 WorkerInfo get_worker_info(const std::string& name);
 std::vector<WorkerInfo> get_worker_infos();
@@ -291,13 +310,25 @@ Future<R> RpcContext::call(const WorkerRef& to, const std::string& function,
   Message request;
   request.type = MessageType::kRequest;
   request.function = function;
+  detail::RRefEncodeScope forks;
   encode_args(request, args...);
+  std::shared_ptr<detail::RRefTable> rrefs;
+  Future<Message> sent = send(to, std::move(request), timeout, &rrefs);
+  forks.watch(sent);
   // Decoding runs on the thread that completes the agent's future (no hop
   // to the pool); the caller's callbacks still run on the pool.
-  return send(to, std::move(request), timeout)
-      .then_inline([function](const Future<Message>& response) -> R {
+  return sent.then_inline([function, rrefs = std::move(rrefs)](const Future<Message>& response) -> R {
+        detail::RRefDecodeScope scope(rrefs);
         return decode_result<R>(response.value(), function);
       });
+}
+
+template <typename T, typename... Args>
+RRef<T> RpcContext::remote(const WorkerRef& to, const std::string& function,
+                           const Args&... args) {
+  detail::RRefEncodeScope forks;
+  auto [timeout, request] = detail::encode_rref_call(function, args...);
+  return RRef<T>(create_remote(to, std::move(request), type_name<T>(), timeout, &forks));
 }
 
 template <typename R, typename... Args>

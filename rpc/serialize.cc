@@ -55,6 +55,7 @@ std::string received_name(const msgpack::object& o, int depth) {
       return "bin";
     case msgpack::type::EXT:
       if (o.via.ext.type() == kTensorExtType) return "tensor";
+      if (o.via.ext.type() == 2) return "rref";  // kRRefExtType (rpc/rref.h)
       return fmt::format("ext({})", o.via.ext.type());
     case msgpack::type::ARRAY: {
       std::vector<std::string> names;

@@ -26,6 +26,7 @@
 //   std::tuple<A...>, std::pair<A, B>     tuple[A, B]
 //   Tensor                                tensor
 //   rpc::WorkerInfo                       worker_info: the array [name, id]
+//   rpc::RRef<T>                          rref[T] (rpc/rref.h)
 //   a user struct                         its demangled C++ name, e.g. "ns::Point"
 // Note that std::vector<uint8_t> is bytes, never list[uint8]; send many small
 // integers as a uint8 Tensor instead.
@@ -319,6 +320,8 @@ std::string type_name() {
     return "tensor";
   } else if constexpr (std::is_same_v<U, WorkerInfo>) {
     return "worker_info";
+  } else if constexpr (requires { U::sb_type_name(); }) {
+    return U::sb_type_name();  // e.g. RRef<T>: rref[T]
   } else if constexpr (detail::IsVector<U>::value) {
     using E = typename detail::IsVector<U>::Element;
     if constexpr (std::is_same_v<E, unsigned char> || std::is_same_v<E, char> ||

@@ -29,6 +29,19 @@
 
 namespace switchboard::testing {
 
+// Polls `done` every millisecond until it returns true or `guard` passes;
+// returns whether it did. For conditions that nothing signals (a count that
+// messages bring down), not for an order of events.
+template <typename Predicate>
+bool eventually(Predicate done, std::chrono::milliseconds guard = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + guard;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 // Runs body(0), ..., body(n - 1) concurrently, each on a thread of its own,
 // and returns once every one has returned or thrown. Element `rank` of the
 // result is what body(rank) threw, or null where it returned normally; the
