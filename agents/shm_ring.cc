@@ -1,0 +1,316 @@
+#include "agents/shm_ring.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <system_error>
+#include <thread>
+
+namespace switchboard::agents {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x53425249;  // "SBRI"
+constexpr uint32_t kVersion = 1;
+constexpr const char* kNamePrefix = "/switchboard-";
+// Spins before sleeping: a reply that comes within a few microseconds is
+// picked up without a system call on either side.
+constexpr int kSpins = 2000;
+
+bool power_of_two(uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
+                std::chrono::microseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1'000'000) * 1000);
+  // Not FUTEX_PRIVATE: the word is shared with another process.
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr,
+            0);
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1 << 30, nullptr,
+            nullptr, 0);
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+}  // namespace
+
+// The shared header. Every field is written by one side only (the
+// producer: magic, version, capacity, head, data_word, producer_sleeping;
+// the consumer: tail, space_word, consumer_sleeping), except `closed`.
+struct ShmRing::Header {
+  uint32_t magic;
+  uint32_t version;
+  uint64_t capacity;
+  alignas(64) std::atomic<uint64_t> head;
+  std::atomic<uint32_t> data_word;
+  std::atomic<uint32_t> producer_sleeping;
+  alignas(64) std::atomic<uint64_t> tail;
+  std::atomic<uint32_t> space_word;
+  std::atomic<uint32_t> consumer_sleeping;
+  alignas(64) std::atomic<uint32_t> closed;
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+// ------------------------------------------------------------ ShmSegment
+
+ShmSegment ShmSegment::create(size_t data_capacity) {
+  if (!power_of_two(data_capacity) || data_capacity < 4096) {
+    throw std::invalid_argument(
+        fmt::format("shared-memory ring: capacity {} is not a power of two >= 4096",
+                    data_capacity));
+  }
+  std::random_device random;
+  const std::string name =
+      fmt::format("{}{:08x}{:08x}{:08x}{:08x}", kNamePrefix, random(), random(), random(),
+                  random());
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name);
+  const size_t size = ShmRing::kHeaderBytes + data_capacity;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    const int error = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw std::system_error(error, std::generic_category(), "ftruncate " + name);
+  }
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    throw std::system_error(error, std::generic_category(), "mmap " + name);
+  }
+  ShmSegment segment;
+  segment.data_ = data;
+  segment.size_ = size;
+  segment.name_ = name;
+  segment.owned_ = true;
+  segment.linked_ = true;
+  return segment;
+}
+
+ShmSegment ShmSegment::open(const std::string& name) {
+  const bool hex = name.size() == std::strlen(kNamePrefix) + 32 &&
+                   name.starts_with(kNamePrefix) &&
+                   std::all_of(name.begin() + static_cast<std::ptrdiff_t>(std::strlen(kNamePrefix)),
+                               name.end(), [](char c) { return std::isxdigit(c) != 0; });
+  if (!hex) {
+    throw std::invalid_argument(
+        fmt::format("shared-memory ring: \"{}\" is not a segment name", name));
+  }
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name);
+  ::shm_unlink(name.c_str());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw std::system_error(error, std::generic_category(), "fstat " + name);
+  }
+  const auto size = static_cast<size_t>(st.st_size);
+  if (size <= ShmRing::kHeaderBytes || !power_of_two(size - ShmRing::kHeaderBytes) ||
+      size - ShmRing::kHeaderBytes > (size_t{1} << 32)) {
+    ::close(fd);
+    throw ShmRingCorrupt(fmt::format("shared-memory segment {} has {} bytes", name, size));
+  }
+  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  ::close(fd);
+  if (data == MAP_FAILED) throw std::system_error(error, std::generic_category(), "mmap " + name);
+  ShmSegment segment;
+  segment.data_ = data;
+  segment.size_ = size;
+  segment.name_ = name;
+  segment.owned_ = true;
+  return segment;
+}
+
+ShmSegment ShmSegment::borrow(void* data, size_t size) {
+  ShmSegment segment;
+  segment.data_ = data;
+  segment.size_ = size;
+  return segment;
+}
+
+ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
+
+ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
+  if (this != &other) {
+    this->~ShmSegment();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    name_ = std::move(other.name_);
+    owned_ = std::exchange(other.owned_, false);
+    linked_ = std::exchange(other.linked_, false);
+  }
+  return *this;
+}
+
+ShmSegment::~ShmSegment() {
+  unlink();
+  if (owned_ && data_ != nullptr) ::munmap(data_, size_);
+  data_ = nullptr;
+  owned_ = false;
+}
+
+void ShmSegment::unlink() {
+  if (linked_) ::shm_unlink(name_.c_str());
+  linked_ = false;
+}
+
+// --------------------------------------------------------------- ShmRing
+
+ShmRing::ShmRing(const ShmSegment& segment, Role role)
+    : header_(static_cast<Header*>(segment.data())),
+      data_(static_cast<uint8_t*>(segment.data()) + kHeaderBytes),
+      capacity_(segment.size() > kHeaderBytes ? segment.size() - kHeaderBytes : 0),
+      position_(0) {
+  // The layout docs/wire_formats.md gives ("Same-host lane").
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  static_assert(offsetof(Header, capacity) == 8 && offsetof(Header, head) == 64 &&
+                offsetof(Header, tail) == 128 && offsetof(Header, closed) == 192);
+  if (segment.data() == nullptr || !power_of_two(capacity_)) {
+    throw ShmRingCorrupt(
+        fmt::format("shared-memory ring: a segment of {} bytes holds no ring", segment.size()));
+  }
+  if (role == kProducer) {
+    header_->magic = kMagic;
+    header_->version = kVersion;
+    header_->capacity = capacity_;
+    header_->head.store(0, std::memory_order_relaxed);
+    header_->tail.store(0, std::memory_order_relaxed);
+    header_->data_word.store(0, std::memory_order_relaxed);
+    header_->space_word.store(0, std::memory_order_relaxed);
+    header_->producer_sleeping.store(0, std::memory_order_relaxed);
+    header_->consumer_sleeping.store(0, std::memory_order_relaxed);
+    header_->closed.store(0, std::memory_order_release);
+    return;
+  }
+  // Read once; the capacity used from now on is the mapping's.
+  const uint32_t magic = header_->magic;
+  const uint32_t version = header_->version;
+  const uint64_t capacity = header_->capacity;
+  if (magic != kMagic || version != kVersion || capacity != capacity_) {
+    throw ShmRingCorrupt(fmt::format(
+        "shared-memory ring: bad header (magic {:#x}, version {}, capacity {} in a "
+        "mapping of {} data bytes)",
+        magic, version, capacity, capacity_));
+  }
+  position_ = header_->tail.load(std::memory_order_acquire);
+}
+
+size_t ShmRing::write_some(const uint8_t* data, size_t size) {
+  const uint64_t tail = header_->tail.load(std::memory_order_acquire);
+  const uint64_t used = position_ - tail;
+  if (used > capacity_) {
+    throw ShmRingCorrupt(fmt::format(
+        "shared-memory ring: the reader's position {} is not within {} bytes behind ours ({})",
+        tail, capacity_, position_));
+  }
+  const size_t n = std::min<uint64_t>(size, capacity_ - used);
+  if (n == 0) return 0;
+  const size_t at = position_ & (capacity_ - 1);
+  const size_t first = std::min(n, capacity_ - at);
+  std::memcpy(data_ + at, data, first);
+  std::memcpy(data_, data + first, n - first);
+  position_ += n;
+  header_->head.store(position_, std::memory_order_seq_cst);
+  if (header_->consumer_sleeping.load(std::memory_order_seq_cst) != 0) {
+    header_->data_word.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&header_->data_word);
+  }
+  return n;
+}
+
+bool ShmRing::wait_space(const std::atomic<bool>& stop, std::chrono::microseconds timeout) {
+  auto room = [&] {
+    return position_ - header_->tail.load(std::memory_order_seq_cst) < capacity_;
+  };
+  for (int i = 0; i < kSpins; ++i) {
+    if (room()) return true;
+    if (closed() || stop.load(std::memory_order_relaxed)) return false;
+    cpu_relax();
+  }
+  const uint32_t seen = header_->space_word.load(std::memory_order_seq_cst);
+  header_->producer_sleeping.store(1, std::memory_order_seq_cst);
+  if (!room() && !closed() && !stop.load(std::memory_order_seq_cst)) {
+    futex_wait(&header_->space_word, seen, timeout);
+  }
+  header_->producer_sleeping.store(0, std::memory_order_seq_cst);
+  return room();
+}
+
+std::pair<const uint8_t*, size_t> ShmRing::readable() {
+  const uint64_t head = header_->head.load(std::memory_order_acquire);
+  const uint64_t available = head - position_;
+  if (available > capacity_) {
+    throw ShmRingCorrupt(fmt::format(
+        "shared-memory ring: the writer's position {} is not within {} bytes ahead of ours ({})",
+        head, capacity_, position_));
+  }
+  const size_t at = position_ & (capacity_ - 1);
+  return {data_ + at, std::min<uint64_t>(available, capacity_ - at)};
+}
+
+void ShmRing::consume(size_t n) {
+  position_ += n;
+  header_->tail.store(position_, std::memory_order_seq_cst);
+  if (header_->producer_sleeping.load(std::memory_order_seq_cst) != 0) {
+    header_->space_word.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&header_->space_word);
+  }
+}
+
+bool ShmRing::wait_data(const std::atomic<bool>& stop, std::chrono::microseconds timeout) {
+  auto ready = [&] { return header_->head.load(std::memory_order_seq_cst) != position_; };
+  for (int i = 0; i < kSpins; ++i) {
+    if (ready()) return true;
+    if (closed() || stop.load(std::memory_order_relaxed)) return false;
+    cpu_relax();
+  }
+  const uint32_t seen = header_->data_word.load(std::memory_order_seq_cst);
+  header_->consumer_sleeping.store(1, std::memory_order_seq_cst);
+  if (!ready() && !closed() && !stop.load(std::memory_order_seq_cst)) {
+    futex_wait(&header_->data_word, seen, timeout);
+  }
+  header_->consumer_sleeping.store(0, std::memory_order_seq_cst);
+  return ready();
+}
+
+void ShmRing::close() {
+  header_->closed.store(1, std::memory_order_seq_cst);
+  wake_all();
+}
+
+bool ShmRing::closed() const { return header_->closed.load(std::memory_order_acquire) != 0; }
+
+void ShmRing::wake_all() {
+  header_->data_word.fetch_add(1, std::memory_order_seq_cst);
+  header_->space_word.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake(&header_->data_word);
+  futex_wake(&header_->space_word);
+}
+
+}  // namespace switchboard::agents

@@ -1,0 +1,135 @@
+// ShmRing: a single-producer, single-consumer byte pipe through memory
+// shared by two processes on one host: the same-host lane of PIPE
+// connections (agents/pipe_tcp_connection.h), which carries the very bytes
+// the TCP socket would, without a system call when neither side sleeps.
+//
+//   // writer's process                        // reader's process
+//   ShmSegment seg = ShmSegment::create(cap);  ShmSegment seg = ShmSegment::open(name);
+//   ShmRing out(seg, ShmRing::kProducer);      ShmRing in(seg, ShmRing::kConsumer);
+//   size_t n = out.write_some(data, size);     auto [p, n] = in.readable();
+//   out.wait_space(...) when n < size;         ... use p[0..n) ...; in.consume(n);
+//                                              in.wait_data(...) when n == 0;
+//
+// The segment: a POSIX shared-memory object (shm_open) with a random name,
+// mode 0600, made by the writer; the reader opens it by the name the writer
+// sent over the connection's authenticated socket and unlinks it at once,
+// so nothing is left in /dev/shm once both mapped it (the writer unlinks it
+// too when no reader came).
+//
+// Layout (docs/wire_formats.md, "Same-host lane"): a 256-byte header, then
+// `capacity` data bytes (a power of two). head and tail count bytes since
+// the start (wrapping at 2^64); data byte i lives at offset i % capacity.
+//
+// A hostile peer: the other process may write anything into the segment
+// at any time. The reader never reads outside its mapping (it masks every
+// index with the capacity it validated when it mapped, and never reads it
+// again), and checks that the writer's head stays within `capacity` of its
+// own tail; the writer checks the reader's tail the same way. A violation
+// throws ShmRingCorrupt (the connection is then closed); bytes that are no
+// frame are the frame reader's business, as on TCP.
+//
+// Wake-ups: a side that finds nothing to do spins briefly, then sleeps on
+// a futex word in the header; the other side wakes it only when it said it
+// sleeps. Waits are bounded (they return to let the caller check its own
+// stop flag), so a peer that never wakes us cannot hold a thread forever.
+//
+// Thread safety: one producer thread at a time and one consumer thread at a
+// time per ring (the connection serializes them); close() from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace switchboard::agents {
+
+class ShmRingCorrupt : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A mapping of one shared-memory object. Move-only; unmaps on destruction.
+class ShmSegment {
+ public:
+  // Makes an object of `data_capacity` (a power of two, >= 4096) bytes of
+  // ring data plus the header, mapped. Throws std::system_error.
+  static ShmSegment create(size_t data_capacity);
+  // Maps the object `name` (as create() named it; "/switchboard-" and hex)
+  // and unlinks the name. Throws std::invalid_argument for a name of
+  // another form, std::system_error when it cannot be opened or mapped,
+  // ShmRingCorrupt when its size is not a header plus a power of two.
+  static ShmSegment open(const std::string& name);
+  // Over memory the caller owns (tests, the fuzzer): nothing is unmapped.
+  static ShmSegment borrow(void* data, size_t size);
+
+  ShmSegment() = default;
+  ShmSegment(ShmSegment&& other) noexcept;
+  ShmSegment& operator=(ShmSegment&& other) noexcept;
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+  ~ShmSegment();
+
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  // Removes the name (the mapping stays); idempotent.
+  void unlink();
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  std::string name_;
+  bool owned_ = false;    // munmap on destruction
+  bool linked_ = false;   // the name still exists
+};
+
+class ShmRing {
+ public:
+  enum Role { kProducer, kConsumer };
+  static constexpr size_t kHeaderBytes = 256;
+
+  // The producer initializes the header (a fresh segment); the consumer
+  // validates it and keeps its own copy of the capacity. Throws
+  // ShmRingCorrupt for a segment that is no ring. `segment` must outlive
+  // the ring.
+  ShmRing(const ShmSegment& segment, Role role);
+
+  size_t capacity() const { return capacity_; }
+
+  // Producer: copies up to `size` bytes in; returns how many fit (0 when
+  // full) and wakes a sleeping consumer.
+  size_t write_some(const uint8_t* data, size_t size);
+  // Producer: until there is room, the ring is closed, `stop` is set or
+  // `timeout` passed; true when there is room.
+  bool wait_space(const std::atomic<bool>& stop, std::chrono::microseconds timeout);
+
+  // Consumer: the bytes that can be read now, contiguous (up to the end of
+  // the data area; the rest after consume()). Throws ShmRingCorrupt.
+  std::pair<const uint8_t*, size_t> readable();
+  // Consumer: marks `n` bytes (of the last readable()) read, and wakes a
+  // producer waiting for room.
+  void consume(size_t n);
+  // Consumer: until there are bytes, the ring is closed, `stop` is set or
+  // `timeout` passed; true when there are bytes.
+  bool wait_data(const std::atomic<bool>& stop, std::chrono::microseconds timeout);
+
+  // Either side: marks the ring closed and wakes both.
+  void close();
+  bool closed() const;
+  // Wakes both sides' waits (after setting a stop flag they check).
+  void wake_all();
+
+ private:
+  struct Header;
+
+  Header* header_;
+  uint8_t* data_;
+  size_t capacity_;    // validated once; never read from the segment again
+  uint64_t position_;  // our own head (producer) or tail (consumer)
+};
+
+}  // namespace switchboard::agents
