@@ -69,6 +69,7 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
                options->membership_lease.count()));
   options->max_requests_per_peer = read_int(reader, "max_requests_per_peer", 0, 1 << 30,
                                             options->max_requests_per_peer);
+  options->shm = static_cast<int>(read_int(reader, "shm", 0, 1, options->shm));
   options->tls.cert_file = reader.get("tls_cert_file").value_or("");
   options->tls.key_file = reader.get("tls_key_file").value_or("");
   options->tls.ca_file = reader.get("tls_ca_file").value_or("");
@@ -118,6 +119,7 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
     options.device_maps = typed->device_maps;
     options.devices = typed->devices;
     options.tls = typed->tls;
+    if (typed->shm >= 0) options.shm = typed->shm == 1;
   }
   return std::make_unique<PipeAgent>(init.store, init.name, init.rank, init.world_size,
                                      options);

@@ -51,6 +51,9 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            for a joiner or leaver that holds it and stops
 //                            renewing (default 10000; see
 //                            rpc/membership_token.h)
+//   "shm"                    "1" or "0": the same-host shared-memory lane
+//                            on or off (default: SWITCHBOARD_PIPE_SHM, else
+//                            on; see agents/pipe_tcp_connection.h)
 //   "tls_cert_file", "tls_key_file", "tls_ca_file"
 //                            PEM files: mutual TLS on every connection
 //                            (all three or none; default: the
@@ -75,6 +78,7 @@ struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
   rpc::DeviceMaps device_maps;
   std::vector<Device> devices;
   PipeTlsOptions tls;
+  int shm = -1;  // 1: on, 0: off, -1: SWITCHBOARD_PIPE_SHM (else on)
 
   void set_device_map(const std::string& worker,
                       const std::vector<std::pair<std::string, std::string>>& map);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string_view>
 
 #include "agents/pipe_address.h"
 #include "agents/pipe_agent_impl.h"
@@ -88,6 +90,15 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   // A peer gets as long for its TLS handshake as for its hello.
   if (options.heartbeat_timeout.count() > 0) tcp.handshake_timeout = options.heartbeat_timeout;
   tls = tcp.tls.enabled();
+  const char* shm_variable = std::getenv("SWITCHBOARD_PIPE_SHM");
+  const bool shm = options.shm.value_or(shm_variable == nullptr ||
+                                        std::string_view(shm_variable) != "0");
+  if (shm && !tls) tcp.lane_capacity = options.shm_ring_bytes;
+  if (!shm) {
+    spdlog::info("rpc agent \"{}\": the same-host shared-memory lane is off: frames to "
+                 "workers of this host go over TCP",
+                 this->name);
+  }
   tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
     return buffers->empty(shape, dtype);
   };
@@ -163,6 +174,9 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   }
   switch (frame.kind) {
     case pipe::FrameKind::kHeartbeat:
+      return true;
+    case pipe::FrameKind::kLane:
+      connection->on_lane_frame(frame.message.payload);
       return true;
     case pipe::FrameKind::kCancel:
       calls.cancel_request(from, frame.message.id);

@@ -81,6 +81,10 @@ class Connection {
   virtual bool wait_closed(std::chrono::steady_clock::time_point deadline) = 0;
   // Closes now; queued frames are dropped. Idempotent.
   virtual void close_now() = 0;
+  // A kLane frame's payload (the same-host lane's negotiation), handed on
+  // by the agent once the peer is identified and authenticated. Transports
+  // without a lane ignore it.
+  virtual void on_lane_frame(const std::vector<uint8_t>& payload) { (void)payload; }
 
   // The agent's bookkeeping, on any thread: the peer's rank once its hello
   // named it (-1 before), whether connection_failed() ran for it, and when

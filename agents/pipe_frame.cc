@@ -40,6 +40,7 @@ void check_kind_rules(const FrameHeader& h) {
       must_be_zero("function_length", h.function_length);
       break;
     case FrameKind::kHello:
+    case FrameKind::kLane:
       must_be_zero("tensor_count", h.tensor_count);
       must_be_zero("function_length", h.function_length);
       break;
@@ -103,9 +104,9 @@ void check_fixed_fields(const uint8_t* in) {
     throw ProtocolError(fmt::format("pipe frame: version {} is not supported (expected {})",
                                  in[4], kVersion));
   }
-  if (in[5] < 1 || in[5] > 7) {
+  if (in[5] < 1 || in[5] > 8) {
     throw ProtocolError(
-        fmt::format("pipe frame: kind {} is not a frame kind (1 to 7)", in[5]));
+        fmt::format("pipe frame: kind {} is not a frame kind (1 to 8)", in[5]));
   }
   const auto flags = load_le<uint16_t>(in + 6);
   const uint16_t allowed = in[5] == static_cast<uint8_t>(FrameKind::kRequest) ? kFlagTimeout : 0;
@@ -162,6 +163,8 @@ std::string kind_name(FrameKind kind) {
       return "goodbye";
     case FrameKind::kCancel:
       return "cancel";
+    case FrameKind::kLane:
+      return "lane";
   }
   return fmt::format("kind {}", static_cast<int>(kind));
 }
@@ -248,9 +251,10 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
 void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
                           const uint8_t* payload, size_t payload_size) {
   SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kHeartbeat ||
-                 kind == FrameKind::kGoodbye || kind == FrameKind::kCancel,
+                 kind == FrameKind::kGoodbye || kind == FrameKind::kCancel ||
+                 kind == FrameKind::kLane,
              "append_control_frame: {} is not a control frame", kind_name(kind));
-  SB_REQUIRE(kind == FrameKind::kHello || payload_size == 0,
+  SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kLane || payload_size == 0,
              "append_control_frame: a {} frame has no payload ({} bytes given)",
              kind_name(kind), payload_size);
   SB_REQUIRE(payload != nullptr || payload_size == 0,

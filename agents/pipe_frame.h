@@ -22,8 +22,9 @@
 // Frame kinds: kRequest, kResponse and kError carry a Message of the
 // MessageType with the same value. A request names its function; a response
 // or an error has none. kHello carries opaque bytes in its payload (what the
-// agent wants to say on connecting) and no function; kHeartbeat and
-// kGoodbye have no body at all. Only request/response/error carry tensors.
+// agent wants to say on connecting) and no function, as does kLane (the
+// same-host lane's offer, answer or switch); kHeartbeat and kGoodbye have
+// no body at all. Only request/response/error carry tensors.
 //
 // Errors: bad bytes from a peer throw ProtocolError (common/error.h), whose message
 // names the field, its value and the limit it broke; the reader that threw
@@ -65,9 +66,10 @@ enum class FrameKind : uint8_t {
   kHeartbeat = 5,
   kGoodbye = 6,
   kCancel = 7,    // no body; id: a request of the sender's it cancels
+  kLane = 8,      // payload: the same-host lane's negotiation (pipe_tcp_connection.h)
 };
 
-// "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel" (or
+// "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel", "lane" (or
 // "kind N" for other values).
 std::string kind_name(FrameKind kind);
 

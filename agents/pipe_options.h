@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,12 @@ struct PipeAgentOptions {
   // Mutual TLS on every connection; none named: the SWITCHBOARD_TLS_*
   // variables' files when set, else plain TCP.
   PipeTlsOptions tls;
+  // The same-host lane (agents/pipe_tcp_connection.h): frames to a worker
+  // of this host go through shared memory. nullopt: on unless
+  // SWITCHBOARD_PIPE_SHM is "0". Never with TLS. Each direction's ring has
+  // shm_ring_bytes (a power of two, >= 4096).
+  std::optional<bool> shm;
+  size_t shm_ring_bytes = 4 << 20;
   // CUDA devices of this machine as the maps are validated against; -1
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
   // a binary that does not link //collective:cuda_allocator).

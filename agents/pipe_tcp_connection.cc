@@ -23,12 +23,15 @@ using rpc::Message;
 TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
                              const pipe::FrameLimits& limits,
                              pipe::FrameReader::Allocate allocate,
-                             std::shared_ptr<asio::ssl::context> tls)
+                             std::shared_ptr<asio::ssl::context> tls, size_t lane_capacity)
     : events_(events),
       strand_(asio::make_strand(socket.get_executor())),
       socket_(std::move(socket)),
-      reader_(limits, std::move(allocate)),
-      tls_context_(std::move(tls)) {
+      reader_(limits, allocate),
+      tls_context_(std::move(tls)),
+      lane_capacity_(tls_context_ ? 0 : lane_capacity),
+      limits_(limits),
+      allocate_(std::move(allocate)) {
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
   if (tls_context_) {
@@ -78,6 +81,19 @@ bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices
                          bool send_now) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
+  if (lane_out_) {
+    pipe::append_frame(lane_queued_, m, devices);
+    for (const Tensor& t : m.tensors) {
+      if (t.nbytes() > 0) lane_queued_tensors_.push_back({lane_queued_.size(), t, 0});
+    }
+    try {
+      if (!write_lane_locked()) lane_queued_cv_.notify_all();  // the writer thread goes on
+    } catch (const ShmRingCorrupt& e) {
+      fail_later(std::string("protocol error: ") + e.what());
+    }
+    return true;
+  }
+  if (!lane_offered_ && lane_capacity_ > 0) offer_lane_locked();
   pipe::append_frame(queued_, m, devices);
   for (const Tensor& t : m.tensors) {
     if (t.nbytes() > 0) queued_tensors_.push_back({queued_.size(), t, 0});
@@ -85,20 +101,6 @@ bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices
   if (send_now && !writing_ && !tls_) send_inline_locked();
   if (!queued_.empty() || !queued_tensors_.empty()) kick_locked();
   return true;
-}
-
-template <typename Emit>
-void TcpConnection::for_each_piece(const std::vector<uint8_t>& bytes,
-                                const std::vector<QueuedTensor>& tensors, Emit&& emit) {
-  size_t at = 0;
-  for (const QueuedTensor& t : tensors) {
-    if (t.offset > at) emit(bytes.data() + at, t.offset - at);
-    at = t.offset;
-    if (t.sent < t.tensor.nbytes()) {
-      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent, t.tensor.nbytes() - t.sent);
-    }
-  }
-  if (at < bytes.size()) emit(bytes.data() + at, bytes.size() - at);
 }
 
 void TcpConnection::send_inline_locked() {
@@ -126,33 +128,41 @@ void TcpConnection::send_inline_locked() {
   if (n > 0) consume_locked(static_cast<size_t>(n));
 }
 
-void TcpConnection::consume_locked(size_t n) {
+void TcpConnection::consume(std::vector<uint8_t>& bytes, std::vector<QueuedTensor>& tensors,
+                            size_t n) {
   size_t at = 0;        // frame bytes fully sent
   size_t finished = 0;  // tensors fully sent
   while (n > 0) {
-    const size_t end =
-        finished < queued_tensors_.size() ? queued_tensors_[finished].offset : queued_.size();
-    const size_t bytes = std::min(n, end - at);
-    at += bytes;
-    n -= bytes;
-    if (n == 0 || finished == queued_tensors_.size()) break;
-    QueuedTensor& t = queued_tensors_[finished];
+    const size_t end = finished < tensors.size() ? tensors[finished].offset : bytes.size();
+    const size_t taken = std::min(n, end - at);
+    at += taken;
+    n -= taken;
+    if (n == 0 || finished == tensors.size()) break;
+    QueuedTensor& t = tensors[finished];
     const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
     t.sent += take;
     n -= take;
     if (t.sent < t.tensor.nbytes()) break;
     ++finished;
   }
-  queued_.erase(queued_.begin(), queued_.begin() + static_cast<std::ptrdiff_t>(at));
-  queued_tensors_.erase(queued_tensors_.begin(),
-                        queued_tensors_.begin() + static_cast<std::ptrdiff_t>(finished));
-  for (QueuedTensor& t : queued_tensors_) t.offset -= at;
+  bytes.erase(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
+  tensors.erase(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(finished));
+  for (QueuedTensor& t : tensors) t.offset -= at;
 }
 
 bool TcpConnection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
                                  size_t size, uint64_t id) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
+  if (lane_out_) {
+    pipe::append_control_frame(lane_queued_, kind, id, payload, size);
+    try {
+      if (!write_lane_locked()) lane_queued_cv_.notify_all();
+    } catch (const ShmRingCorrupt& e) {
+      fail_later(std::string("protocol error: ") + e.what());
+    }
+    return true;
+  }
   pipe::append_control_frame(queued_, kind, id, payload, size);
   kick_locked();
   return true;
@@ -170,9 +180,11 @@ void TcpConnection::write_some() {
     if (closed_) return;
     if (queued_.empty() && queued_tensors_.empty()) {
       writing_ = false;
-      if (closing_) {
+      // Closed once the lane's queue went too (its writer kicks again).
+      if (closing_ && lane_queue_empty_locked()) {
         closed_ = true;
         closed_cv_.notify_all();
+        stop_lane();
         boost::system::error_code ignored;
         socket_.shutdown(tcp::socket::shutdown_send, ignored);
         socket_.close(ignored);
@@ -217,8 +229,20 @@ void TcpConnection::read_some() {
           // as a truncated stream: to the agent, the same end.
           const bool closed =
               error == asio::error::eof || error == asio::ssl::error::stream_truncated;
-          self->events_.connection_failed(
-              self, closed ? "the peer closed the connection" : "read failed: " + error.message());
+          std::string why =
+              closed ? "the peer closed the connection" : "read failed: " + error.message();
+          if (self->lane_in_active_) {
+            // What the peer wrote into the ring before it went is read
+            // first; the lane's reader then reports the end.
+            {
+              MutexLock lock(self->lane_in_mu_);
+              self->socket_end_ = std::move(why);
+            }
+            self->socket_ended_ = true;
+            if (ShmRing* ring = self->lane_in_ring_.load()) ring->wake_all();
+            return;
+          }
+          self->events_.connection_failed(self, why);
           return;
         }
         self->last_recv_ns = now_ns();
@@ -254,6 +278,7 @@ void TcpConnection::close_after_flush() {
   MutexLock lock(mu_);
   if (closed_ || closing_) return;
   closing_ = true;
+  lane_queued_cv_.notify_all();
   kick_locked();
 }
 
@@ -269,6 +294,7 @@ void TcpConnection::close_now() {
     closed_ = true;
     closed_cv_.notify_all();
   }
+  stop_lane();
   asio::post(strand_, [self = shared_from_this()] {
     boost::system::error_code ignored;
     self->socket_.shutdown(tcp::socket::shutdown_both, ignored);

@@ -193,7 +193,7 @@ class TcpTransport final : public PipeTransport {
  private:
   std::shared_ptr<TcpConnection> make_connection(tcp::socket socket) {
     return std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
-                                           options_.allocate, tls_);
+                                           options_.allocate, tls_, options_.lane_capacity);
   }
 
   // Hands an accepted connection to the agent, after its TLS handshake

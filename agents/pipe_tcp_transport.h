@@ -36,6 +36,9 @@ struct TcpTransportOptions {
   // as a ConnectionError, on accept with a logged warning naming the peer.
   PipeTlsOptions tls;
   std::chrono::milliseconds handshake_timeout{10'000};
+  // The ring each connection offers for the same-host lane (0: no lane;
+  // never with TLS).
+  size_t lane_capacity = 0;
 };
 
 // A transport whose connections report to `events`, which must outlive it.

@@ -33,9 +33,9 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
   }
   SECTION("kind") {
     b[kKindAt] = 0;
-    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 7)");
-    b[kKindAt] = 8;
-    require_frame_error(b, "pipe frame: kind 8 is not a frame kind (1 to 7)");
+    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 8)");
+    b[kKindAt] = 9;
+    require_frame_error(b, "pipe frame: kind 9 is not a frame kind (1 to 8)");
   }
   SECTION("flags") {
     // A request may say that its timeout comes first (kFlagTimeout); no

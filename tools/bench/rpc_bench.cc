@@ -1,6 +1,6 @@
 // `bench rpc`: our RPC backends against raw TCP and PyTorch's RPC.
 //
-//   bench rpc [--quick] [--only pipe|pipe_tls|process_group|torch]
+//   bench rpc [--quick] [--only pipe_shm|pipe_tcp|pipe_tls|process_group|torch]
 //
 // Every figure is measured between two processes on 127.0.0.1, in this
 // order, one side at a time:
@@ -128,18 +128,21 @@ const Counts& counts_for(bool quick) { return quick ? kQuick : kFull; }
 
 // A backend under test: its registry name, the prefix of its figures (and
 // its name for --only and --worker), the extra that names the address it
-// listens on, what the report calls it, and whether its connections are
-// inside mutual TLS (a CA and a certificate made for the run).
+// listens on, what the report calls it, whether its connections are inside
+// mutual TLS (a CA and a certificate made for the run), and PIPE's
+// same-host lane ("shm" extra: "1", "0"; null: the backend has none).
 struct Backend {
   const char* name;
   const char* prefix;
   const char* address_extra;
   const char* label;
   bool tls = false;
+  const char* shm = nullptr;
 };
 
 constexpr Backend kBackends[] = {
-    {"PIPE", "pipe", "listen_address", "PIPE"},
+    {"PIPE", "pipe_shm", "listen_address", "PIPE (same-host lane)", false, "1"},
+    {"PIPE", "pipe_tcp", "listen_address", "PIPE over TCP (lane off)", false, "0"},
     {"PIPE", "pipe_tls", "listen_address", "PIPE+TLS", true},
     {"PROCESS_GROUP", "process_group", "hostname", "PROCESS_GROUP"},
 };
@@ -294,6 +297,7 @@ std::shared_ptr<rpc::RpcBackendOptions> backend_options(const Backend& backend,
                                                         const std::string& listen,
                                                         const std::string& tls_dir = "") {
   rpc::Extras extras{{backend.address_extra, listen}};
+  if (backend.shm != nullptr) extras["shm"] = backend.shm;
   if (backend.tls) {
     extras["tls_cert_file"] = fmt::format("{}/{}.pem", tls_dir, kTlsName);
     extras["tls_key_file"] = fmt::format("{}/{}.key", tls_dir, kTlsName);
@@ -549,8 +553,8 @@ void print_target(const std::string& name, bool met) {
   print_value("target_" + name, met ? "met" : "missed");
 }
 
-// What TLS costs: each figure of PIPE+TLS over PIPE's in the same run
-// (`pipe_tls_vs_pipe_*`; above 1 is worse for the latencies and the RSS,
+// What TLS costs: each figure of PIPE+TLS over PIPE over TCP's in the same
+// run (`pipe_tls_vs_pipe_*`; above 1 is worse for the latencies and the RSS,
 // below 1 for the rates). PIPE's targets are not TLS's: none are printed.
 void compare_tls(const Backend& backend, const Figures& with, const Figures* plain) {
   if (plain == nullptr) {
@@ -564,12 +568,39 @@ void compare_tls(const Backend& backend, const Figures& with, const Figures* pla
   }
 }
 
+// The same-host lane's own targets (issue 16): a round trip at or below
+// raw TCP's, a 1 MiB echo at least twice PyTorch's, a 64 MiB echo at least
+// raw TCP's one-way bandwidth, and no fewer async calls than PIPE over TCP.
+void compare_lane(const Figures& shm, const Figures& tcp, const Figures* pipe_tcp,
+                  const std::optional<Figures>& torch) {
+  print_target("pipe_shm_rtt_p50_le_tcp", shm.at("rtt_us_p50") <= tcp.at("rtt_us_p50"));
+  print_target("pipe_shm_echo_64MiB_ge_tcp_oneway",
+               shm.at("echo_64MiB_GBps") >= tcp.at("oneway_GBps"));
+  if (torch) {
+    print_number("pipe_shm_echo_1MiB_vs_torch",
+                 shm.at("echo_1MiB_GBps") / torch->at("echo_1MiB_GBps"), 3);
+    print_target("pipe_shm_echo_1MiB_ge_2x_torch",
+                 shm.at("echo_1MiB_GBps") >= 2 * torch->at("echo_1MiB_GBps"));
+  } else {
+    print_value("target_pipe_shm_echo_1MiB_ge_2x_torch", "unknown");
+  }
+  if (pipe_tcp != nullptr) {
+    for (const Figure& figure : kFigures) {
+      print_number(fmt::format("pipe_shm_vs_pipe_tcp_{}", figure.name),
+                   shm.at(figure.name) / pipe_tcp->at(figure.name), 3);
+    }
+    print_target("pipe_shm_async_ge_pipe_tcp",
+                 shm.at("async_calls_per_s") >= pipe_tcp->at("async_calls_per_s"));
+  } else {
+    print_value("target_pipe_shm_async_ge_pipe_tcp", "unknown");
+  }
+}
+
 // Ratios and targets of one of our backends.
 void compare(const Backend& backend, const Figures& ours, const Figures& tcp,
              const std::optional<Figures>& torch) {
   const std::string prefix = backend.prefix;
-  // PIPE, the default backend, owns the plain names.
-  const std::string ratio = prefix == "pipe" ? "ratio" : prefix + "_ratio";
+  const std::string ratio = prefix + "_ratio";
   double rtt_ratio = ours.at("rtt_us_p50") / tcp.at("rtt_us_p50");
   double echo_fraction = ours.at("echo_64MiB_GBps") / tcp.at("oneway_GBps");
   print_number(ratio + "_rtt", rtt_ratio, 3);
@@ -655,7 +686,8 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
   });
   const Figures* plain_pipe = nullptr;
   for (const auto& [backend, figures] : ours) {
-    if (std::string(backend->prefix) == "pipe") plain_pipe = &figures;
+    // TLS has no same-host lane: its cost is against PIPE over TCP.
+    if (std::string(backend->prefix) == "pipe_tcp") plain_pipe = &figures;
   }
   for (const auto& [backend, figures] : ours) {
     if (backend->tls) {
@@ -663,6 +695,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
     } else {
       compare(*backend, figures, tcp, torch);
     }
+    if (std::string(backend->prefix) == "pipe_shm") compare_lane(figures, tcp, plain_pipe, torch);
   }
   for (const Backend& backend : kBackends) {
     bool measured = std::any_of(ours.begin(), ours.end(),
@@ -745,7 +778,8 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   CLI::App* sub = bench.add_subcommand(
       "rpc",
       "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's");
-  cli::set_synopsis(*sub, "bench rpc [--quick] [--only pipe|pipe_tls|process_group|torch] [--hosts]");
+  cli::set_synopsis(
+      *sub, "bench rpc [--quick] [--only pipe_shm|pipe_tcp|pipe_tls|process_group|torch] [--hosts]");
   sub->add_flag("--quick", flags->quick, "smaller counts: a smoke run of a few seconds");
   sub->add_flag("--hosts", flags->hosts,
                 "measure between two network namespaces over a veth link instead of on "

@@ -195,6 +195,8 @@ std::vector<Bytes> pipe_frame_fuzz_seeds() {
   append_control_frame(control, FrameKind::kHello, 0, hello.data(), hello.size());
   append_control_frame(control, FrameKind::kHeartbeat, 1);
   append_control_frame(control, FrameKind::kGoodbye, 2);
+  const Bytes lane = {1, '/', 's', 'w', 'i', 't', 'c', 'h'};
+  append_control_frame(control, FrameKind::kLane, 0, lane.data(), lane.size());
   seeds.push_back(control);
 
   Bytes request = {0x01};
