@@ -597,7 +597,7 @@ void PipeAgent::start(RequestHandler handler) {
              self().name);
   SB_REQUIRE(!impl_->calls.started(), "PIPE agent \"{}\": start() called twice",
              self().name);
-  impl_->calls.start(std::move(handler));
+  impl_->calls.start(std::move(handler), inline_functions());
 }
 
 Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout timeout) {

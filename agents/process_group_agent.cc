@@ -249,12 +249,12 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
   }
 
-  void start(RequestHandler h) {
+  void start(RequestHandler h, InlinePredicate runs_inline) {
     SB_REQUIRE(static_cast<bool>(h), "rpc agent \"{}\": start() needs a handler", name);
     MutexLock lock(mu);
     SB_REQUIRE(!stopping, "rpc agent \"{}\": start() after shutdown()", name);
     SB_REQUIRE(!started, "rpc agent \"{}\": start() called twice", name);
-    calls.start(std::move(h));
+    calls.start(std::move(h), std::move(runs_inline));
     started = true;
     const std::shared_ptr<const void> self = shared_from_this();
     for (Peer& peer : peers) {
@@ -509,7 +509,7 @@ ProcessGroupAgent::~ProcessGroupAgent() {
 }
 
 void ProcessGroupAgent::start(RequestHandler handler) {
-  impl_->start(std::move(handler));
+  impl_->start(std::move(handler), inline_functions());
 }
 
 Future<Message> ProcessGroupAgent::send(const WorkerInfo& to, Message request,

@@ -28,6 +28,8 @@ constexpr const char* kNamePrefix = "/switchboard-";
 // Spins before sleeping: a reply that comes within a few microseconds is
 // picked up without a system call on either side.
 constexpr int kSpins = 2000;
+// How much a writer copies before it publishes the bytes to the reader.
+constexpr size_t kChunk = 16 * 1024;
 
 bool power_of_two(uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
 
@@ -230,16 +232,21 @@ size_t ShmRing::write_some(const uint8_t* data, size_t size) {
         tail, capacity_, position_));
   }
   const size_t n = std::min<uint64_t>(size, capacity_ - used);
-  if (n == 0) return 0;
-  const size_t at = position_ & (capacity_ - 1);
-  const size_t first = std::min(n, capacity_ - at);
-  std::memcpy(data_ + at, data, first);
-  std::memcpy(data_, data + first, n - first);
-  position_ += n;
-  header_->head.store(position_, std::memory_order_seq_cst);
-  if (header_->consumer_sleeping.load(std::memory_order_seq_cst) != 0) {
-    header_->data_word.fetch_add(1, std::memory_order_seq_cst);
-    futex_wake(&header_->data_word);
+  // Published a chunk at a time: the reader copies one chunk out while the
+  // next is copied in (on another core), so a large frame costs little
+  // more than one copy's time.
+  size_t done = 0;
+  while (done < n) {
+    const size_t at = position_ & (capacity_ - 1);
+    const size_t k = std::min({n - done, kChunk, capacity_ - at});
+    std::memcpy(data_ + at, data + done, k);
+    done += k;
+    position_ += k;
+    header_->head.store(position_, std::memory_order_seq_cst);
+    if (header_->consumer_sleeping.load(std::memory_order_seq_cst) != 0) {
+      header_->data_word.fetch_add(1, std::memory_order_seq_cst);
+      futex_wake(&header_->data_word);
+    }
   }
   return n;
 }

@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rpc/future.h"
@@ -71,6 +72,17 @@ class RpcAgent {
 
   // Begins serving: from now on requests reach `handler`, on the pool.
   virtual void start(RequestHandler handler) = 0;
+
+  // Which functions run on the thread that received their request (an I/O
+  // thread, or the same-host lane's reader) instead of the pool: one
+  // thread hand-off less per call, for short functions that never block
+  // (FunctionRegistry::register_inline_function). Set before start(); an
+  // agent that has no such thread runs them on the pool.
+  using InlinePredicate = std::function<bool(std::string_view function)>;
+  void set_inline_functions(InlinePredicate runs_inline) {
+    inline_functions_ = std::move(runs_inline);
+  }
+  const InlinePredicate& inline_functions() const { return inline_functions_; }
 
   // Sends `request` (type kRequest) to `to`. See above for the errors.
   virtual Future<Message> send(const WorkerInfo& to, Message request,
@@ -128,6 +140,7 @@ class RpcAgent {
 
  private:
   WorkerInfo self_;
+  InlinePredicate inline_functions_;
   std::shared_ptr<ThreadPool> pool_;
   std::shared_ptr<AgentMetrics> metrics_;
 };

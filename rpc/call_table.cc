@@ -130,6 +130,8 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // Threads in wait_idle(); changed under `mu`.
   std::atomic<int> idle_waiters{0};
   std::shared_ptr<const RpcAgent::RequestHandler> handler SB_GUARDED_BY(mu);
+  // Set by start(), before `started`; then only read.
+  RpcAgent::InlinePredicate runs_inline;
   // Set under `mu` (with `handler`); read without it by started(), which
   // PIPE asks on every call. Stays true after close().
   std::atomic<bool> started{false};
@@ -563,7 +565,8 @@ std::optional<int> CallTable::destination(uint64_t id) const {
   return it->second.call.dst;
 }
 
-void CallTable::start(RpcAgent::RequestHandler handler) {
+void CallTable::start(RpcAgent::RequestHandler handler,
+                      RpcAgent::InlinePredicate runs_inline) {
   State& s = *state_;
   SB_REQUIRE(handler != nullptr, "rpc agent \"{}\": start() with an empty handler", s.name);
   std::deque<Request> early;
@@ -572,6 +575,7 @@ void CallTable::start(RpcAgent::RequestHandler handler) {
     SB_REQUIRE(!s.closed, "rpc agent \"{}\": start() after shutdown()", s.name);
     SB_REQUIRE(!s.started, "rpc agent \"{}\": start() called twice", s.name);
     s.handler = std::make_shared<const RpcAgent::RequestHandler>(std::move(handler));
+    s.runs_inline = std::move(runs_inline);
     s.started = true;
     early.swap(s.early);
   }
@@ -624,6 +628,11 @@ bool CallTable::accept(Request request) {
   if (closed) {
     s.callers.release(from);
     return false;
+  }
+  // Set before `started` (above, under mu): read without the lock.
+  if (s.runs_inline && s.runs_inline(request.message.function)) {
+    s.serve(std::move(request));
+    return true;
   }
   return s.post(std::move(request));
 }

@@ -160,8 +160,11 @@ class CallTable {
   // ------------------------------------------------------ requests served
 
   // Requests accepted so far, and from now on, go to `handler` (non-null;
-  // once: std::invalid_argument naming the agent otherwise).
-  void start(RpcAgent::RequestHandler handler);
+  // once: std::invalid_argument naming the agent otherwise). Requests for
+  // the functions `runs_inline` names (when set) are served on the thread
+  // that accepts them, not on the executor.
+  void start(RpcAgent::RequestHandler handler,
+             RpcAgent::InlinePredicate runs_inline = nullptr);
   // Whether start() was called (also after close()).
   bool started() const;
   // Takes `request` to be handled on the executor (or, before start(),

@@ -51,6 +51,11 @@ void FunctionRegistry::add(std::string name, Handler handler) {
   }
 }
 
+bool FunctionRegistry::runs_inline(std::string_view name) const {
+  MutexLock lock(mutex_);
+  return inline_.find(name) != inline_.end();
+}
+
 bool FunctionRegistry::has_function(std::string_view name) const {
   MutexLock lock(mutex_);
   return handlers_.find(name) != handlers_.end();

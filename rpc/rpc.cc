@@ -310,6 +310,8 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   std::shared_ptr<FunctionRegistry> functions = functions_;
   state->rrefs = std::make_shared<detail::RRefTable>(
       this, state->agent->self(), state->agent->pool(), functions, options->rpc_timeout);
+  state->agent->set_inline_functions(
+      [functions](std::string_view function) { return functions->runs_inline(function); });
   state->agent->start([functions, rrefs = state->rrefs](Message request, const WorkerInfo& from) {
     // RRefs in the arguments arrive at this worker.
     detail::RRefDecodeScope scope(rrefs);

@@ -121,6 +121,14 @@ class RpcContext {
   void register_function(std::string name, F&& f) {
     functions_->register_function(std::move(name), std::forward<F>(f));
   }
+  // The same, for a short function that never blocks: it runs on the
+  // thread that receives the request, not the pool (one thread hand-off
+  // less per call; see FunctionRegistry::register_inline_function for what
+  // it must not do).
+  template <typename F>
+  void register_inline_function(std::string name, F&& f) {
+    functions_->register_inline_function(std::move(name), std::forward<F>(f));
+  }
   const FunctionRegistry& functions() const { return *functions_; }
   // Adds a server interceptor (rpc/call_context.h): every call this worker
   // serves from now on passes it before its function runs. Kept across
@@ -263,6 +271,11 @@ void init_rpc(const std::string& name, int rank = -1,
 template <typename F>
 void register_function(std::string name, F&& f) {
   RpcContext::global().register_function(std::move(name), std::forward<F>(f));
+}
+
+template <typename F>
+void register_inline_function(std::string name, F&& f) {
+  RpcContext::global().register_inline_function(std::move(name), std::forward<F>(f));
 }
 
 inline void add_server_interceptor(ServerInterceptor interceptor) {

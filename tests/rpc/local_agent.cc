@@ -390,7 +390,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
     }
   }
 
-  void start(RequestHandler h) { calls.start(std::move(h)); }
+  void start(RequestHandler h, rpc::RpcAgent::InlinePredicate runs_inline) {
+    calls.start(std::move(h), std::move(runs_inline));
+  }
 
   // ------------------------------------------------------------ lookup
 
@@ -592,7 +594,9 @@ class LocalAgent final : public rpc::RpcAgent {
     impl_->rendezvous(store, timeout);
   }
 
-  void start(RequestHandler handler) override { impl_->start(std::move(handler)); }
+  void start(RequestHandler handler) override {
+    impl_->start(std::move(handler), inline_functions());
+  }
 
   Future<Message> send(const WorkerInfo& to, Message request, Timeout timeout) override {
     return impl_->send(to, std::move(request), timeout);

@@ -287,3 +287,30 @@ TEST_CASE("WorkerInfo travels as an argument and as a result", "[rpc]") {
   CHECK(w0.rpc_sync<std::vector<rpc::WorkerInfo>>("w1", "list", w0.get_worker_infos()) ==
         w0.get_worker_infos());
 }
+
+TEST_CASE("an inline function runs on the thread that received its request, not the pool, "
+          "and sees its call",
+          "[rpc][context][inline]") {
+  Cluster cluster(2, [](int, RpcContext& self) {
+    // Where each ran: on the agent's pool (a pool thread), or not.
+    self.register_function("on_pool", [] { return rpc::ThreadPool::current() != nullptr; });
+    self.register_inline_function("on_receiver", [] {
+      const rpc::CallContext* call = rpc::current_call();
+      return std::make_tuple(rpc::ThreadPool::current() == nullptr,
+                             call ? call->caller.name : std::string());
+    });
+    self.register_inline_function("add", [](int64_t a, int64_t b) { return a + b; });
+  });
+  CHECK(cluster[0].rpc_sync<bool>("w1", "on_pool"));
+  auto [off_pool, caller] = cluster[0].rpc_sync<std::tuple<bool, std::string>>("w1", "on_receiver");
+  CHECK(off_pool);
+  CHECK(caller == "w0");
+  CHECK(cluster[0].functions().runs_inline("add"));
+  CHECK_FALSE(cluster[0].functions().runs_inline("on_pool"));
+  // Many at once, both ways.
+  std::vector<rpc::Future<int64_t>> sums;
+  for (int64_t i = 0; i < 200; ++i) {
+    sums.push_back(cluster[i % 2].rpc_async<int64_t>(i % 2 ? "w0" : "w1", "add", i, i));
+  }
+  for (int64_t i = 0; i < 200; ++i) CHECK(sums[i].value() == 2 * i);
+}

@@ -269,6 +269,12 @@ std::string measure_client(const Counts& counts) {
                                           [] { rpc::rpc_sync<void>(kServer, "noop"); });
   add("rtt_us_p50", percentile(rtt, 0.50));
   add("rtt_us_p99", percentile(rtt, 0.99));
+  // The same no-op registered inline: served on the thread that receives it.
+  progress("rpc client: {} round trips of noop_inline", counts.rtt_calls);
+  std::vector<double> rtt_inline = time_calls_us(
+      counts.rtt_warmup, counts.rtt_calls, [] { rpc::rpc_sync<void>(kServer, "noop_inline"); });
+  add("rtt_inline_us_p50", percentile(rtt_inline, 0.50));
+  add("rtt_inline_us_p99", percentile(rtt_inline, 0.99));
   progress("rpc client: rpc_async of noop, {} in flight, for {} s", counts.async_window,
            counts.async_seconds);
   add("async_calls_per_s", async_calls_per_s(counts));
@@ -313,6 +319,7 @@ void run_role(const WorkerArgs& args, const std::shared_ptr<TcpStore>& store) {
   bool server = args.role == kServer;
   if (server) {
     rpc::register_function("noop", [] {});
+    rpc::register_inline_function("noop_inline", [] {});
     rpc::register_function("echo", [](Tensor tensor) { return tensor; });
   }
   rpc::init_rpc(args.role, args.backend->name, server ? 0 : 1, 2,
@@ -512,7 +519,8 @@ void print_header(const Counts& counts, bool quick, const Placement& where) {
       kPingBytes, kBulkBytes >> 20);
   fmt::print(
       "# rpc: rtt = rpc_sync of \"noop\" (no arguments, no result), p50/p99 after "
-      "warm-up; async = rpc_async of noop, {} calls in flight; echo = rpc_sync of a "
+      "warm-up; rtt_inline = the same of \"noop_inline\", registered inline (ours "
+      "only); async = rpc_async of noop, {} calls in flight; echo = rpc_sync of a "
       "float32 tensor the server returns as is, GBps = 2 x bytes / median round trip "
       "(GB = 1e9 bytes); peak_rss = the larger peak RSS (VmHWM; ru_maxrss for torch) of "
       "client and server, read after the echoes\n",
@@ -544,6 +552,9 @@ void print_side(const std::string& prefix, const Figures& figures) {
   for (const Figure& figure : kFigures) {
     print_number(fmt::format("{}_{}", prefix, figure.name), figures.at(figure.name),
                  figure.precision);
+  }
+  for (const char* extra : {"rtt_inline_us_p50", "rtt_inline_us_p99"}) {
+    if (figures.count(extra) != 0) print_number(prefix + "_" + extra, figures.at(extra), 1);
   }
   print_number(prefix + "_client_peak_rss_MiB", figures.at("client_peak_rss_MiB"), 1);
   print_number(prefix + "_server_peak_rss_MiB", figures.at("server_peak_rss_MiB"), 1);
@@ -614,6 +625,11 @@ void compare(const Backend& backend, const Figures& ours, const Figures& tcp,
     }
   }
   print_target(prefix + "_rtt_p50_le_130pct_tcp", rtt_ratio <= kTargetRttRatio);
+  if (ours.count("rtt_inline_us_p50") != 0) {
+    const double inline_ratio = ours.at("rtt_inline_us_p50") / tcp.at("rtt_us_p50");
+    print_number(ratio + "_rtt_inline", inline_ratio, 3);
+    print_target(prefix + "_rtt_inline_p50_le_130pct_tcp", inline_ratio <= kTargetRttRatio);
+  }
   print_target(prefix + "_async_ge_170000_calls_per_s",
                ours.at("async_calls_per_s") >= kTargetCallsPerS);
   print_target(prefix + "_echo_64MiB_ge_75pct_tcp", echo_fraction >= kTargetEchoFraction);
