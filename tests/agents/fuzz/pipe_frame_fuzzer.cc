@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "agents/pipe_frame.h"
+#include "tests/agents/fuzz/fuzz_check.h"
 #include "collective/tensor.h"
 #include "rpc/message.h"
 
@@ -40,15 +41,6 @@ namespace {
 
 using Bytes = std::vector<uint8_t>;
 
-// Throws std::logic_error, which neither this file nor the codec catches:
-// libFuzzer reports it as a crash, the smoke test as a failure.
-#define FUZZ_CHECK(cond)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      throw std::logic_error(                                                 \
-          fmt::format("{}:{}: check failed: {}", __FILE__, __LINE__, #cond)); \
-    }                                                                         \
-  } while (0)
 
 FrameLimits small_limits() {
   FrameLimits limits;

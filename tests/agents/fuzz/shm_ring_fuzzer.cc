@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "agents/pipe_frame.h"
+#include "tests/agents/fuzz/fuzz_check.h"
 #include "agents/shm_ring.h"
 #include "common/error.h"
 
@@ -35,13 +36,6 @@ using namespace switchboard::agents;
 
 namespace {
 
-#define FUZZ_CHECK(cond)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      throw std::logic_error(                                                 \
-          fmt::format("{}:{}: check failed: {}", __FILE__, __LINE__, #cond)); \
-    }                                                                         \
-  } while (0)
 
 // Byte offsets of the header's fields, as the peer sees them (the layout
 // of docs/wire_formats.md, "Same-host lane").
