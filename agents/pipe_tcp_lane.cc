@@ -18,7 +18,9 @@ namespace {
 
 enum LaneOp : uint8_t { kOffer = 1, kAccept = 2, kRefuse = 3, kSwitch = 4 };
 
-constexpr std::chrono::microseconds kWait{50'000};  // each wait, then flags are checked
+// Each wait of a lane thread: stop_lane(), a closing socket and new frames
+// wake it at once; the bound is a safety net, not a poll.
+constexpr std::chrono::microseconds kWait{500'000};
 
 std::vector<uint8_t> lane_payload(LaneOp op, std::string_view text = {}) {
   std::vector<uint8_t> out{static_cast<uint8_t>(op)};
