@@ -34,8 +34,9 @@ std::string read_link(const char* path) {
   return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : std::string("?");
 }
 
-// Which host, network and IPC namespace this process runs in: two workers
-// share a lane only when theirs are equal (workers in two network
+// Which host, and network, IPC and PID namespaces this process runs in:
+// two workers share a lane only when theirs are equal (the ring's name is
+// a pid of the writer's) (workers in two network
 // namespaces of one kernel are two hosts to the group: a link between them
 // can be cut, and the lane would hide it).
 const std::string& host_key() {
@@ -47,8 +48,8 @@ const std::string& host_key() {
       std::fclose(f);
     }
     while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
-    return fmt::format("{} {} {}", boot, read_link("/proc/self/ns/net"),
-                       read_link("/proc/self/ns/ipc"));
+    return fmt::format("{} {} {} {}", boot, read_link("/proc/self/ns/net"),
+                       read_link("/proc/self/ns/ipc"), read_link("/proc/self/ns/pid"));
   }();
   return key;
 }
@@ -114,7 +115,7 @@ void TcpConnection::on_lane_frame(const std::vector<uint8_t>& payload) {
         refusal = tls_context_ ? "this worker runs TLS" : "this worker has it off";
       } else if (const size_t cut = text.find('\n');
                  cut == std::string::npos || text.substr(cut + 1) != host_key()) {
-        refusal = "it runs on another host (or in another network or IPC namespace)";
+        refusal = "it runs on another host (or in another network, IPC or PID namespace)";
       } else {
         try {
           auto lane = std::make_unique<Lane>();
@@ -151,7 +152,7 @@ void TcpConnection::on_lane_frame(const std::vector<uint8_t>& payload) {
     case kRefuse: {
       MutexLock lock(mu_);
       if (!lane_offer_) break;
-      lane_offer_.reset();  // unlinks the segment
+      lane_offer_.reset();  // its memory goes with it
       spdlog::info("PIPE connection to rank {} ({}): frames stay on TCP: the peer refused "
                    "the shared-memory lane: {}",
                    peer.load(), remote_address(), text);

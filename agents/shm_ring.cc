@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <random>
 #include <system_error>
 #include <thread>
 
@@ -24,7 +23,6 @@ namespace {
 
 constexpr uint32_t kMagic = 0x53425249;  // "SBRI"
 constexpr uint32_t kVersion = 1;
-constexpr const char* kNamePrefix = "/switchboard-";
 // Spins before sleeping: a reply that comes within a few microseconds is
 // picked up without a system call on either side.
 constexpr int kSpins = 2000;
@@ -84,67 +82,77 @@ ShmSegment ShmSegment::create(size_t data_capacity) {
         fmt::format("shared-memory ring: capacity {} is not a power of two >= 4096",
                     data_capacity));
   }
-  std::random_device random;
-  const std::string name =
-      fmt::format("{}{:08x}{:08x}{:08x}{:08x}", kNamePrefix, random(), random(), random(),
-                  random());
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name);
+  const int fd = ::memfd_create("switchboard-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "memfd_create");
   const size_t size = ShmRing::kHeaderBytes + data_capacity;
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    const int error = errno;
+  auto fail = [fd](int error, const char* what) {
     ::close(fd);
-    ::shm_unlink(name.c_str());
-    throw std::system_error(error, std::generic_category(), "ftruncate " + name);
+    throw std::system_error(error, std::generic_category(), what);
+  };
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail(errno, "ftruncate");
+  // The pages now, or an error now: a tmpfs out of room would otherwise
+  // kill the process with SIGBUS at the first write that needs one.
+  if (const int error = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); error != 0) {
+    fail(error, "posix_fallocate of the ring");
+  }
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    fail(errno, "sealing the ring");
   }
   void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  ::close(fd);
-  if (data == MAP_FAILED) {
-    ::shm_unlink(name.c_str());
-    throw std::system_error(error, std::generic_category(), "mmap " + name);
-  }
+  if (data == MAP_FAILED) fail(errno, "mmap of the ring");
   ShmSegment segment;
   segment.data_ = data;
   segment.size_ = size;
-  segment.name_ = name;
+  segment.name_ = fmt::format("{}/{}", ::getpid(), fd);
   segment.owned_ = true;
-  segment.linked_ = true;
+  segment.fd_ = fd;
   return segment;
 }
 
 ShmSegment ShmSegment::open(const std::string& name) {
-  const bool hex = name.size() == std::strlen(kNamePrefix) + 32 &&
-                   name.starts_with(kNamePrefix) &&
-                   std::all_of(name.begin() + static_cast<std::ptrdiff_t>(std::strlen(kNamePrefix)),
-                               name.end(), [](char c) { return std::isxdigit(c) != 0; });
-  if (!hex) {
+  const size_t slash = name.find('/');
+  const bool digits = slash != std::string::npos && slash > 0 && slash + 1 < name.size() &&
+                      name.size() <= 24 &&
+                      std::all_of(name.begin(), name.end(),
+                                  [](char c) { return c == '/' || std::isdigit(c) != 0; }) &&
+                      name.find('/', slash + 1) == std::string::npos;
+  if (!digits) {
     throw std::invalid_argument(
-        fmt::format("shared-memory ring: \"{}\" is not a segment name", name));
+        fmt::format("shared-memory ring: \"{}\" is not a segment name (<pid>/<fd>)", name));
   }
-  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name);
-  ::shm_unlink(name.c_str());
+  const std::string path =
+      fmt::format("/proc/{}/fd/{}", name.substr(0, slash), name.substr(slash + 1));
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
+  auto refuse = [&](const std::string& why) {
+    ::close(fd);
+    throw ShmRingCorrupt(fmt::format("shared-memory segment {}: {}", path, why));
+  };
+  // Sealed: its writer can neither shrink it under our mapping (a SIGBUS
+  // here) nor grow it.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    refuse(fmt::format("not sealed against shrinking and growing (seals {})", seals));
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int error = errno;
     ::close(fd);
-    throw std::system_error(error, std::generic_category(), "fstat " + name);
+    throw std::system_error(error, std::generic_category(), "fstat " + path);
   }
   const auto size = static_cast<size_t>(st.st_size);
   if (size <= ShmRing::kHeaderBytes || !power_of_two(size - ShmRing::kHeaderBytes) ||
       size - ShmRing::kHeaderBytes > (size_t{1} << 32)) {
-    ::close(fd);
-    throw ShmRingCorrupt(fmt::format("shared-memory segment {} has {} bytes", name, size));
+    refuse(fmt::format("{} bytes", size));
   }
   void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   ::close(fd);
-  if (data == MAP_FAILED) throw std::system_error(error, std::generic_category(), "mmap " + name);
+  if (data == MAP_FAILED) throw std::system_error(error, std::generic_category(), "mmap " + path);
   ShmSegment segment;
   segment.data_ = data;
   segment.size_ = size;
-  segment.name_ = name;
   segment.owned_ = true;
   return segment;
 }
@@ -165,21 +173,17 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     name_ = std::move(other.name_);
     owned_ = std::exchange(other.owned_, false);
-    linked_ = std::exchange(other.linked_, false);
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
 
 ShmSegment::~ShmSegment() {
-  unlink();
   if (owned_ && data_ != nullptr) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
   data_ = nullptr;
   owned_ = false;
-}
-
-void ShmSegment::unlink() {
-  if (linked_) ::shm_unlink(name_.c_str());
-  linked_ = false;
+  fd_ = -1;
 }
 
 // --------------------------------------------------------------- ShmRing

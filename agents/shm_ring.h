@@ -10,11 +10,16 @@
 //   out.wait_space(...) when n < size;         ... use p[0..n) ...; in.consume(n);
 //                                              in.wait_data(...) when n == 0;
 //
-// The segment: a POSIX shared-memory object (shm_open) with a random name,
-// mode 0600, made by the writer; the reader opens it by the name the writer
-// sent over the connection's authenticated socket and unlinks it at once,
-// so nothing is left in /dev/shm once both mapped it (the writer unlinks it
-// too when no reader came).
+// The segment: an anonymous memory file (memfd_create) of the writer's,
+// its pages reserved up front (posix_fallocate: no room shows as an error
+// here, never as a SIGBUS later), and sealed against shrinking and growing.
+// The writer keeps it open; the reader opens it through
+// /proc/<writer's pid>/fd/<fd> ("<pid>/<fd>" is its name(), sent over the
+// connection's authenticated socket), which the kernel allows only to a
+// process that may read the writer's memory (the same user, unless the
+// writer is not dumpable), and refuses a file without those seals. Nothing
+// is ever left in /dev/shm or anywhere else: the memory goes with the last
+// mapping.
 //
 // Layout (docs/wire_formats.md, "Same-host lane"): a 256-byte header, then
 // `capacity` data bytes (a power of two). head and tail count bytes since
@@ -52,16 +57,20 @@ class ShmRingCorrupt : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A mapping of one shared-memory object. Move-only; unmaps on destruction.
+// A mapping of one shared-memory file. Move-only; unmaps (and closes) on
+// destruction.
 class ShmSegment {
  public:
-  // Makes an object of `data_capacity` (a power of two, >= 4096) bytes of
-  // ring data plus the header, mapped. Throws std::system_error.
+  // Makes a sealed memory file of `data_capacity` (a power of two, >= 4096)
+  // bytes of ring data plus the header, its pages reserved, mapped.
+  // Throws std::invalid_argument for a bad capacity, std::system_error
+  // (naming the step) when the file cannot be made, reserved or mapped.
   static ShmSegment create(size_t data_capacity);
-  // Maps the object `name` (as create() named it; "/switchboard-" and hex)
-  // and unlinks the name. Throws std::invalid_argument for a name of
-  // another form, std::system_error when it cannot be opened or mapped,
-  // ShmRingCorrupt when its size is not a header plus a power of two.
+  // Maps the file another process made (`name`: its "<pid>/<fd>").
+  // Throws std::invalid_argument for a name of another form,
+  // std::system_error when it cannot be opened or mapped, ShmRingCorrupt
+  // when it is not sealed against shrinking and growing or its size is not
+  // a header plus a power of two.
   static ShmSegment open(const std::string& name);
   // Over memory the caller owns (tests, the fuzzer): nothing is unmapped.
   static ShmSegment borrow(void* data, size_t size);
@@ -75,16 +84,15 @@ class ShmSegment {
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
+  // create()'s: how a reader opens it ("<pid>/<fd>"); empty otherwise.
   const std::string& name() const { return name_; }
-  // Removes the name (the mapping stays); idempotent.
-  void unlink();
 
  private:
   void* data_ = nullptr;
   size_t size_ = 0;
   std::string name_;
-  bool owned_ = false;    // munmap on destruction
-  bool linked_ = false;   // the name still exists
+  bool owned_ = false;  // munmap on destruction
+  int fd_ = -1;         // create()'s file, kept open for the reader
 };
 
 class ShmRing {

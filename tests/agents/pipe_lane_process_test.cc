@@ -35,7 +35,7 @@ int lane_mappings() {
   int n = 0;
   std::ifstream maps("/proc/self/maps");
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("/dev/shm/switchboard-") != std::string::npos) ++n;
+    if (line.find("/memfd:switchboard-ring") != std::string::npos) ++n;
   }
   return n;
 }

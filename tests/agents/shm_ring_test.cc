@@ -6,6 +6,7 @@
 #include "agents/shm_ring.h"
 
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,18 +24,14 @@ using namespace std::chrono_literals;
 
 namespace {
 
-bool name_exists(const std::string& name) {
-  return ::access(("/dev/shm" + name).c_str(), F_OK) == 0;
-}
-
 }  // namespace
 
 TEST_CASE("a ring carries 64 MiB between threads through a 64 KiB segment, in order",
           "[shm]") {
   ShmSegment mine = ShmSegment::create(64 * 1024);
-  REQUIRE(name_exists(mine.name()));
   ShmSegment theirs = ShmSegment::open(mine.name());
-  CHECK_FALSE(name_exists(mine.name()));  // the reader unlinked it
+  CHECK(theirs.size() == mine.size());
+  CHECK(theirs.data() != mine.data());  // two mappings of one file
   ShmRing out(mine, ShmRing::kProducer);
   ShmRing in(theirs, ShmRing::kConsumer);
   CHECK(in.capacity() == 64 * 1024);
@@ -74,19 +71,24 @@ TEST_CASE("a ring carries 64 MiB between threads through a 64 KiB segment, in or
   CHECK(received == kTotal);
 }
 
-TEST_CASE("a segment name of another form is refused; an unused segment's name is removed",
+TEST_CASE("a segment name of another form, and a file that is not sealed, are refused",
           "[shm]") {
   CHECK_THROWS_AS(ShmSegment::open("/etc/passwd"), std::invalid_argument);
-  CHECK_THROWS_AS(ShmSegment::open("/switchboard-../../x"), std::invalid_argument);
+  CHECK_THROWS_AS(ShmSegment::open("1/../../x"), std::invalid_argument);
+  CHECK_THROWS_AS(ShmSegment::open("12"), std::invalid_argument);
   CHECK_THROWS_AS(ShmSegment::create(5000), std::invalid_argument);
+  // A closed file of this process: cannot be opened.
   std::string name;
-  {
-    ShmSegment unused = ShmSegment::create(4096);
-    name = unused.name();
-    REQUIRE(name_exists(name));
-  }
-  CHECK_FALSE(name_exists(name));
+  { name = ShmSegment::create(4096).name(); }
   CHECK_THROWS_AS(ShmSegment::open(name), std::system_error);
+  // An open file of the right size but without seals: a peer could shrink
+  // it under the mapping, so it is refused.
+  const int fd = ::memfd_create("unsealed", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, ShmRing::kHeaderBytes + 4096) == 0);
+  CHECK_THROWS_AS(ShmSegment::open(std::to_string(::getpid()) + "/" + std::to_string(fd)),
+                  ShmRingCorrupt);
+  ::close(fd);
 }
 
 TEST_CASE("the reader refuses a header that is no ring, and positions a peer made up",
