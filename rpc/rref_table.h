@@ -100,6 +100,13 @@ class RRefCore : public std::enable_shared_from_this<RRefCore> {
   std::atomic<bool> released{false};
 };
 
+// "creator:serial", for logs and errors.
+std::string id_text(RRefId id);
+
+// The references packed on this thread for a call's arguments (the
+// innermost RRefEncodeScope's), or null.
+RRefEncodeScope::Forks* encode_forks_on_this_thread();
+
 class RRefTable : public std::enable_shared_from_this<RRefTable> {
  public:
   RRefTable(RpcContext* context, WorkerInfo self, std::shared_ptr<ThreadPool> pool,
