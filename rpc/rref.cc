@@ -100,6 +100,10 @@ bool rref_confirmed(const RRefCore& core) {
   return core.confirmed.done() && !core.confirmed.has_error();
 }
 
+bool rref_same(const RRefCore& a, const RRefCore& b) {
+  return a.id == b.id && a.owner.name == b.owner.name;
+}
+
 std::string rref_describe(const RRefCore& core) {
   return fmt::format("RRef(owner \"{}\", id {}, type {})", core.owner.name, id_text(core.id),
                      core.type);

@@ -118,6 +118,8 @@ WorkerInfo rref_owner(const RRefCore& core);
 bool rref_is_owner(const RRefCore& core);
 bool rref_confirmed(const RRefCore& core);
 std::string rref_describe(const RRefCore& core);
+// Whether two references are to the same value.
+bool rref_same(const RRefCore& a, const RRefCore& b);
 // The value as a response message (kResponse, or kError when the function
 // that made it threw).
 Future<Message> rref_fetch(const std::shared_ptr<RRefCore>& core,
@@ -258,7 +260,7 @@ class RRef {
 
   // Two RRefs are equal when they refer to the same value.
   friend bool operator==(const RRef& a, const RRef& b) {
-    return a.core_ == b.core_ || (a.core_ && b.core_ && a.describe() == b.describe());
+    return a.core_ == b.core_ || (a.core_ && b.core_ && detail::rref_same(*a.core_, *b.core_));
   }
 
   // For the RPC layer: wraps a reference.

@@ -500,9 +500,9 @@ Future<Message> RRefTable::call(const std::shared_ptr<RRefCore>& core, Message r
   Message wrapped = protocol_request(kCall, core->id.creator, core->id.serial, request.function,
                                      request.payload);
   wrapped.tensors = std::move(request.tensors);
-  // The reference lives until the call is over.
-  return send_now(core->owner.name, std::move(wrapped), timeout)
-      .then_inline([core](const Future<Message>& done) { return done.value(); });
+  // The caller's decoding holds `core` until the call is over
+  // (decode_with in rpc/rref.h), so the owner keeps the value meanwhile.
+  return send_now(core->owner.name, std::move(wrapped), timeout);
 }
 
 // ------------------------------------------------------------- owner's side

@@ -87,6 +87,7 @@ void register_rref_functions(int rank, RpcContext& self, const std::shared_ptr<K
   self.register_function("fetch", [](const RRef<int64_t>& r) { return r.to_here(); });
   self.register_function("owner_of", [](const RRef<int64_t>& r) { return r.owner_name(); });
   self.register_function("keep", [kept](RRef<int64_t> r) { kept->keep(std::move(r)); });
+  self.register_function("echo_rref", [](RRef<int64_t> r) { return r; });
   self.register_function("drop_kept", [kept] { kept->drop(); });
   // Passes the RRef on along `path` (worker names), the last fetching it.
   self.register_function(
@@ -228,6 +229,11 @@ TEST_CASE("an RRef passed to another worker arrives as a usable reference", "[rp
   // test_rref_forward_chain: w0 -> w2 -> w0 -> w2 -> w1 (the owner) -> w2.
   CHECK(cluster[0].rpc_sync<int64_t>(
             "w2", "forward", r, std::vector<std::string>{"w0", "w2", "w1", "w2"}) == 10);
+  // Sent away and back, it is a reference to the same value; another
+  // value's is not.
+  RRef<int64_t> back = cluster[0].rpc_sync<RRef<int64_t>>("w2", "echo_rref", r);
+  CHECK(back == r);
+  CHECK_FALSE(back == cluster[0].remote<int64_t>("w1", "add", int64_t{4}, int64_t{5}));
   // An RRef of another type is refused, naming both.
   CHECK_THROWS_WITH(cluster[0].rpc_sync<std::string>("w2", "wrong_type", r),
                     Catch::Contains("rref[float64]") && Catch::Contains("rref"));
