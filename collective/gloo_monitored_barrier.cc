@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <set>
 #include <thread>
 
 #include "common/error.h"
@@ -40,7 +41,7 @@ std::string ranks_text(const std::vector<int64_t>& ranks, int64_t total) {
 void run_monitored_barrier(const std::shared_ptr<gloo::rendezvous::Context>& context,
                            uint32_t tag, std::chrono::milliseconds timeout,
                            bool wait_all_ranks, const std::string& where,
-                           std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& kept) {
+                           std::vector<PostedRecv>& kept) {
   const int n = context->size;
   if (context->rank != 0) {
     uint8_t here = 1;
@@ -63,57 +64,83 @@ void run_monitored_barrier(const std::shared_ptr<gloo::rendezvous::Context>& con
     return;
   }
 
-  // Rank 0: a receive from every other rank, given up at the deadline
-  // (aborted, which leaves the connections alone, unlike Gloo's timeout).
-  std::vector<uint8_t> arrived(n, 0);
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> arrivals(n);
-  for (int r = 1; r < n; ++r) {
-    arrivals[r] = context->createUnboundBuffer(&arrived[r], 1);
-    arrivals[r]->recv(r, slot(kArrive, tag));
-  }
+  // Rank 0: one receive from any rank not heard from yet, posted again
+  // after each arrival, so that an arrival counts the moment it comes; at
+  // the deadline the receive waited on is aborted (which leaves the
+  // connections alone, unlike Gloo's timeout), and the ranks not heard
+  // from are those missing.
+  std::set<int> waiting;
+  for (int r = 1; r < n; ++r) waiting.insert(r);
   Mutex mu;
   CondVar done_cv;
-  bool done = false;  // guarded by mu
+  bool done = false;                                  // guarded by mu
+  bool expired = false;                               // guarded by mu
+  gloo::transport::UnboundBuffer* current = nullptr;  // guarded by mu
   const auto deadline = Clock::now() + timeout;
   std::thread aborter([&] {
     MutexLock lock(mu);
     if (done_cv.wait_until(mu, deadline, [&]() SB_REQUIRES(mu) { return done; })) {
       return;
     }
-    for (int r = 1; r < n; ++r) arrivals[r]->abortWaitRecv();
+    expired = true;
+    if (current != nullptr) current->abortWaitRecv();
   });
-  std::vector<int64_t> missing;
-  for (int r = 1; r < n; ++r) {
+  auto stop_aborter = [&] {
+    {
+      MutexLock lock(mu);
+      done = true;
+    }
+    done_cv.notify_all();
+    aborter.join();
+  };
+  while (!waiting.empty()) {
+    PostedRecv arrival{std::make_unique<uint8_t[]>(1), nullptr};
+    arrival.buffer = context->createUnboundBuffer(arrival.bytes.get(), 1);
+    arrival.buffer->recv(std::vector<int>(waiting.begin(), waiting.end()), slot(kArrive, tag));
+    {
+      MutexLock lock(mu);
+      if (expired) {
+        kept.push_back(std::move(arrival));  // still posted: a late rank sends into it
+        break;
+      }
+      current = arrival.buffer.get();
+    }
+    int from = -1;
     bool came = false;
     try {
-      came = arrivals[r]->waitRecv(nullptr, timeout + std::chrono::seconds(5));
+      came = arrival.buffer->waitRecv(&from, timeout + std::chrono::seconds(5));
     } catch (...) {
-      {
-        MutexLock lock(mu);
-        done = true;
-      }
-      done_cv.notify_all();
-      aborter.join();
+      kept.push_back(std::move(arrival));
+      stop_aborter();
       throw;
     }
-    if (!came) missing.push_back(r);
+    {
+      MutexLock lock(mu);
+      current = nullptr;
+    }
+    if (!came) {
+      kept.push_back(std::move(arrival));
+      break;
+    }
+    waiting.erase(from);
   }
-  {
-    MutexLock lock(mu);
-    done = true;
+  stop_aborter();
+  const std::vector<int64_t> missing(waiting.begin(), waiting.end());
+  // A receive for each rank that did not come, so that every late one's
+  // message lands somewhere.
+  for (int r : waiting) {
+    PostedRecv late{std::make_unique<uint8_t[]>(1), nullptr};
+    late.buffer = context->createUnboundBuffer(late.bytes.get(), 1);
+    late.buffer->recv(r, slot(kArrive, tag));
+    kept.push_back(std::move(late));
   }
-  done_cv.notify_all();
-  aborter.join();
 
   Verdict verdict{};
   verdict[0] = static_cast<int64_t>(missing.size());
   for (size_t i = 0; i < std::min(missing.size(), kListed); ++i) verdict[i + 1] = missing[i];
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> releases;
   for (int r = 1; r < n; ++r) {
-    if (std::find(missing.begin(), missing.end(), r) != missing.end()) {
-      kept.push_back(std::move(arrivals[r]));  // still posted: a late rank sends into it
-      continue;
-    }
+    if (waiting.contains(r)) continue;
     releases.push_back(context->createUnboundBuffer(verdict.data(), sizeof(verdict)));
     releases.back()->send(r, slot(kRelease, tag));
   }

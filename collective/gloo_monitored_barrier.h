@@ -6,8 +6,9 @@
 // Errors: TimeoutError naming the ranks that did not arrive (all of them
 // with `wait_all_ranks`, else the first), on rank 0 and on every rank that
 // arrived; what Gloo throws when a connection fails.
-// Ownership: receives that were given up on stay posted in Gloo; their
-// buffers go to `kept`, which must outlive the group's connections.
+// Ownership: receives that were given up on stay posted in Gloo; they go
+// to `kept` with the bytes they write to, which must outlive the group's
+// connections.
 #pragma once
 
 #include <chrono>
@@ -25,9 +26,15 @@ class UnboundBuffer;
 
 namespace switchboard::collective {
 
+// A receive that stays posted in Gloo, and the bytes it writes to.
+struct PostedRecv {
+  std::unique_ptr<uint8_t[]> bytes;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;  // destroyed first
+};
+
 void run_monitored_barrier(const std::shared_ptr<gloo::rendezvous::Context>& context,
                            uint32_t tag, std::chrono::milliseconds timeout,
                            bool wait_all_ranks, const std::string& where,
-                           std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>>& kept);
+                           std::vector<PostedRecv>& kept);
 
 }  // namespace switchboard::collective

@@ -110,7 +110,7 @@ struct GlooProcessGroup::Impl {
   // Receives given up on that Gloo may still deliver into (a
   // monitored_barrier's late ranks). Declared before `context`: destroyed
   // after it. Op thread only.
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> kept_buffers;
+  std::vector<PostedRecv> kept_buffers;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::chrono::milliseconds op_timeout;

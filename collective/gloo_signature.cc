@@ -4,14 +4,17 @@
 #include <fmt/ranges.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/unbound_buffer.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <initializer_list>
+#include <set>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -140,6 +143,9 @@ struct SignatureWatch::Op {
   std::vector<int64_t> received;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends;
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> recvs;
+  // end() or the destructor let the exchange go (under State::mu): no
+  // receive is posted after it.
+  bool ended = false;
 };
 
 struct SignatureWatch::State {
@@ -158,7 +164,9 @@ struct SignatureWatch::State {
   std::chrono::steady_clock::time_point started SB_GUARDED_BY(mu);
   std::shared_ptr<Op> probe SB_GUARDED_BY(mu);  // the running op's exchange, once begun
   bool probing SB_GUARDED_BY(mu) = false;       // the watcher waits on `probe`
-  std::string mismatch SB_GUARDED_BY(mu);       // found for the running op
+  // What failed the running op: the ranks disagree, or a peer's
+  // connection failed while the op waited.
+  std::exception_ptr failure SB_GUARDED_BY(mu);
   bool stopping SB_GUARDED_BY(mu) = false;
   std::vector<std::shared_ptr<Op>> exchanged SB_GUARDED_BY(mu);  // kept, see Op
   std::thread thread;
@@ -179,6 +187,7 @@ SignatureWatch::~SignatureWatch() {
     MutexLock lock(state_->mu);
     state_->stopping = true;
     if (state_->probe) {
+      state_->probe->ended = true;
       for (auto& r : state_->probe->recvs) r->abortWaitRecv();
     }
   }
@@ -196,25 +205,25 @@ void SignatureWatch::begin(uint64_t sequence, const OpSignature& mine,
   state_->timeout = timeout;
   state_->started = now;
   state_->probe = nullptr;
-  state_->mismatch.clear();
+  state_->failure = nullptr;
 }
 
 void SignatureWatch::end() {
-  std::string mismatch;
+  std::exception_ptr failure;
   {
     MutexLock lock(state_->mu);
     // An exchange still waiting (a peer that was never slow) is let go.
     if (state_->probe) {
+      state_->probe->ended = true;
       for (auto& r : state_->probe->recvs) r->abortWaitRecv();
     }
     state_->cv.wait(state_->mu, [&]() SB_REQUIRES(state_->mu) { return !state_->probing; });
     state_->running = false;
     state_->mine = nullptr;
     state_->probe = nullptr;
-    mismatch = std::move(state_->mismatch);
-    state_->mismatch.clear();
+    failure = std::exchange(state_->failure, nullptr);
   }
-  if (!mismatch.empty()) throw Error(ErrorCode::kFailedPrecondition, mismatch);
+  if (failure) std::rethrow_exception(failure);
 }
 
 void SignatureWatch::run() {
@@ -223,6 +232,7 @@ void SignatureWatch::run() {
   const auto tick = std::min(s.suspicion, std::chrono::milliseconds(100));
   for (;;) {
     std::shared_ptr<Op> op;
+    std::string failed;  // a peer's connection, when posting to it failed
     {
       MutexLock lock(s.mu);
       s.cv.wait_for(s.mu, tick, [&]() SB_REQUIRES(s.mu) { return s.stopping; });
@@ -238,24 +248,36 @@ void SignatureWatch::run() {
       op->where = s.where ? s.where(op->mine.op) : op->mine.op;
       s.probe = op;
       s.probing = true;
-      // Posted under the lock: end() aborts whatever it finds posted.
       op->fields = encode(op->mine);
       const uint64_t slot = (uint64_t{0x5342} << 48) | op->sequence;
       for (int r = 0; r < s.context->size; ++r) {
         if (r != s.context->rank) op->peers.push_back(r);
       }
       op->received.assign(kFields * op->peers.size(), 0);
-      for (size_t i = 0; i < op->peers.size(); ++i) {
-        op->recvs.push_back(s.context->createUnboundBuffer(op->received.data() + kFields * i,
-                                                           kFields * sizeof(int64_t)));
-        op->recvs.back()->recv(op->peers[i], slot);
-        op->sends.push_back(
-            s.context->createUnboundBuffer(op->fields.data(), kFields * sizeof(int64_t)));
-        op->sends.back()->send(op->peers[i], slot);
-      }
       s.exchanged.push_back(op);
+      for (size_t i = 0; i < op->peers.size() && failed.empty(); ++i) {
+        try {
+          op->sends.push_back(
+              s.context->createUnboundBuffer(op->fields.data(), kFields * sizeof(int64_t)));
+          op->sends.back()->send(op->peers[i], slot);
+        } catch (const std::exception& e) {
+          // The peer's connection failed (it died, or the group was
+          // aborted): Gloo throws on every send or recv to it. The op
+          // waits for others that will not come; it fails now, saying so,
+          // and this thread must not end the process with it.
+          failed = fmt::format("the connection to rank {} failed (gloo: {})", op->peers[i],
+                               e.what());
+        }
+      }
     }
-    exchange(op);
+    if (failed.empty()) {
+      exchange(op);
+    } else {
+      fail_op(op, std::make_exception_ptr(ConnectionError(
+                      fmt::format("{}: {}; the group is unusable now: destroy it and make a "
+                                  "new one",
+                                  op->where, failed))));
+    }
     MutexLock lock(s.mu);
     s.probing = false;
     s.cv.notify_all();
@@ -264,39 +286,75 @@ void SignatureWatch::run() {
 
 void SignatureWatch::exchange(const std::shared_ptr<Op>& op) {
   State& s = *state_;
+  const uint64_t slot = (uint64_t{0x5342} << 48) | op->sequence;
+  // The peers' signatures in the order they come (a receive from any peer
+  // not heard from yet, posted again after each; posted under the lock,
+  // which end() aborts): a peer that already left the op never sends one,
+  // and the first that differs is enough.
+  std::set<int> waiting(op->peers.begin(), op->peers.end());
   std::vector<std::string> differ;
-  for (size_t i = 0; i < op->peers.size(); ++i) {
+  std::string failed;  // posting the receive failed: a peer's connection did
+  for (size_t k = 0; !waiting.empty() && differ.empty(); ++k) {
+    gloo::transport::UnboundBuffer* recv = nullptr;
+    {
+      MutexLock lock(s.mu);
+      if (op->ended) return;
+      try {
+        op->recvs.push_back(s.context->createUnboundBuffer(op->received.data() + kFields * k,
+                                                           kFields * sizeof(int64_t)));
+        op->recvs.back()->recv(std::vector<int>(waiting.begin(), waiting.end()), slot);
+        recv = op->recvs.back().get();
+      } catch (const std::exception& e) {
+        failed = fmt::format("a connection to a peer failed (gloo: {})", e.what());
+      }
+    }
+    if (recv == nullptr) break;
+    int from = -1;
     bool complete = false;
     try {
       // Bounded by the op's own timeout; end() and the destructor abort it.
-      complete = op->recvs[i]->waitRecv(nullptr, op->timeout);
+      complete = recv->waitRecv(&from, op->timeout);
     } catch (const std::exception&) {
     }
     if (!complete) return;  // the op ended, or its own error says what happened
-    const int64_t* theirs = op->received.data() + kFields * i;
+    waiting.erase(from);
+    const int64_t* theirs = op->received.data() + kFields * k;
     if (!same(op->fields.data(), theirs)) {
-      differ.push_back(
-          fmt::format("rank {}: {}", op->peers[i], describe_fields(theirs, op->mine)));
+      differ.push_back(fmt::format("rank {}: {}", from, describe_fields(theirs, op->mine)));
     }
   }
+  if (!failed.empty() && differ.empty()) {
+    fail_op(op, std::make_exception_ptr(ConnectionError(
+                    fmt::format("{}: {}; the group is unusable now: destroy it and make a new "
+                                "one",
+                                op->where, failed))));
+    return;
+  }
   if (differ.empty()) return;  // merely slow
+  fail_op(op, std::make_exception_ptr(Error(
+                  ErrorCode::kFailedPrecondition,
+                  fmt::format("{}: the ranks disagree on the op, so it did not run (the group "
+                              "is unusable now: destroy it and make a new one): rank {}: {}; {}",
+                              op->where, s.context->rank,
+                              describe_fields(op->fields.data(), op->mine),
+                              fmt::join(differ, "; ")))));
+}
+
+void SignatureWatch::fail_op(const std::shared_ptr<Op>& op, std::exception_ptr failure) {
+  State& s = *state_;
   {
     MutexLock lock(s.mu);
-    s.mismatch = fmt::format(
-        "{}: the ranks disagree on the op, so it did not run (the group is unusable now: "
-        "destroy it and make a new one): rank {}: {}; {}",
-        op->where, s.context->rank, describe_fields(op->fields.data(), op->mine),
-        fmt::join(differ, "; "));
+    s.failure = std::move(failure);
   }
-  // The op waits for messages its peers send under another tag. Gloo
-  // fails every connection of the context when a wait on an unbound buffer
-  // times out, which wakes the op's waits: make one time out.
+  // The op waits for messages that will not come. Gloo fails every
+  // connection of the context when a wait on an unbound buffer times out,
+  // which wakes the op's waits: make one time out.
   uint8_t byte = 0;
-  auto probe = s.context->createUnboundBuffer(&byte, 1);
-  probe->recv(op->peers.front(), (uint64_t{0x5343} << 48) | op->sequence);
   try {
+    auto probe = s.context->createUnboundBuffer(&byte, 1);
+    probe->recv(op->peers.front(), (uint64_t{0x5343} << 48) | op->sequence);
     probe->waitRecv(nullptr, std::chrono::milliseconds(1));
-  } catch (const std::exception&) {  // what it is for
+  } catch (const std::exception&) {  // what it is for (or the pair failed already)
   }
 }
 

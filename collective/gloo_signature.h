@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <exception>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -58,9 +59,13 @@ uint64_t p2p_slot(int tag, const Tensor& tensor);
 // merely slow is left alone. Ops that finish within `suspicion` cost an
 // atomic store and a lock on each side: no message, no wake-up.
 //
-// When the ranks disagree, the watcher makes Gloo fail every connection of
-// the context (what Gloo itself does when a wait times out), which ends the
-// op; the group is then unusable, as after a timeout.
+// The exchange takes the peers' signatures in the order they come, so a
+// peer that already left the op (it had what it needed) holds nothing up,
+// and the first that differs decides. When the ranks disagree, or when a
+// peer's connection has failed (it died while the op waited on others), the
+// watcher makes Gloo fail every connection of the context (what Gloo itself
+// does when a wait times out), which ends the op with that error; the group
+// is then unusable, as after a timeout. Nothing it meets ends the process.
 //
 // Thread safety: begin() and end() on the group's op thread, one op at a
 // time; the watcher thread is this object's.
@@ -82,13 +87,18 @@ class SignatureWatch {
   // until end(). No allocation, one uncontended lock.
   void begin(uint64_t sequence, const OpSignature& mine, std::chrono::milliseconds timeout);
   // It ended (returned or threw): throws Error(kFailedPrecondition) naming
-  // every side when the watcher found that the ranks disagree.
+  // the sides when the watcher found that the ranks disagree, and
+  // ConnectionError naming the rank when it found that a peer's connection
+  // failed (the peer died) while the op waited.
   void end();
 
  private:
   struct Op;
   void run();
   void exchange(const std::shared_ptr<Op>& op);
+  // Records `failure` for end() to throw and wakes the op (it fails every
+  // connection of the context).
+  void fail_op(const std::shared_ptr<Op>& op, std::exception_ptr failure);
 
   struct State;
   std::unique_ptr<State> state_;

@@ -412,6 +412,51 @@ TEST_CASE("a peer process killed with SIGKILL mid-op fails the op instead of han
   CHECK(outcome.elapsed < 60s);
 }
 
+TEST_CASE(
+    "a rank killed while idle between ops fails the survivors' next allreduce with "
+    "ConnectionError and ends no process",
+    "[collective][gloo][multiprocess][failure]") {
+  // Ranks 0, 2 and 3 here, rank 1 a child killed between two ops. In the
+  // ring, ranks 0 and 2 meet the dead connection at once; rank 3 waits on
+  // live ranks only, past the signature watcher's suspicion (1 s), whose
+  // exchange then meets the dead rank on the watcher's own thread.
+  TcpStoreServer server;
+  const std::string group = sbtest::unique_group_name("killed-idle");
+  auto peer =
+      sbtest::spawn_child("pg_idle", {std::to_string(server.port()), "1", "4", group});
+  const std::vector<int> ranks = {0, 2, 3};
+  std::vector<std::unique_ptr<TcpStore>> stores;
+  for (size_t i = 0; i < ranks.size(); ++i) stores.push_back(connect(std::to_string(server.port())));
+  std::vector<std::unique_ptr<GlooProcessGroup>> pgs(ranks.size());
+  sbtest::run_threads(
+      static_cast<int>(ranks.size()),
+      [&](int i) {
+        pgs[i] = std::make_unique<GlooProcessGroup>(*stores[i], ranks[i], 4,
+                                                    options_for(group, 20s));
+      },
+      sbtest::watchdog_for(20s));
+  REQUIRE(peer.read_line() == "joined");
+  peer.kill(SIGKILL);
+  CHECK(peer.wait() == 128 + SIGKILL);
+  std::vector<Tensor> inputs;
+  std::vector<Work> works;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    inputs.push_back(ones(1000));
+    works.push_back(pgs[i]->allreduce(inputs.back()));
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Outcome outcome = wait_for_failure(works[i]);
+    INFO("rank " << ranks[i] << ": " << outcome.kind << " after " << outcome.elapsed.count()
+                 << " ms: " << outcome.message);
+    CHECK(outcome.kind == "ConnectionError");
+    CHECK_THAT(outcome.message, Catch::Contains("allreduce"));
+    CHECK_THAT(outcome.message, Catch::Contains(group));
+    CHECK(outcome.elapsed < 15s);  // well before the group's timeout (20 s)
+  }
+  // The survivors' process is alive and its groups can be destroyed.
+  pgs.clear();
+}
+
 // ---- SIGPIPE policy (in children: the disposition is process-wide) -------
 
 namespace {

@@ -225,3 +225,46 @@ TEST_CASE("ranks that view the same elements in other shapes agree, as in PyTorc
   });
   CHECK(errors == std::vector<std::string>{"", ""});
 }
+
+TEST_CASE("a root mismatch among three ranks, where one rank finishes, fails the other two "
+          "naming it, well before the timeout; the rank that finished fails its next op",
+          "[gloo][mismatch]") {
+  // Ranks 0 and 1 broadcast from root 0, rank 2 from root 1: rank 1 gets
+  // rank 0's bytes and is done; ranks 0 and 2 are stuck on each other.
+  sbtest::Groups groups =
+      sbtest::make_groups(3, sbtest::unique_group_name("mismatch-root"), kTimeout);
+  std::vector<std::string> errors(3);
+  std::vector<std::string> next(3);
+  std::vector<std::chrono::milliseconds> took(3);
+  sbtest::run_threads(
+      3,
+      [&](int rank) {
+        const auto start = std::chrono::steady_clock::now();
+        Tensor t = floats(3);
+        try {
+          groups[rank]->broadcast(t, rank == 2 ? 1 : 0).wait();
+        } catch (const Error& e) {
+          errors[rank] = e.what();
+        }
+        if (rank == 1) {
+          try {
+            Tensor u = floats(3);
+            groups[rank]->allreduce(u).wait();
+          } catch (const Error& e) {
+            next[rank] = e.what();
+          }
+        }
+        took[rank] = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start);
+      },
+      sbtest::watchdog_for(kTimeout));
+  for (int rank : {0, 2}) {
+    INFO("rank " << rank << " after " << took[rank].count() << " ms: " << errors[rank]);
+    CHECK_THAT(errors[rank], Catch::Contains("disagree") && Catch::Contains("at root 0") &&
+                                 Catch::Contains("at root 1"));
+    CHECK(took[rank] < kTimeout / 2);
+  }
+  INFO("rank 1 after " << took[1].count() << " ms: " << errors[1] << " / " << next[1]);
+  CHECK_FALSE(next[1].empty());
+  CHECK(took[1] < kTimeout / 2);
+}

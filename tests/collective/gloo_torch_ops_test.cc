@@ -157,3 +157,29 @@ TEST_CASE("monitored_barrier passes when every rank comes, and names the ranks t
     CHECK_THAT(errors[1], Catch::Contains("rank 0 reports that ranks [2, 3] did not arrive"));
   }
 }
+
+TEST_CASE("monitored_barrier names only the ranks that did not arrive when a lower rank is "
+          "absent, and releases the ranks that came",
+          "[gloo][monitored_barrier]") {
+  // Rank 1 stays away; ranks 2 and 3 come at once, long before the deadline.
+  sbtest::Groups groups =
+      sbtest::make_groups(4, sbtest::unique_group_name("monitored-low"), kTimeout);
+  std::vector<std::string> errors(4);
+  sbtest::run_threads(
+      4,
+      [&](int rank) {
+        if (rank == 1) return;
+        try {
+          groups[rank]->monitored_barrier(2s, /*wait_all_ranks=*/true).wait();
+          errors[rank] = "none";
+        } catch (const std::exception& e) {
+          errors[rank] = e.what();
+        }
+      },
+      sbtest::watchdog_for(kTimeout));
+  INFO(errors[0] << "\n" << errors[2] << "\n" << errors[3]);
+  CHECK_THAT(errors[0], Catch::Contains("ranks [1] did not arrive within 2000 ms"));
+  for (int rank : {2, 3}) {
+    CHECK_THAT(errors[rank], Catch::Contains("rank 0 reports that ranks [1] did not arrive"));
+  }
+}
