@@ -589,13 +589,40 @@ Future<std::vector<Future<T>>> collect_all(std::vector<Future<T>> futures) {
   return all.get_future();
 }
 
+// all_succeeded(futures): a future that completes once every one of
+// `futures` succeeded, or fails as soon as one fails, with its error (the
+// first in the list when several had failed already). Its callbacks run on
+// `executor` when one is given.
+template <typename T>
+Future<void> all_succeeded(const std::vector<Future<T>>& futures,
+                           std::shared_ptr<Executor> executor = nullptr) {
+  Promise<void> all(std::move(executor));
+  if (futures.empty()) {
+    all.set_value();
+    return all.get_future();
+  }
+  auto left = std::make_shared<std::atomic<size_t>>(futures.size());
+  for (const Future<T>& f : futures) {
+    f.add_callback([all, left](const Future<T>& done) {
+      if (done.has_error()) {
+        all.set_error(done.error());
+      } else if (left->fetch_sub(1) == 1) {
+        all.set_value();
+      }
+    });
+  }
+  return all.get_future();
+}
+
 // wait_all(futures): waits for every future, then returns their values in
-// order, or rethrows the error of the first one (in the list's order) that
-// failed, as torch.futures.wait_all raises. For Future<void>, returns
-// nothing.
+// order; or, as soon as one of them fails, rethrows its error without
+// waiting for the others ("exits early", as torch.futures.wait_all
+// documents and does). When several failed already, the first in the list
+// is thrown. For Future<void>, returns nothing. collect_all, unlike it,
+// waits for every future (as torch 1.13's collect_all does).
 template <typename T>
 auto wait_all(const std::vector<Future<T>>& futures) {
-  for (const Future<T>& f : futures) f.wait();
+  all_succeeded(futures).value();  // the first failure, rethrown
   if constexpr (std::is_void_v<T>) {
     for (const Future<T>& f : futures) f.value();
   } else {

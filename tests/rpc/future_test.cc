@@ -737,3 +737,19 @@ TEST_CASE("wait_all returns the values in order, or throws the first failure",
       switchboard::rpc::wait_all(std::vector<Future<void>>{ok.get_future(), bad.get_future()}),
       "second failed");
 }
+
+TEST_CASE("wait_all throws a failure at once, without waiting for the futures still "
+          "pending (torch's wait_all exits early)",
+          "[future][combinators]") {
+  Promise<int> never;  // completed only after wait_all returned
+  Promise<int> failing;
+  std::thread failer([&] {
+    failing.set_error(std::make_exception_ptr(std::runtime_error("failed early")));
+  });
+  CHECK_THROWS_WITH(switchboard::rpc::wait_all(
+                        std::vector<Future<int>>{never.get_future(), failing.get_future()}),
+                    "failed early");
+  failer.join();
+  CHECK_FALSE(never.get_future().done());
+  never.set_value(1);
+}
