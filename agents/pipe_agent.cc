@@ -296,6 +296,7 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection
   const std::vector<uint8_t> bytes = encode_hello(proof);
   connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
   connection->authenticated = true;
+  connection->trusted = true;
   peers.authenticated(peer, connection);
   return true;
 }
@@ -538,11 +539,21 @@ bool PipeAgent::Impl::heartbeat() {
   auto silent = [&](const std::shared_ptr<Connection>& connection) {
     return limit > 0 && now - std::max(connection->last_recv_ns.load(), silence_from_ns) > limit;
   };
-  // A connection that never said hello gets no heartbeats, only the limit.
+  // A connection that never said hello gets no heartbeats, only the limit;
+  // and however slowly it keeps sending, its hello must be through (the
+  // peer identified, and authenticated with a secret) by the hello deadline.
+  const int64_t hello_limit =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(hello_deadline()).count();
   for (const auto& connection : watched->unidentified) {
     if (silent(connection)) {
       connection_failed(connection,
                         fmt::format("no hello within {} ms", options.heartbeat_timeout.count()));
+    } else if (hello_limit > 0 &&
+               now - std::max(connection->opened_ns, silence_from_ns) > hello_limit) {
+      connection_failed(connection,
+                        fmt::format("its hello was not through within {} ms of connecting "
+                                    "(the hello deadline)",
+                                    hello_deadline().count()));
     }
   }
   for (const auto& connection : watched->up) {

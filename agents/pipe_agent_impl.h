@@ -19,6 +19,7 @@
 // object the connections report to goes away.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -91,6 +92,14 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // A heartbeat to every peer up, and the silence check (on a transport
   // timer); false once stopping.
   bool heartbeat();
+  // How long an accepted connection has to get its hello through (the peer
+  // identified, and authenticated with a secret): the longer of the
+  // heartbeat timeout and the RPC timeout (a hello may wait for the static
+  // rendezvous to fill the peer table), 60 s when both are off.
+  std::chrono::milliseconds hello_deadline() const {
+    const auto longest = std::max(options.heartbeat_timeout, options.rpc_timeout);
+    return longest.count() > 0 ? longest : std::chrono::milliseconds(60'000);
+  }
   // Reports a join or leave (dynamic groups; nothing for static ones).
   void publish_change(rpc::MembershipChange::Kind kind, const rpc::WorkerInfo& worker);
 

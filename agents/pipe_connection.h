@@ -92,6 +92,15 @@ class Connection {
   std::atomic<int> peer{-1};
   std::atomic<bool> failed{false};
   std::atomic<int64_t> last_recv_ns{now_ns()};
+  // When the connection was made (now_ns()): an accepted one that has not
+  // said an authenticated hello by the hello deadline is closed, however
+  // slowly it keeps sending.
+  const int64_t opened_ns = now_ns();
+  // Set by the agent once the peer is identified and authenticated (or
+  // identified, without a job secret): until then its frames must fit the
+  // stranger limits (pipe::kMaxStrangerFrameBytes, no tensors) and are read
+  // one at a time (pipe::FrameReader::set_trust). Never cleared.
+  std::atomic<bool> trusted{false};
 
   // Authentication with the job secret (agents/pipe_auth.h), on the
   // connection's strand (the connecting side writes auth_nonce before it

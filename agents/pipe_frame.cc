@@ -356,7 +356,7 @@ void FrameReader::commit(size_t n) {
 void FrameReader::parse() {
   for (;;) {
     switch (state_) {
-      case State::kHeader:
+      case State::kHeader: {
         if (end_ - begin_ < kHeaderSize) {
           if (begin_ == end_) begin_ = end_ = 0;
           if (begin_ == 0 && end_ == 0 && buffer_.size() > kMaxRetainedBuffer) {
@@ -364,10 +364,31 @@ void FrameReader::parse() {
           }
           return;
         }
-        header_ = decode_header(buffer_.data() + begin_, limits_);
+        if (trusted_ && trusted_()) trusted_ = nullptr;
+        if (trusted_ == nullptr) {
+          header_ = decode_header(buffer_.data() + begin_, limits_);
+        } else {
+          // A stranger: one frame at a time, and a small one.
+          if (ready_head_ < ready_.size()) {
+            held_ = true;
+            return;
+          }
+          FrameLimits stranger = limits_;
+          stranger.max_payload_bytes = std::min(limits_.max_payload_bytes, kMaxStrangerFrameBytes);
+          stranger.max_tensors = 0;
+          try {
+            header_ = decode_header(buffer_.data() + begin_, stranger);
+          } catch (const ProtocolError& e) {
+            throw ProtocolError(fmt::format(
+                "{} (before the peer proved who it is, a frame may carry {} payload bytes "
+                "and no tensors)",
+                e.what(), kMaxStrangerFrameBytes));
+          }
+        }
         begin_ += kHeaderSize;
         state_ = State::kBody;
         [[fallthrough]];
+      }
       case State::kBody:
         if (end_ - begin_ < header_.body_size()) return;
         decode_body(buffer_.data() + begin_);
@@ -487,8 +508,24 @@ void FrameReader::finish_frame() {
   tensor_size_ = tensor_filled_ = 0;
 }
 
+void FrameReader::set_trust(std::function<bool()> trusted) { trusted_ = std::move(trusted); }
+
 bool FrameReader::pop(InboundFrame& out) {
-  if (ready_head_ == ready_.size()) return false;
+  if (ready_head_ == ready_.size()) {
+    if (!held_) return false;
+    // The stranger's next frame, parsed now that the last one was handled.
+    held_ = false;
+    check_usable();
+    try {
+      parse();
+    } catch (const ProtocolError& e) {
+      failure_ = e.what();
+      throw;
+    } catch (const std::bad_alloc&) {
+      fail(fmt::format("pipe frame: out of memory receiving frame {}", header_.id));
+    }
+    if (ready_head_ == ready_.size()) return false;
+  }
   out = std::move(ready_[ready_head_++]);
   if (ready_head_ == ready_.size()) {
     ready_.clear();

@@ -151,6 +151,10 @@ struct InboundFrame {
   std::vector<Device> devices;
 };
 
+// What a peer that has not yet proven who it is may send in one frame (its
+// hello): a payload of at most this many bytes, and no tensors.
+inline constexpr uint64_t kMaxStrangerFrameBytes = 64 * 1024;
+
 // Incremental reader for one connection's byte stream. The connection asks
 // where to read next (next_buffer), reads there, and reports how many bytes
 // it got (commit); completed frames come out of pop() in order.
@@ -202,7 +206,18 @@ class FrameReader {
   void commit(size_t n);
 
   // Moves the oldest completed frame into `out`; false when there is none.
+  // While the peer is a stranger (set_trust), this is also where the next
+  // frame is parsed, so it may throw ProtocolError as commit() does.
   bool pop(InboundFrame& out);
+
+  // Until `trusted()` returns true, the peer is a stranger (it has not
+  // proven who it is): each frame must fit the stranger limits (a payload
+  // of kMaxStrangerFrameBytes at most, no tensors), so nothing large is
+  // buffered for it, and frames are parsed one at a time (the next only
+  // once this one was popped), so that what handling one decides (the peer
+  // proved the job secret) applies to the frames after it. Once it returns
+  // true it is not asked again. Null (the default): trusted from the start.
+  void set_trust(std::function<bool()> trusted);
 
   // True when bytes of a frame not yet complete have been received.
   bool mid_frame() const;
@@ -224,6 +239,8 @@ class FrameReader {
 
   FrameLimits limits_;
   Allocate allocate_;
+  std::function<bool()> trusted_;  // null once trusted
+  bool held_ = false;  // parse() stopped before a stranger's next frame
   // Received bytes: [begin_, end_) is not parsed yet.
   std::vector<uint8_t> buffer_;
   size_t begin_ = 0;

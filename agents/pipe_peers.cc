@@ -126,6 +126,9 @@ void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth
                     self_name_, name_of(peer), a.address, a.port, e.what()));
   }
   connection->peer = peer;
+  // Without a secret, the worker this side chose to call is trusted at once;
+  // with one, once it answered the challenge (the agent's on_challenge).
+  if (!auth.enabled()) connection->trusted = true;
   const std::vector<uint8_t> bytes = auth.claim(*connection, hello);
   connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
   {
@@ -191,6 +194,7 @@ bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection
   Status& s = status_[peer];
   if (s.connection) return false;
   connection->peer = peer;
+  connection->trusted = true;  // identified (after its proof, with a secret)
   std::erase(unidentified_, connection);
   s.connection = connection;
   s.state = State::kUp;
@@ -235,6 +239,7 @@ std::string PeerTable::admit(int r, const std::string& hello_name,
   status_[r].state = State::kUp;
   set_metrics_state(r, rpc::ConnectionState::kConnected);
   connection->peer = r;
+  connection->trusted = true;  // admitted (after its proof, with a secret)
   return std::string();
 }
 

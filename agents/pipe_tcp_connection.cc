@@ -32,6 +32,8 @@ TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
       lane_capacity_(tls_context_ ? 0 : lane_capacity),
       limits_(limits),
       allocate_(std::move(allocate)) {
+  // The reader belongs to this object: `this` outlives it.
+  reader_.set_trust([this] { return trusted.load(); });
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
   if (tls_context_) {
@@ -261,10 +263,15 @@ void TcpConnection::read_some() {
 
 bool TcpConnection::drain() {
   pipe::InboundFrame frame;
-  while (reader_.pop(frame)) {
+  for (;;) {
+    try {
+      if (!reader_.pop(frame)) return true;  // a stranger's next frame is parsed here
+    } catch (const std::exception& e) {
+      events_.connection_failed(shared_from_this(), fmt::format("protocol error: {}", e.what()));
+      return false;
+    }
     if (!events_.on_frame(shared_from_this(), std::move(frame))) return false;
   }
-  return true;
 }
 
 void TcpConnection::replay(pipe::InboundFrame frame) {

@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,15 +88,17 @@ using pipe_test::request;
 // secrets[r]; each construction's error ("none" when it joined).
 struct StaticGroup {
   explicit StaticGroup(const std::vector<std::shared_ptr<const Secret>>& secrets,
-                       std::chrono::milliseconds timeout = 30s) {
+                       std::chrono::milliseconds timeout = 30s,
+                       const std::function<void(PipeAgentOptions&)>& adjust = nullptr) {
     auto store = std::make_shared<HashStore>();
     const int n = static_cast<int>(secrets.size());
     agents.resize(n);
     errors.resize(n);
     on_threads(n, [&](int r) {
       errors[r] = pipe_test::thrown_by([&] {
-        agents[r] = std::make_unique<PipeAgent>(store, fmt::format("w{}", r), r, n,
-                                                options_with(secrets[r], timeout));
+        PipeAgentOptions options = options_with(secrets[r], timeout);
+        if (adjust) adjust(options);
+        agents[r] = std::make_unique<PipeAgent>(store, fmt::format("w{}", r), r, n, options);
       });
     });
     for (auto& agent : agents) {
@@ -119,6 +122,25 @@ class RawPeer {
     pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
                                payload.size());
     send(bytes);
+  }
+  // Sends `bytes`; false once the agent closed the connection.
+  bool send_raw(const std::vector<uint8_t>& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+  // Whether the agent closed the connection within `wait` (what it sent
+  // meanwhile is read and dropped).
+  bool closed_within(std::chrono::milliseconds wait) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(wait.count())) != 1) return false;
+    uint8_t scratch[4096];
+    const ssize_t n = ::recv(fd_, scratch, sizeof(scratch), MSG_DONTWAIT);
+    return n <= 0;
   }
   void send_request(const std::string& function) {
     std::vector<uint8_t> bytes;
@@ -218,6 +240,65 @@ TEST_CASE("a hello without a proof is refused before any request after it is rea
   CHECK_FALSE(group.served.served("sneaky"));
   CHECK(pipe_test::echo_round_trip(*group.agents[0], "w1"));
   CHECK(pipe_test::echo_round_trip(*group.agents[1], "w0"));
+}
+
+namespace {
+
+// The header of a hello frame that announces `payload_length` bytes.
+std::vector<uint8_t> hello_header(uint32_t payload_length) {
+  const std::vector<uint8_t> payload(16, 0);
+  std::vector<uint8_t> frame;
+  pipe::append_control_frame(frame, pipe::FrameKind::kHello, 0, payload.data(), payload.size());
+  frame.resize(pipe::kHeaderSize);
+  for (int i = 0; i < 4; ++i) frame[20 + i] = static_cast<uint8_t>(payload_length >> (8 * i));
+  return frame;
+}
+
+}  // namespace
+
+TEST_CASE("a stranger that announces a large hello is closed at its header, before any of "
+          "its body is buffered",
+          "[pipe][auth][limits]") {
+  const bool with_secret = GENERATE(true, false);
+  INFO((with_secret ? "with" : "without") << " a job secret");
+  const auto secret = with_secret ? secret_of('s') : no_secret();
+  StaticGroup group({secret, secret});
+  REQUIRE(group.errors == std::vector<std::string>{"none", "none"});
+  RawPeer stranger(group.agents[0]->listen_port());
+  REQUIRE(stranger.send_raw(hello_header(1u << 30)));  // a 1 GiB hello
+  // It streams the body: the worker closed the connection long before
+  // 64 MiB went (what the sockets' buffers hold may go first).
+  const std::vector<uint8_t> chunk(1 << 20, 0x41);
+  size_t sent = 0;
+  while (sent < (64u << 20) && stranger.send_raw(chunk)) sent += chunk.size();
+  CHECK(sent < (64u << 20));
+  CHECK(pipe_test::echo_round_trip(*group.agents[0], "w1"));
+  CHECK(pipe_test::echo_round_trip(*group.agents[1], "w0"));
+}
+
+TEST_CASE("a stranger that sends its hello a byte at a time is closed at the hello deadline",
+          "[pipe][auth][limits]") {
+  const auto secret = secret_of('s');
+  // Heartbeat timeout 1 s, RPC timeout 3 s: the hello deadline is 3 s.
+  StaticGroup group({secret, secret}, 3s, [](PipeAgentOptions& options) {
+    options.heartbeat_interval = 200ms;
+    options.heartbeat_timeout = 1s;
+  });
+  REQUIRE(group.errors == std::vector<std::string>{"none", "none"});
+  RawPeer stranger(group.agents[0]->listen_port());
+  std::vector<uint8_t> frame = hello_header(60 * 1024);  // under the stranger limit
+  REQUIRE(stranger.send_raw(frame));
+  // A byte every 100 ms: never silent for the heartbeat timeout, and the
+  // hello would take 100 minutes. Closed at the deadline (3 s after it
+  // connected, plus a heartbeat tick); 60 s means it never was.
+  const auto start = std::chrono::steady_clock::now();
+  bool closed = false;
+  while (!closed && std::chrono::steady_clock::now() - start < 60s) {
+    closed = !stranger.send_raw({0x41}) || stranger.closed_within(100ms);
+  }
+  CHECK(closed);
+  CHECK(std::chrono::steady_clock::now() - start >= 2s);  // not for a byte it sent
+  CHECK(pipe_test::echo_round_trip(*group.agents[0], "w1"));
 }
 
 TEST_CASE("a proof recorded on one connection is refused on another", "[pipe][auth]") {

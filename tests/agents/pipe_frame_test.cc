@@ -470,3 +470,58 @@ TEST_CASE("random garbage throws ProtocolError or waits for more bytes", "[pipe_
   REQUIRE(complete > 0);
 }
 
+
+// Feeds `bytes` to `reader` through its own buffers, popping nothing.
+namespace {
+void feed_all(FrameReader& reader, const std::vector<uint8_t>& bytes) {
+  size_t at = 0;
+  while (at < bytes.size()) {
+    auto [buffer, room] = reader.next_buffer();
+    const size_t n = std::min(room, bytes.size() - at);
+    std::memcpy(buffer, bytes.data() + at, n);
+    reader.commit(n);
+    at += n;
+  }
+}
+}  // namespace
+
+TEST_CASE("a reader of a stranger refuses a large frame or tensors, takes one frame at a "
+          "time, and reads the frames after the one that made it trusted with the full limits",
+          "[pipe_frame][limits]") {
+  bool trusted = false;
+  FrameReader reader;
+  reader.set_trust([&] { return trusted; });
+  const std::vector<uint8_t> hello(100, 7);
+  std::vector<uint8_t> bytes;
+  append_control_frame(bytes, FrameKind::kHello, 0, hello.data(), hello.size());
+  Message big;
+  big.type = MessageType::kRequest;
+  big.id = 5;
+  big.function = "f";
+  big.payload.assign(kMaxStrangerFrameBytes + 1, 1);
+  big.tensors.push_back(Tensor::from_vector(std::vector<float>{1, 2, 3}));
+  append_wire(bytes, big);
+  feed_all(reader, bytes);  // the hello and the large request arrive together
+  InboundFrame frame;
+  REQUIRE(reader.pop(frame));
+  CHECK(frame.kind == FrameKind::kHello);
+  trusted = true;  // what handling the hello decided
+  REQUIRE(reader.pop(frame));
+  CHECK(frame.kind == FrameKind::kRequest);
+  CHECK(frame.message.payload.size() == kMaxStrangerFrameBytes + 1);
+  CHECK(frame.message.tensors.size() == 1);
+
+  SECTION("the same bytes from a peer that stays a stranger") {
+    FrameReader stranger;
+    stranger.set_trust([] { return false; });
+    feed_all(stranger, std::vector<uint8_t>(bytes.begin(),
+                                        bytes.begin() + kHeaderSize + hello.size()));
+    REQUIRE(stranger.pop(frame));
+    std::vector<uint8_t> rest(bytes.begin() + kHeaderSize + hello.size(), bytes.end());
+    rest.resize(kHeaderSize);  // only the request's header
+    auto [buffer, room] = stranger.next_buffer();
+    std::memcpy(buffer, rest.data(), rest.size());
+    CHECK_THROWS_WITH(stranger.commit(rest.size()),
+                      Contains("before the peer proved who it is"));
+  }
+}
