@@ -8,7 +8,10 @@
 #include <spdlog/spdlog.h>
 
 #include <array>
+#include <algorithm>
 #include <atomic>
+#include <deque>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -136,6 +139,15 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // PIPE asks on every call. Stays true after close().
   std::atomic<bool> started{false};
   std::deque<Request> early SB_GUARDED_BY(mu);  // accepted before start()
+  // Requests waiting for the pool, per caller, and the callers that have
+  // some in turn order. Each request posts one task to the executor, and a
+  // task serves the next caller's oldest request, whoever posted it (fair
+  // queuing): a caller with many requests waiting gets one pool thread in
+  // turn with every other caller that waits, not the whole pool until its
+  // backlog is through.
+  Mutex queue_mu;
+  std::unordered_map<int, std::deque<Request>> waiting SB_GUARDED_BY(queue_mu);
+  std::deque<int> turns SB_GUARDED_BY(queue_mu);
   // Never erased: Pending and the serving path keep pointers to entries.
   std::unordered_map<std::string, FunctionStats> functions SB_GUARDED_BY(mu);
   // The entry stats_for() found last (calls in a row mostly name one
@@ -435,19 +447,59 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   }
 
   // Hands an accepted request (counted in `handling`) to the executor.
-  bool post(Request request) SB_EXCLUDES(mu) {
+  bool post(Request request) SB_EXCLUDES(mu, queue_mu) {
     const int from = request.from.id;
     const uint64_t id = request.message.id;
+    {
+      MutexLock lock(queue_mu);
+      std::deque<Request>& mine = waiting[from];
+      if (mine.empty()) turns.push_back(from);
+      mine.push_back(std::move(request));
+    }
     try {
-      executor->post([self = shared_from_this(), request = std::move(request)]() mutable {
-        self->serve(std::move(request));
-      });
+      executor->post([self = shared_from_this()] { self->serve_next(); });
       return true;
     } catch (const std::exception& e) {
+      // Not run: one request of this caller's goes with it (the latest,
+      // this one, unless a task took it already and left an older one).
       spdlog::debug("rpc agent \"{}\": request dropped: {}", name, e.what());
-      request_done(from, id);
+      std::optional<Request> dropped;
+      {
+        MutexLock lock(queue_mu);
+        auto it = waiting.find(from);
+        if (it != waiting.end() && !it->second.empty()) {
+          dropped.emplace(std::move(it->second.back()));
+          it->second.pop_back();
+          if (it->second.empty()) {
+            waiting.erase(it);
+            std::erase(turns, from);
+          }
+        }
+      }
+      request_done(dropped ? dropped->from.id : from, dropped ? dropped->message.id : id);
       return false;
     }
+  }
+
+  // A pool task: the oldest waiting request of the caller whose turn it is.
+  void serve_next() SB_EXCLUDES(mu, queue_mu) {
+    std::optional<Request> next;
+    {
+      MutexLock lock(queue_mu);
+      if (turns.empty()) return;
+      const int caller = turns.front();
+      turns.pop_front();
+      auto it = waiting.find(caller);
+      if (it == waiting.end() || it->second.empty()) return;
+      next.emplace(std::move(it->second.front()));
+      it->second.pop_front();
+      if (it->second.empty()) {
+        waiting.erase(it);
+      } else {
+        turns.push_back(caller);
+      }
+    }
+    serve(std::move(*next));
   }
 };
 
@@ -591,7 +643,7 @@ bool CallTable::accept(Request request) {
   const int from = request.from.id;
   if (request.message.timeout_ms != 0) request.arrived = Clock::now();
   request.epoch = s.callers.epoch_of(from)->load(std::memory_order_relaxed);
-  if (!s.callers.reserve(from)) {
+  if (!s.callers.reserve(from, !is_bookkeeping_request(request.message.function))) {
     // A peer with this many requests here already is refused at once: the
     // memory a flood takes stays bounded, and the others are served.
     const size_t limit = s.callers.limit();

@@ -2,8 +2,8 @@
 
 namespace switchboard::rpc {
 
-bool CallerRequests::reserve(int caller) {
-  const size_t limit = max_per_caller_.load(std::memory_order_relaxed);
+bool CallerRequests::reserve(int caller, bool limited) {
+  const size_t limit = limited ? max_per_caller_.load(std::memory_order_relaxed) : 0;
   if (caller >= 0 && static_cast<size_t>(caller) < kSlots) {
     std::atomic<uint32_t>& n = counts_[caller];
     const uint32_t before = n.fetch_add(1, std::memory_order_relaxed);

@@ -31,8 +31,9 @@ class CallerRequests final : public CancellationSource {
   size_t limit() const { return max_per_caller_.load(std::memory_order_relaxed); }
 
   // Counts a request of `caller` in, unless it has the limit (non-zero)
-  // already: false then.
-  bool reserve(int caller) SB_EXCLUDES(mu_);
+  // already: false then. `limited` false: counted in whatever the count
+  // (the library's own bookkeeping requests).
+  bool reserve(int caller, bool limited = true) SB_EXCLUDES(mu_);
   // Counts it out.
   void release(int caller) SB_EXCLUDES(mu_);
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
 #include "common/error.h"
 
 namespace switchboard::rpc {
@@ -22,6 +24,30 @@ Message make_error_response(uint64_t id, std::string_view worker,
   Message response = make_response(id);
   encode_remote_error(response, worker, error);
   return response;
+}
+
+namespace {
+thread_local ArgumentWaits* argument_waits = nullptr;
+}  // namespace
+
+ArgumentWaits::ArgumentWaits() : previous_(std::exchange(argument_waits, this)) {}
+
+ArgumentWaits::~ArgumentWaits() { argument_waits = previous_; }
+
+void ArgumentWaits::add(Future<void> pending, std::shared_ptr<Executor> executor) {
+  if (argument_waits == nullptr || pending.done()) {
+    if (argument_waits != nullptr && pending.has_error()) {
+      argument_waits->pending_.push_back(std::move(pending));
+    }
+    return;
+  }
+  argument_waits->pending_.push_back(std::move(pending));
+  if (!argument_waits->executor_) argument_waits->executor_ = std::move(executor);
+}
+
+Future<void> ArgumentWaits::all() const {
+  if (pending_.empty()) return Future<void>();
+  return all_succeeded(pending_, executor_);
 }
 
 }  // namespace detail

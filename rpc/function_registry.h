@@ -32,6 +32,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <memory>
 #include <string>
@@ -188,6 +189,31 @@ Message make_response(uint64_t id);
 Message make_error_response(uint64_t id, std::string_view worker,
                             std::exception_ptr error);
 
+// What a request's function waits for before it runs: while its arguments
+// are decoded on this thread, the RRef layer adds here the owner's
+// confirmation of each RRef among them that its owner has not yet counted
+// (torch runs a function only once every RRef among its arguments is
+// confirmed). A scope: the innermost one on a thread collects; scopes nest.
+class ArgumentWaits {
+ public:
+  ArgumentWaits();
+  ~ArgumentWaits();
+  ArgumentWaits(const ArgumentWaits&) = delete;
+  ArgumentWaits& operator=(const ArgumentWaits&) = delete;
+
+  // Adds `pending` to this thread's innermost scope (none: ignored). What
+  // waits for it runs on `executor`.
+  static void add(Future<void> pending, std::shared_ptr<Executor> executor);
+  // Completes once everything added did, or fails with the first failure;
+  // invalid when nothing was added.
+  Future<void> all() const;
+
+ private:
+  std::vector<Future<void>> pending_;
+  std::shared_ptr<Executor> executor_;
+  ArgumentWaits* previous_;
+};
+
 // The response for a completed result (value or error) of an async function.
 template <typename V>
 Message response_from(uint64_t id, const std::string& worker, const Future<V>& done) {
@@ -221,26 +247,53 @@ void FunctionRegistry::register_function(std::string name, F&& f) {
   using Args = typename Decoded::Type;
 
   auto fn = std::make_shared<Fn>(std::forward<F>(f));
-  Handler handler = [fn, name](const Message& request, const std::string& worker) {
-    Args args = decode_args<Args>(request, name);
-    if constexpr (detail::FutureTraits<R>::value) {
-      using V = typename detail::FutureTraits<R>::Value;
-      R future = std::apply(*fn, std::move(args));
-      SB_REQUIRE(future.valid(), "function \"{}\" returned an invalid Future", name);
-      const uint64_t id = request.id;
-      return future.then([id, worker](const Future<V>& done) {
-        return detail::response_from<V>(id, worker, done);
-      });
-    } else {
-      Message response = detail::make_response(request.id);
-      if constexpr (std::is_void_v<R>) {
-        std::apply(*fn, std::move(args));
-        encode_result(response);
+  Handler handler = [fn, name](const Message& request,
+                               const std::string& worker) -> Future<Message> {
+    const uint64_t id = request.id;
+    auto run = [fn, name, id, worker](Args args) -> Future<Message> {
+      if constexpr (detail::FutureTraits<R>::value) {
+        using V = typename detail::FutureTraits<R>::Value;
+        R future = std::apply(*fn, std::move(args));
+        SB_REQUIRE(future.valid(), "function \"{}\" returned an invalid Future", name);
+        return future.then([id, worker](const Future<V>& done) {
+          return detail::response_from<V>(id, worker, done);
+        });
       } else {
-        encode_result(response, std::apply(*fn, std::move(args)));
+        Message response = detail::make_response(id);
+        if constexpr (std::is_void_v<R>) {
+          std::apply(*fn, std::move(args));
+          encode_result(response);
+        } else {
+          encode_result(response, std::apply(*fn, std::move(args)));
+        }
+        return Future<Message>::ready(std::move(response));
       }
-      return Future<Message>::ready(std::move(response));
+    };
+    std::optional<Args> decoded;
+    Future<void> confirmed;
+    {
+      detail::ArgumentWaits waits;
+      decoded.emplace(decode_args<Args>(request, name));
+      confirmed = waits.all();
     }
+    if (!confirmed.valid()) return run(std::move(*decoded));
+    // RRefs among the arguments that their owners have not yet counted:
+    // the function runs once they have, in this call's context.
+    auto args = std::make_shared<Args>(std::move(*decoded));
+    std::optional<CallContext> context;
+    if (const CallContext* serving = current_call()) context = *serving;
+    return confirmed.then([run, args, context, id, worker](
+                              const Future<void>& done) -> Future<Message> {
+      try {
+        done.value();
+        if (!context) return run(std::move(*args));
+        ScopedCallContext scope(&*context);
+        return run(std::move(*args));
+      } catch (...) {
+        return Future<Message>::ready(
+            detail::make_error_response(id, worker, std::current_exception()));
+      }
+    });
   };
   add(std::move(name), std::move(handler));
 }

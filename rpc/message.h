@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "collective/tensor.h"
@@ -48,6 +49,18 @@ struct Message {
 
 // A worker of the group: its unique name and its id (the rank in a static
 // group; assigned at join in a dynamic one).
+// The RRef protocol's reference counting (rpc/rref_table.h): requests the
+// library sends on its own, never refused by the limit on one caller's
+// requests (max_requests_per_peer), which is for users' calls; a refused
+// one would leave a value owned for ever, or free it early.
+inline constexpr std::string_view kRRefForkFunction = "__sb_rref_fork";
+inline constexpr std::string_view kRRefReleaseFunction = "__sb_rref_release";
+inline constexpr std::string_view kRRefDeleteFunction = "__sb_rref_delete";
+inline bool is_bookkeeping_request(std::string_view function) {
+  return function == kRRefForkFunction || function == kRRefReleaseFunction ||
+         function == kRRefDeleteFunction;
+}
+
 struct WorkerInfo {
   std::string name;
   int id = -1;

@@ -24,21 +24,6 @@ std::string id_text(RRefId id) { return fmt::format("{}:{}", id.creator, id.seri
 
 RRefEncodeScope::Forks* encode_forks_on_this_thread() { return encode_forks; }
 
-// ------------------------------------------------------------- OwnerEntry
-
-Message OwnerEntry::current() const {
-  const Message& made = value.value();
-  {
-    MutexLock lock(typed_mu);
-    if (typed != nullptr) {
-      Message m = make_response(made.id);
-      encode(typed.get(), m);
-      return m;
-    }
-  }
-  return made;
-}
-
 // ---------------------------------------------------------------- RRefCore
 
 RRefCore::RRefCore(std::shared_ptr<RRefTable> table_in, RRefId id_in, WorkerInfo owner_in,
@@ -123,11 +108,23 @@ void* rref_local_value(const RRefCore& core, const std::string& type,
                             rref_describe(core), core.table->self().name));
   }
   OwnerEntry& entry = *core.entry;
-  const Message& made = entry.value.value();
+  (void)entry.value.value();  // waits for it; throws what made it failed with
+  std::shared_ptr<void> decoded;
+  bool decode_now = false;
+  {
+    MutexLock lock(entry.typed_mu);
+    decode_now = entry.typed == nullptr;
+  }
+  if (decode_now) {
+    // From the value as it would go out: the RRefs in it are references
+    // of the typed value's own.
+    const Message fresh = entry.current();
+    RRefDecodeScope scope(core.table);
+    decoded = decode(fresh);
+  }
   MutexLock lock(entry.typed_mu);
   if (entry.typed == nullptr) {
-    RRefDecodeScope scope(core.table);
-    entry.typed = decode(made);
+    entry.typed = std::move(decoded);
     entry.typed_type = type;
     entry.encode = std::move(encode);
   } else if (entry.typed_type != type) {

@@ -3,11 +3,14 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <functional>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "common/check.h"
 #include "common/error.h"
 #include "rpc/rpc.h"
 
@@ -19,9 +22,9 @@ constexpr const char* kPrefix = "__sb_rref_";
 constexpr const char* kRemote = "__sb_rref_remote";
 constexpr const char* kFetch = "__sb_rref_fetch";
 constexpr const char* kCall = "__sb_rref_call";
-constexpr const char* kFork = "__sb_rref_fork";
-constexpr const char* kRelease = "__sb_rref_release";
-constexpr const char* kDelete = "__sb_rref_delete";
+constexpr const char* kFork = kRRefForkFunction.data();
+constexpr const char* kRelease = kRRefReleaseFunction.data();
+constexpr const char* kDelete = kRRefDeleteFunction.data();
 
 
 template <typename... Args>
@@ -41,44 +44,67 @@ Message ack(uint64_t id) {
 
 using Packer = msgpack::packer<PayloadWriter>;
 
-// Packs `o` with every tensor descriptor's index moved up by `shift`.
-void pack_shifted(Packer& packer, const msgpack::object& o, uint64_t shift) {
+// Packs `o`, handing each ext value to `rewrite` first: when it returns
+// true, it packed that value (in its own way) itself.
+using ExtRewrite = std::function<bool(Packer&, const msgpack::object&)>;
+void repack(Packer& packer, const msgpack::object& o, const ExtRewrite& rewrite) {
   switch (o.type) {
     case msgpack::type::ARRAY:
       packer.pack_array(o.via.array.size);
       for (uint32_t i = 0; i < o.via.array.size; ++i) {
-        pack_shifted(packer, o.via.array.ptr[i], shift);
+        repack(packer, o.via.array.ptr[i], rewrite);
       }
       return;
     case msgpack::type::MAP:
       packer.pack_map(o.via.map.size);
       for (uint32_t i = 0; i < o.via.map.size; ++i) {
-        pack_shifted(packer, o.via.map.ptr[i].key, shift);
-        pack_shifted(packer, o.via.map.ptr[i].val, shift);
+        repack(packer, o.via.map.ptr[i].key, rewrite);
+        repack(packer, o.via.map.ptr[i].val, rewrite);
       }
       return;
     case msgpack::type::EXT:
-      if (o.via.ext.type() == kTensorExtType && shift > 0) {
-        msgpack::object_handle body = msgpack::unpack(o.via.ext.data(), o.via.ext.size);
-        const msgpack::object& d = body.get();
-        if (d.type != msgpack::type::ARRAY || d.via.array.size != 3) {
-          throw SerializationError("a tensor descriptor is not [index, dtype, shape]");
-        }
-        std::vector<uint8_t> bytes;
-        PayloadWriter writer{&bytes};
-        Packer inner(writer);
-        inner.pack_array(3);
-        inner.pack(d.via.array.ptr[0].as<uint64_t>() + shift);
-        inner.pack(d.via.array.ptr[1]);
-        inner.pack(d.via.array.ptr[2]);
-        packer.pack_ext(bytes.size(), kTensorExtType);
-        packer.pack_ext_body(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-        return;
-      }
+      if (rewrite(packer, o)) return;
       [[fallthrough]];
     default:
       packer.pack(o);
   }
+}
+
+// Calls `f` on every ext value of type `type` in `o`, in packing order.
+void for_each_ext(const msgpack::object& o, int8_t type,
+                  const std::function<void(const msgpack::object&)>& f) {
+  if (o.type == msgpack::type::ARRAY) {
+    for (uint32_t i = 0; i < o.via.array.size; ++i) for_each_ext(o.via.array.ptr[i], type, f);
+  } else if (o.type == msgpack::type::MAP) {
+    for (uint32_t i = 0; i < o.via.map.size; ++i) {
+      for_each_ext(o.via.map.ptr[i].key, type, f);
+      for_each_ext(o.via.map.ptr[i].val, type, f);
+    }
+  } else if (o.type == msgpack::type::EXT && o.via.ext.type() == type) {
+    f(o);
+  }
+}
+
+// Packs `o` with every tensor descriptor's index moved up by `shift`.
+void pack_shifted(Packer& packer, const msgpack::object& o, uint64_t shift) {
+  repack(packer, o, [shift](Packer& out, const msgpack::object& ext) {
+    if (ext.via.ext.type() != kTensorExtType || shift == 0) return false;
+    msgpack::object_handle body = msgpack::unpack(ext.via.ext.data(), ext.via.ext.size);
+    const msgpack::object& d = body.get();
+    if (d.type != msgpack::type::ARRAY || d.via.array.size != 3) {
+      throw SerializationError("a tensor descriptor is not [index, dtype, shape]");
+    }
+    std::vector<uint8_t> bytes;
+    PayloadWriter writer{&bytes};
+    Packer inner(writer);
+    inner.pack_array(3);
+    inner.pack(d.via.array.ptr[0].as<uint64_t>() + shift);
+    inner.pack(d.via.array.ptr[1]);
+    inner.pack(d.via.array.ptr[2]);
+    out.pack_ext(bytes.size(), kTensorExtType);
+    out.pack_ext_body(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return true;
+  });
 }
 
 // The request that calls `args.function` with `value` first: the value's
@@ -131,6 +157,41 @@ Message as_response(Message m, uint64_t id) {
 
 }  // namespace
 
+// ------------------------------------------------------------- OwnerEntry
+
+Message OwnerEntry::current() const {
+  const Message& made = value.value();
+  {
+    MutexLock lock(typed_mu);
+    if (typed != nullptr) {
+      Message m = make_response(made.id);
+      encode(typed.get(), m);
+      return m;
+    }
+  }
+  if (held.empty()) return made;
+  // The RRefs in it, each packed anew from the reference the value holds.
+  msgpack::object_handle handle = unpack_payload(made.payload, "an RRef's value");
+  Message m;
+  m.type = made.type;
+  m.id = made.id;
+  m.timeout_ms = made.timeout_ms;
+  m.tensors = made.tensors;
+  PayloadWriter writer{&m.payload};
+  Packer packer(writer);
+  size_t next = 0;
+  repack(packer, handle.get(), [&](Packer& out, const msgpack::object& ext) {
+    if (ext.via.ext.type() != kRRefExtType) return false;
+    SB_REQUIRE(next < held.size(), "an RRef's value holds more RRefs than when it was made");
+    const std::shared_ptr<RRefCore>& core = held[next++];
+    const std::string body = core->table->pack(core);
+    out.pack_ext(body.size(), kRRefExtType);
+    out.pack_ext_body(body.data(), body.size());
+    return true;
+  });
+  return m;
+}
+
 // ------------------------------------------------------------- RRefTable
 
 RRefTable::RRefTable(RpcContext* context, WorkerInfo self, std::shared_ptr<ThreadPool> pool,
@@ -180,7 +241,7 @@ void RRefTable::release(const RRefCore& core) {
   // a call in flight, which the group's quiet rounds would wait for too).
   std::shared_ptr<RRefTable> self = shared_from_this();
   owe(1);
-  core.confirmed.add_callback([self, owner = core.owner.name, id = core.id,
+  core.confirmed.add_callback([self, owner = core.owner, id = core.id,
                                creator = core.creator](const Future<void>& done) {
     if (!done.has_error() || creator) {
       self->send_later(owner, protocol_request(kDelete, id.creator, id.serial));
@@ -270,25 +331,42 @@ void RRefTable::orphan(const std::vector<uint64_t>& forks) {
 
 // ------------------------------------------------------------- sending
 
-Future<Message> RRefTable::send_now(const std::string& to, Message request,
+Future<Message> RRefTable::send_now(const WorkerInfo& to, Message request,
                                     std::optional<std::chrono::milliseconds> timeout) {
+  if (to.id >= 0 && to.name != self_.name) {
+    // The incarnation meant: a worker that took the name later (another
+    // rank) never held what this message is about.
+    std::optional<WorkerInfo> now;
+    try {
+      now = context_->get_worker_info(to.name);
+    } catch (const std::exception&) {  // gone: send() below says so
+    }
+    if (now && now->id != to.id) {
+      return Future<Message>::failed(std::make_exception_ptr(ConnectionError(fmt::format(
+          "the owner of an RRef, worker \"{}\" (rank {}), has left the group; the worker "
+          "named \"{}\" now is another one (rank {}), which does not hold its values (this "
+          "worker: \"{}\")",
+          to.name, to.id, to.name, now->id, self_.name))));
+    }
+  }
   {
     MutexLock lock(mu_);
     if (closed_) {
       return Future<Message>::failed(std::make_exception_ptr(
           Error(ErrorCode::kFailedPrecondition,
-                fmt::format("RRef message to \"{}\": RPC on worker \"{}\" has shut down", to,
+                fmt::format("RRef message to \"{}\": RPC on worker \"{}\" has shut down", to.name,
                             self_.name))));
     }
     ++sending_;
   }
   Future<Message> sent;
   try {
-    sent = context_->send(WorkerRef(to), std::move(request), timeout.value_or(rpc_timeout_));
+    sent = context_->send(WorkerRef(to.name), std::move(request),
+                          timeout.value_or(rpc_timeout_));
   } catch (const NotFoundError&) {
     sent = Future<Message>::failed(std::make_exception_ptr(ConnectionError(fmt::format(
-        "the owner of an RRef, worker \"{}\", has left the group (this worker: \"{}\")", to,
-        self_.name))));
+        "the owner of an RRef, worker \"{}\", has left the group (this worker: \"{}\")",
+        to.name, self_.name))));
   } catch (...) {
     sent = Future<Message>::failed(std::current_exception());
   }
@@ -297,14 +375,14 @@ Future<Message> RRefTable::send_now(const std::string& to, Message request,
   return sent;
 }
 
-void RRefTable::send_later(std::string to, Message request) {
+void RRefTable::send_later(WorkerInfo to, Message request) {
   std::shared_ptr<RRefTable> self = shared_from_this();
   owe(1);
   try {
     pool_->post([self, to = std::move(to), request = std::move(request)]() mutable {
       Future<Message> sent = self->send_now(to, std::move(request), std::nullopt);
       self->owe(-1);
-      sent.add_callback([to](const Future<Message>& done) {
+      sent.add_callback([to = to.name](const Future<Message>& done) {
         if (done.has_error()) {
           try {
             std::rethrow_exception(done.error());
@@ -320,7 +398,7 @@ void RRefTable::send_later(std::string to, Message request) {
   }
 }
 
-Future<void> RRefTable::confirm_later(std::string to, Message request) {
+Future<void> RRefTable::confirm_later(WorkerInfo to, Message request) {
   Promise<void> confirmed(pool_);
   Future<void> result = confirmed.get_future();
   std::shared_ptr<RRefTable> self = shared_from_this();
@@ -371,7 +449,7 @@ std::shared_ptr<RRefCore> RRefTable::create(const WorkerInfo& owner, Message use
     entry = owner_entry(id, /*count_user=*/true);
     core = std::make_shared<RRefCore>(shared_from_this(), id, owner, type, entry);
   }
-  Future<Message> made = send_now(owner.name, std::move(request), timeout);
+  Future<Message> made = send_now(owner, std::move(request), timeout);
   if (forks != nullptr) forks->watch(made);
   // The target is kept until its call is over.
   Future<void> confirmed = made.then_inline([target](const Future<Message>& done) {
@@ -423,7 +501,7 @@ std::string RRefTable::pack(const std::shared_ptr<RRefCore>& core) {
 }
 
 std::shared_ptr<RRefCore> RRefTable::unpack(const char* data, size_t size,
-                                            const std::string& expected_type) {
+                                            const std::optional<std::string>& expected_type) {
   check_open("receiving an RRef");
   msgpack::object_handle handle = msgpack::unpack(data, size);
   WorkerInfo owner;
@@ -449,7 +527,7 @@ std::shared_ptr<RRefCore> RRefTable::unpack(const char* data, size_t size,
       if (parent == self_.name) {
         release_fork(fork);
       } else {
-        send_later(parent, protocol_request(kRelease, fork));
+        send_later(WorkerInfo{parent, -1}, protocol_request(kRelease, fork));
       }
     }
   } else if (fork == 0) {
@@ -457,11 +535,14 @@ std::shared_ptr<RRefCore> RRefTable::unpack(const char* data, size_t size,
                                       Future<void>::ready());
   } else {
     Future<void> confirmed =
-        confirm_later(owner.name, protocol_request(kFork, id.creator, id.serial, parent, fork));
+        confirm_later(owner, protocol_request(kFork, id.creator, id.serial, parent, fork));
+    // A function that receives it runs once the owner counted it (torch's
+    // confirmed_by_owner() is true inside it).
+    ArgumentWaits::add(confirmed, pool_);
     core = std::make_shared<RRefCore>(shared_from_this(), id, owner, type, std::move(confirmed));
   }
   // Checked once the reference exists, so that a refused one is released.
-  if (type != expected_type) throw msgpack::type_error();
+  if (expected_type && type != *expected_type) throw msgpack::type_error();
   return core;
 }
 
@@ -475,7 +556,7 @@ Future<Message> RRefTable::fetch(const std::shared_ptr<RRefCore>& core,
   }
   if (core->confirmed.has_error()) return Future<Message>::failed(core->confirmed.error());
   Future<Message> fetched = send_now(
-      core->owner.name, protocol_request(kFetch, core->id.creator, core->id.serial), timeout);
+      core->owner, protocol_request(kFetch, core->id.creator, core->id.serial), timeout);
   if (core->confirmed.done()) return fetched;
   // A remote() that fails (its timeout, its owner gone) fails the fetch
   // waiting for its value at once.
@@ -502,7 +583,7 @@ Future<Message> RRefTable::call(const std::shared_ptr<RRefCore>& core, Message r
   wrapped.tensors = std::move(request.tensors);
   // The caller's decoding holds `core` until the call is over
   // (decode_with in rpc/rref.h), so the owner keeps the value meanwhile.
-  return send_now(core->owner.name, std::move(wrapped), timeout);
+  return send_now(core->owner, std::move(wrapped), timeout);
 }
 
 // ------------------------------------------------------------- owner's side
@@ -523,16 +604,61 @@ Future<Message> RRefTable::serve(const Message& request, const WorkerInfo& from)
   }
 }
 
+namespace {
+
+// The context of the request that carries a user's call (its deadline from
+// the request's arrival, its cancellation, its caller's epoch), for that
+// call: the same, under the user function's name.
+std::optional<CallContext> carried_context(const Message& inner) {
+  const CallContext* carrier = current_call();
+  if (carrier == nullptr || carrier->id != inner.id) return std::nullopt;
+  CallContext context = *carrier;
+  context.function = inner.function;
+  return context;
+}
+
+// Serves `request` under `context` (when set), as if the call table had
+// handed it over.
+Future<Message> call_under(const FunctionRegistry& functions, const Message& request,
+                           const WorkerInfo& from, const std::optional<CallContext>& context) {
+  if (!context) return functions.call(request, from);
+  ScopedCallContext scope(&*context);
+  return functions.call(request, from);
+}
+
+}  // namespace
+
 Future<Message> RRefTable::call_on_value(const std::shared_ptr<OwnerEntry>& entry,
                                          Message inner, const WorkerInfo& from) {
   std::shared_ptr<RRefTable> self = shared_from_this();
-  return entry->value.then(
-      [self, entry, inner = std::move(inner), from](const Future<Message>&) -> Future<Message> {
-        RRefDecodeScope scope(self);
-        const Message value = entry->current();
-        if (value.type == MessageType::kError) return Future<Message>::ready(as_response(value, inner.id));
-        return self->functions_->call(value_first(value, inner), from);
-      });
+  std::optional<CallContext> context = carried_context(inner);
+  return entry->value.then([self, entry, inner = std::move(inner), from,
+                            context = std::move(context)](
+                               const Future<Message>&) -> Future<Message> {
+    RRefDecodeScope scope(self);
+    const Message value = entry->current();
+    if (value.type == MessageType::kError) {
+      return Future<Message>::ready(as_response(value, inner.id));
+    }
+    return call_under(*self->functions_, value_first(value, inner), from, context);
+  });
+}
+
+void RRefTable::settle(const std::shared_ptr<OwnerEntry>& entry, const Message& made) {
+  if (made.type != MessageType::kResponse || made.payload.empty()) return;
+  try {
+    msgpack::object_handle handle = unpack_payload(made.payload, "an RRef's value");
+    for_each_ext(handle.get(), kRRefExtType, [&](const msgpack::object& ext) {
+      entry->held.push_back(unpack(ext.via.ext.data(), ext.via.ext.size, std::nullopt));
+    });
+  } catch (const std::exception& e) {
+    // Not a payload this worker can read (it came from its own function):
+    // the value goes out as it came, its RRefs not held.
+    spdlog::warn("rpc worker \"{}\": the RRefs in a value it owns cannot be read ({}); "
+                 "they are not kept for it",
+                 self_.name, e.what());
+    entry->held.clear();
+  }
 }
 
 Future<Message> RRefTable::serve_remote(const Message& request, const WorkerInfo& from) {
@@ -558,13 +684,15 @@ Future<Message> RRefTable::serve_remote(const Message& request, const WorkerInfo
     made = call_on_value(owner_entry(RRefId{std::get<0>(*target), std::get<1>(*target)}, false),
                          std::move(inner), from);
   } else {
-    made = functions_->call(inner, from);
+    made = call_under(*functions_, inner, from, carried_context(inner));
   }
   const uint64_t reply_to = request.id;
-  return made.then_inline([entry, reply_to](const Future<Message>& done) {
+  std::shared_ptr<RRefTable> self = shared_from_this();
+  return made.then_inline([self, entry, reply_to](const Future<Message>& done) {
     if (done.has_error()) {
       entry->promise.set_error(done.error());
     } else {
+      self->settle(entry, done.value());
       entry->promise.set_value(done.value());
     }
     return ack(reply_to);
@@ -603,7 +731,7 @@ Message RRefTable::serve_fork(const Message& request) {
     release_fork(fork);
   } else {
     // Its answer is not needed: a lost release only keeps a value longer.
-    (void)send_now(parent, protocol_request(kRelease, fork), std::nullopt);
+    (void)send_now(WorkerInfo{parent, -1}, protocol_request(kRelease, fork), std::nullopt);
   }
   return ack(request.id);
 }
@@ -661,7 +789,7 @@ void RRefTable::release_users(std::chrono::steady_clock::time_point deadline) {
         (core->confirmed.has_error() && !core->creator)) {
       continue;
     }
-    (void)send_now(core->owner.name,
+    (void)send_now(core->owner,
                    protocol_request(kDelete, core->id.creator, core->id.serial), std::nullopt);
   }
 }

@@ -32,6 +32,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/mutex.h"
 #include "rpc/function_registry.h"
@@ -65,13 +66,19 @@ struct OwnerEntry {
 
   // The value now, as a response: the typed value's encoding once
   // local_value() made one (it may have changed it), else the function's
-  // response. Throws what the function's future failed with.
+  // response, each RRef in it packed anew (a reference of its own for each
+  // copy that goes out, as torch pickles the value anew each time). Throws
+  // what the function's future failed with.
   Message current() const SB_EXCLUDES(typed_mu);
 
   mutable Mutex typed_mu;
   std::shared_ptr<void> typed SB_GUARDED_BY(typed_mu);
   std::string typed_type SB_GUARDED_BY(typed_mu);
   TypedEncoder encode SB_GUARDED_BY(typed_mu);
+  // The RRefs the function's response holds, in the order they appear in
+  // it: this worker's own references, kept for as long as the value lives
+  // (set before `promise` completes, constant after).
+  std::vector<std::shared_ptr<RRefCore>> held;
 };
 
 class RRefCore : public std::enable_shared_from_this<RRefCore> {
@@ -125,10 +132,11 @@ class RRefTable : public std::enable_shared_from_this<RRefTable> {
                                    const std::shared_ptr<RRefCore>& target,
                                    RRefEncodeScope* forks);
 
-  // rref_pack / rref_unpack.
+  // rref_pack / rref_unpack. `expected_type` nullopt: whatever the RRef
+  // says it is.
   std::string pack(const std::shared_ptr<RRefCore>& core);
   std::shared_ptr<RRefCore> unpack(const char* data, size_t size,
-                                   const std::string& expected_type);
+                                   const std::optional<std::string>& expected_type);
 
   Future<Message> fetch(const std::shared_ptr<RRefCore>& core,
                         std::optional<std::chrono::milliseconds> timeout);
@@ -179,12 +187,18 @@ class RRefTable : public std::enable_shared_from_this<RRefTable> {
   void release_fork(uint64_t fork) SB_EXCLUDES(mu_);
 
   // Sends now (on this thread) / later (on the pool); nothing once closed.
-  Future<Message> send_now(const std::string& to, Message request,
+  // `to.id` (when >= 0) is the incarnation meant: a worker of that name
+  // with another id is a newcomer that never held the value, and the
+  // message fails with ConnectionError naming the one that is gone.
+  Future<Message> send_now(const WorkerInfo& to, Message request,
                            std::optional<std::chrono::milliseconds> timeout)
       SB_EXCLUDES(mu_);
-  void send_later(std::string to, Message request) SB_EXCLUDES(mu_);
+  void send_later(WorkerInfo to, Message request) SB_EXCLUDES(mu_);
   void owe(int n) SB_EXCLUDES(mu_);
-  Future<void> confirm_later(std::string to, Message request) SB_EXCLUDES(mu_);
+  Future<void> confirm_later(WorkerInfo to, Message request) SB_EXCLUDES(mu_);
+  // The function's response `made` becomes the value of `entry`: the RRefs
+  // in it become references this worker holds for the value (entry->held).
+  void settle(const std::shared_ptr<OwnerEntry>& entry, const Message& made);
 
   Future<Message> serve_remote(const Message& request, const WorkerInfo& from);
   Future<Message> serve_fetch(const Message& request);

@@ -12,6 +12,7 @@
 
 #include "agents/pipe_agent.h"
 #include "common/error.h"
+#include "common/mutex.h"
 #include "rpc/call_context.h"
 #include "rpc/future.h"
 #include "rpc/remote_error.h"
@@ -115,6 +116,104 @@ TEST_CASE("a caller that floods a worker is refused beyond its limit, and the ot
   Future<Message> again = w1.send(w1.worker("w0"), request("fast", {3}), kGuard);
   REQUIRE(again.wait_for(kGuard));
   CHECK(again.value().type == MessageType::kResponse);
+  for (auto& agent : agents) agent->shutdown();
+}
+
+namespace {
+
+// Lets "hold" calls finish one at a time: each takes a ticket the test hands
+// out, and counts its start.
+class Tickets {
+ public:
+  void take() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ++started_;
+    changed_.notify_all();
+    changed_.wait_for(mu_, kGuard, [&]() SB_REQUIRES(mu_) { return tickets_ > 0; });
+    if (tickets_ > 0) --tickets_;
+  }
+  void give() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    ++tickets_;
+    changed_.notify_all();
+  }
+  void give_all() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    tickets_ = 1 << 20;
+    changed_.notify_all();
+  }
+  // The other caller's call ran: how many "hold" calls had started then.
+  void note_other() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    other_at_ = started_;
+    changed_.notify_all();
+  }
+  int other_at() SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return other_at_;
+  }
+  // Waits until `n` calls started or the other caller's call ran; false
+  // after kGuard.
+  bool wait_started(int n) SB_EXCLUDES(mu_) {
+    MutexLock lock(mu_);
+    return changed_.wait_for(mu_, kGuard,
+                             [&]() SB_REQUIRES(mu_) { return started_ >= n || other_at_ >= 0; });
+  }
+
+ private:
+  Mutex mu_;
+  CondVar changed_;
+  int started_ SB_GUARDED_BY(mu_) = 0;
+  int tickets_ SB_GUARDED_BY(mu_) = 0;
+  int other_at_ SB_GUARDED_BY(mu_) = -1;
+};
+
+}  // namespace
+
+TEST_CASE("callers share the pool in turn: one caller's backlog does not make another wait "
+          "behind all of it",
+          "[pipe][limits][fairness]") {
+  // w0's pool has 2 threads; w1 sends 30 calls that each hold a thread
+  // until the test hands out a ticket, then w2 sends one.
+  PipeAgentOptions options;
+  options.num_worker_threads = 2;
+  std::vector<std::unique_ptr<PipeAgent>> agents = make_group(3, options);
+  auto tickets = std::make_shared<Tickets>();
+  for (auto& agent : agents) {
+    agent->start([tickets](Message m, const WorkerInfo&) {
+      if (m.function == "hold") tickets->take();
+      if (m.function == "other") tickets->note_other();
+      Message reply;
+      reply.type = MessageType::kResponse;
+      reply.payload = std::move(m.payload);
+      return Future<Message>::ready(std::move(reply));
+    });
+  }
+  PipeAgent& w1 = *agents[1];
+  PipeAgent& w2 = *agents[2];
+  std::vector<Future<Message>> backlog;
+  for (int i = 0; i < 30; ++i) {
+    backlog.push_back(w1.send(w1.worker("w0"), request("hold", {1}), kGuard));
+  }
+  REQUIRE(tickets->wait_started(2));  // both threads held; 28 wait
+  // Once w1's 30 requests all arrived, w2's call comes after them.
+  PipeAgent& w0 = *agents[0];
+  REQUIRE(testing::eventually(
+      [&] { return w0.metrics_snapshot().requests_in_progress >= 30; }, kGuard));
+  Future<Message> other = w2.send(w2.worker("w0"), request("other", {2}), kGuard);
+  // Threads freed one at a time: w2's call runs within a turn or two,
+  // where first in, first out would run it after w1's 28 waiting calls.
+  for (int freed = 1; freed <= 29 && tickets->other_at() < 0; ++freed) {
+    tickets->give();
+    REQUIRE(tickets->wait_started(2 + freed));
+  }
+  REQUIRE(other.wait_for(kGuard));
+  CHECK(other.value().type == MessageType::kResponse);
+  INFO("w2's call ran when " << tickets->other_at() << " of w1's calls had started");
+  CHECK(tickets->other_at() >= 2);
+  CHECK(tickets->other_at() <= 4);
+  tickets->give_all();
+  for (auto& f : backlog) REQUIRE(f.wait_for(kGuard));
   for (auto& agent : agents) agent->shutdown();
 }
 

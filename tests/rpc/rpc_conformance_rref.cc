@@ -12,6 +12,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -388,4 +389,179 @@ TEST_CASE("an RRef passed to remote(), and malformed RRefs from the network",
   rpc::encode_result(m, r);
   CHECK_THROWS_WITH(rpc::decode_result<RRef<int64_t>>(m),
                     Catch::Contains("only be received in an RPC"));
+}
+
+namespace {
+
+using Pair = std::vector<RRef<int64_t>>;
+
+// Workers whose "make_pair" (on the outer value's owner) returns two RRefs
+// to values made on `where`, and whose "sum_pair" fetches both.
+void register_nested_functions(RpcContext& self) {
+  self.register_function("make_pair", [&self](std::string where) {
+    return Pair{self.remote<int64_t>(where, "add", int64_t{1}, int64_t{2}),
+                self.remote<int64_t>(where, "add", int64_t{10}, int64_t{20})};
+  });
+  self.register_function("sum_pair", [](const Pair& pair) {
+    int64_t sum = 0;
+    for (const RRef<int64_t>& r : pair) sum += r.to_here(std::chrono::milliseconds(10'000));
+    return sum;
+  });
+  self.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+}
+
+}  // namespace
+
+TEST_CASE("a value that holds RRefs keeps them while it lives: fetched and called on again "
+          "and again, then freed with them",
+          "[rpc][rref][refcount][nested]") {
+  Cluster cluster(3, [](int, RpcContext& self) { register_nested_functions(self); });
+  {
+    // w1 owns a pair of references to values on w2.
+    RRef<Pair> outer = cluster[0].remote<Pair>("w1", "make_pair", std::string("w2"));
+    for (int round = 0; round < 3; ++round) {
+      INFO("round " << round);
+      Pair copy = outer.to_here();
+      REQUIRE(copy.size() == 2);
+      CHECK(copy[0].to_here(std::chrono::milliseconds(10'000)) == 3);
+      CHECK(copy[1].to_here(std::chrono::milliseconds(10'000)) == 30);
+      // The copy goes; w1's value still holds the inner values.
+    }
+    for (int round = 0; round < 3; ++round) {
+      INFO("call " << round);
+      CHECK(outer.rpc_sync<int64_t>("sum_pair") == 33);
+    }
+    CHECK(owned(cluster[2]) == 2);
+  }
+  // Everything dropped: the outer value goes, and with it the inner ones.
+  CHECK(eventually([&] { return owned(cluster[1]) == 0; }));
+  CHECK(eventually([&] { return owned(cluster[2]) == 0; }));
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("w" << rank);
+    CHECK(eventually([&] {
+      auto info = cluster[rank].rref_debug_info();
+      return info.at("num_user_rrefs") == 0 && info.at("num_forks") == 0;
+    }));
+  }
+}
+
+TEST_CASE("a function that receives an RRef runs once its owner confirmed it",
+          "[rpc][rref]") {
+  // torch's test_user_rrefs_confirmed: confirmed_by_owner() inside the
+  // function that received the RRef.
+  Cluster cluster(3, [](int, RpcContext& self) {
+    self.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+    self.register_function("confirmed", [](const RRef<int64_t>& r) {
+      return r.confirmed_by_owner();
+    });
+  });
+  RRef<int64_t> r = cluster[0].remote<int64_t>("w1", "add", int64_t{1}, int64_t{2});
+  REQUIRE(r.to_here() == 3);
+  std::vector<rpc::Future<bool>> calls;
+  for (int i = 0; i < 40; ++i) calls.push_back(cluster[0].rpc_async<bool>("w2", "confirmed", r));
+  for (int i = 0; i < 40; ++i) {
+    INFO("call " << i);
+    CHECK(calls[i].value());
+  }
+}
+
+namespace {
+
+// The time its call had left when a function started (ms; INT64_MIN: no
+// deadline), and its name and caller as it saw them.
+struct Seen {
+  std::atomic<int64_t> left{INT64_MAX};  // INT64_MAX: not run yet
+  Mutex mu;
+  std::string function SB_GUARDED_BY(mu);
+  std::string caller SB_GUARDED_BY(mu);
+  std::atomic<int> cancelled{-1};
+  std::atomic<bool> started{false};
+};
+
+void record(Seen& seen) {
+  const rpc::CallContext* call = rpc::current_call();
+  {
+    MutexLock lock(seen.mu);
+    seen.function = call ? call->function : "(none)";
+    seen.caller = call ? call->caller.name : "(none)";
+  }
+  seen.left = call && call->deadline
+                  ? std::chrono::duration_cast<std::chrono::milliseconds>(
+                        *call->deadline - std::chrono::steady_clock::now())
+                        .count()
+                  : INT64_MIN;
+}
+
+}  // namespace
+
+TEST_CASE("calls on an RRef's value run in their caller's context: the name, the deadline "
+          "from the request's arrival, and cancellation",
+          "[rpc][rref][context]") {
+  auto gate = std::make_shared<Gate>(kGuard);
+  auto seen = std::make_shared<Seen>();
+  Cluster cluster(2, [gate, seen](int, RpcContext& self) {
+    self.register_function("held", [gate] {
+      gate->pass();
+      return int64_t{1};
+    });
+    self.register_function("record", [seen](int64_t value) {
+      record(*seen);
+      return value;
+    });
+    self.register_function("until_cancelled", [seen](int64_t value) {
+      const rpc::CallContext* call = rpc::current_call();
+      seen->started = true;
+      // Bounded: before the fix, it never was.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (call != nullptr && !call->cancelled() && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      seen->cancelled = call != nullptr && call->cancelled() ? 1 : 0;
+      return value;
+    });
+    self.register_function("echo", [](int64_t x) { return x; });
+  });
+  RpcContext& w0 = cluster[0];
+
+  SECTION("the name and the caller, through rref.rpc_async, rref.remote and remote") {
+    RRef<int64_t> r = w0.remote<int64_t>("w1", "echo", int64_t{5});
+    auto check_seen = [&](const char* how) {
+      INFO(how);
+      MutexLock lock(seen->mu);
+      CHECK(seen->function == "record");
+      CHECK(seen->caller == "w0");
+      CHECK(seen->left.load() > 0);
+      CHECK(seen->left.load() <= 20'000);
+      seen->function.clear();
+    };
+    CHECK(r.rpc_sync<int64_t>("record", rpc::with_timeout(20s)) == 5);
+    check_seen("rref.rpc_sync");
+    CHECK(r.remote<int64_t>("record", rpc::with_timeout(20s)).to_here() == 5);
+    check_seen("rref.remote");
+    CHECK(w0.remote<int64_t>("w1", "record", rpc::with_timeout(20s), int64_t{5}).to_here() == 5);
+    check_seen("remote");
+  }
+
+  SECTION("the deadline counts from the request's arrival, not from when the value was made") {
+    RRef<int64_t> r = w0.remote<int64_t>("w1", "held");
+    REQUIRE(gate->wait_arrived(1));
+    rpc::Future<int64_t> call = r.rpc_async<int64_t>("record", rpc::with_timeout(500ms));
+    // The caller gave up: its deadline is over on both sides.
+    CHECK_THROWS_AS(call.value(), TimeoutError);
+    gate->open();  // the value is made now, and the function runs
+    REQUIRE(eventually([&] { return seen->left.load() != INT64_MAX; }));
+    CHECK(seen->left.load() != INT64_MIN);
+    CHECK(seen->left.load() <= 0);
+  }
+
+  SECTION("a call on a value that was being made sees its caller cancel it") {
+    RRef<int64_t> r = w0.remote<int64_t>("w1", "held");
+    REQUIRE(gate->wait_arrived(1));
+    rpc::Future<int64_t> call = r.rpc_async<int64_t>("until_cancelled");
+    gate->open();  // the value is made, and the function starts
+    REQUIRE(eventually([&] { return seen->started.load(); }));
+    CHECK(call.cancel());
+    REQUIRE(eventually([&] { return seen->cancelled.load() != -1; }));
+    CHECK(seen->cancelled.load() == 1);
+  }
 }
