@@ -201,6 +201,9 @@ TEST_CASE("callers share the pool in turn: one caller's backlog does not make an
   REQUIRE(testing::eventually(
       [&] { return w0.metrics_snapshot().requests_in_progress >= 30; }, kGuard));
   Future<Message> other = w2.send(w2.worker("w0"), request("other", {2}), kGuard);
+  // It waits at w0 too before any thread is freed.
+  REQUIRE(testing::eventually(
+      [&] { return w0.metrics_snapshot().requests_in_progress >= 31; }, kGuard));
   // Threads freed one at a time: w2's call runs within a turn or two,
   // where first in, first out would run it after w1's 28 waiting calls.
   for (int freed = 1; freed <= 29 && tickets->other_at() < 0; ++freed) {
