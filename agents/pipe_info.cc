@@ -201,4 +201,18 @@ std::vector<Member> decode_members(const std::vector<uint8_t>& bytes) {
   return members;
 }
 
+std::vector<uint8_t> encode_link_view(const LinkView& view) {
+  return pack(std::make_tuple(view.seq,
+                              std::vector<int>(view.unreachable.begin(), view.unreachable.end())));
+}
+
+LinkView decode_link_view(const std::vector<uint8_t>& bytes) {
+  auto [seq, unreachable] =
+      unpack_as<std::tuple<uint64_t, std::vector<int>>>(bytes.data(), bytes.size(), "link view");
+  LinkView view;
+  view.seq = seq;
+  view.unreachable.insert(unreachable.begin(), unreachable.end());
+  return view;
+}
+
 }  // namespace switchboard::agents

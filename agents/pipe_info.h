@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,5 +86,16 @@ struct Member {
 std::vector<uint8_t> encode_members(const std::vector<Member>& members);
 // Throws ProtocolError on malformed bytes.
 std::vector<Member> decode_members(const std::vector<uint8_t>& bytes);
+
+// A dynamic group member's word on its links (agents/pipe_partition.h), as
+// the store keeps it under dyn/view/<rank>: msgpack [seq, [rank, ...]], a
+// counter it moves on at each write and the listed ranks it cannot reach.
+struct LinkView {
+  uint64_t seq = 0;
+  std::set<int> unreachable;
+};
+std::vector<uint8_t> encode_link_view(const LinkView& view);
+// Throws ProtocolError on malformed bytes.
+LinkView decode_link_view(const std::vector<uint8_t>& bytes);
 
 }  // namespace switchboard::agents

@@ -5,6 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,6 +31,40 @@ constexpr char kMembersKey[] = "dyn/members";
 
 std::string rank_key(int rank) { return fmt::format("dyn/rank/{}", rank); }
 std::string evicted_key(int rank) { return fmt::format("dyn/evicted/{}", rank); }
+std::string view_key(int rank) { return fmt::format("dyn/view/{}", rank); }
+
+// The link views' freshness window: the heartbeat timeout (5 s when
+// heartbeats are off).
+Timeout view_window(const PipeAgentOptions& options) {
+  return options.heartbeat_timeout.count() > 0 ? options.heartbeat_timeout : Timeout(5'000);
+}
+
+// What `keys` hold now (nullopt for a key that is missing), with one
+// request when they all exist.
+std::vector<std::optional<Bytes>> read_present(Store& store,
+                                               const std::vector<std::string>& keys) {
+  std::vector<std::optional<Bytes>> values(keys.size());
+  if (keys.empty()) return values;
+  if (store.check(keys)) {
+    std::vector<Bytes> got = store.multi_get(keys);
+    for (size_t i = 0; i < keys.size(); ++i) values[i] = std::move(got[i]);
+    return values;
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (store.check({keys[i]})) values[i] = store.get(keys[i]);
+  }
+  return values;
+}
+
+// The counter of a link view as stored (nullopt: none, or unreadable).
+std::optional<LinkView> view_of(const std::optional<Bytes>& value) {
+  if (!value) return std::nullopt;
+  try {
+    return decode_link_view(*value);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
 
 // A new group's id: random, so that a group founded again in a restarted
 // store is told apart from the one before.
@@ -71,7 +108,8 @@ Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
       auth_(auth),
       calls_(calls),
       pool_(std::move(pool)),
-      drop_(std::move(drop)) {}
+      drop_(std::move(drop)),
+      liveness_(view_window(options)) {}
 
 Membership::~Membership() { stop(); }
 
@@ -90,6 +128,11 @@ Timeout Membership::poll_interval() const {
 
 void Membership::join(const WorkerAnnouncement& mine) {
   const auto timeout = step_timeout();
+  // One bound for the whole join.
+  const auto deadline = Clock::now() + timeout;
+  auto left = [&] {
+    return std::max(Timeout(1), std::chrono::duration_cast<Timeout>(deadline - Clock::now()));
+  };
   rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(timeout);
 
@@ -136,11 +179,28 @@ void Membership::join(const WorkerAnnouncement& mine) {
   hello.rank = rank_;
   hello.name = name_;
   hello.announcement = encode_announcement(mine);
-  // Every member at once, each connect bounded by the step's timeout: one
-  // member behind a cut link must not hold up the others (nor the
-  // heartbeats on the connections already made, which run on the I/O
-  // threads meanwhile).
+  // Every member at once, each connect bounded by the join's time left
+  // (and by half a lease, so that the token is renewed in time): one member
+  // behind a cut link must not hold up the others (nor the heartbeats on
+  // the connections already made, which run on the I/O threads meanwhile).
+  const Timeout connect_limit =
+      std::min(left() / 2, std::max(Timeout(1), options_.membership_lease / 2));
+  // The members' link views now: one that cannot be reached is judged by
+  // whether its view moves on from here (alive_among).
+  const auto views_read = Clock::now();
+  std::map<int, uint64_t> first_views;
+  {
+    std::vector<std::string> keys;
+    for (const Member& m : members) keys.push_back(view_key(m.rank));
+    const std::vector<std::optional<Bytes>> values = read_present(*store_, keys);
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (auto v = view_of(values[i])) first_views[members[i].rank] = v->seq;
+    }
+  }
   std::vector<int> reached;
+  std::vector<int> unreachable;
+  std::vector<std::string> evicted_keys;
+  std::vector<Bytes> evicted_why;
   {
     std::vector<std::string> failures(members.size());
     // A member that refused this worker's proof of the secret (or failed to
@@ -151,7 +211,7 @@ void Membership::join(const WorkerAnnouncement& mine) {
     for (size_t i = 0; i < members.size(); ++i) {
       connecting.emplace_back([&, i] {
         try {
-          peers_.connect(members[i].rank, transport_, auth_, hello, timeout);
+          peers_.connect(members[i].rank, transport_, auth_, hello, connect_limit);
         } catch (const ConnectionError& e) {
           failures[i] = e.what();
         } catch (const AuthenticationError& e) {
@@ -166,20 +226,41 @@ void Membership::join(const WorkerAnnouncement& mine) {
             "PIPE agent \"{}\": cannot join the dynamic group: {}", name_, refusal));
       }
     }
+    token.renew();
+    for (size_t i = 0; i < members.size(); ++i) {
+      (failures[i].empty() ? reached : unreachable).push_back(members[i].rank);
+    }
+    // A member this worker cannot reach is dead when its link view stands
+    // still; one that is alive is behind a partition from this worker, and
+    // the join fails, changing nothing.
+    const std::set<int> alive =
+        alive_among(unreachable, first_views, views_read, deadline, token);
+    if (!alive.empty()) {
+      std::vector<std::string> named;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (!alive.count(members[i].rank)) continue;
+        named.push_back(fmt::format("\"{}\" (rank {}: {})", members[i].announcement.name,
+                                    members[i].rank, failures[i]));
+      }
+      throw ConnectionError(fmt::format(
+          "PIPE agent \"{}\": cannot join the dynamic group: member(s) {} cannot be reached "
+          "from this worker, and are alive (their link views move on in the store) or could "
+          "not be judged within the join's {} ms: this worker is cut off from them. Nothing "
+          "was changed; join again once the link is back or the group has taken them off",
+          name_, fmt::join(named, ", "), timeout.count()));
+    }
     for (size_t i = 0; i < members.size(); ++i) {
       const Member& m = members[i];
-      if (failures[i].empty()) {
-        reached.push_back(m.rank);
-        continue;
-      }
+      if (failures[i].empty()) continue;
       // A member that died without leaving: it is no longer in the group.
-      spdlog::warn("rpc agent \"{}\": member \"{}\" (rank {}) is unreachable and is dropped "
-                   "from the group: {}",
+      spdlog::warn("rpc agent \"{}\": member \"{}\" (rank {}) is unreachable and its link "
+                   "view stands still: it is dropped from the group: {}",
                    name_, m.announcement.name, m.rank, failures[i]);
       peers_.mark_lost(m.rank, "was unreachable when this worker joined");
-      store_->set(evicted_key(m.rank),
-                  to_bytes(fmt::format("by \"{}\": it was unreachable when \"{}\" joined ({})",
-                                       name_, name_, failures[i])));
+      evicted_keys.push_back(evicted_key(m.rank));
+      evicted_why.push_back(
+          to_bytes(fmt::format("by \"{}\": it was unreachable when \"{}\" joined ({})", name_,
+                               name_, failures[i])));
     }
   }
 
@@ -189,9 +270,21 @@ void Membership::join(const WorkerAnnouncement& mine) {
     auto answered = [&](int r) SB_REQUIRES(mu_) {
       return welcomes_.count(r) > 0 || lost_.count(r) > 0;
     };
-    const bool all = answered_.wait_for(mu_, timeout, [&]() SB_REQUIRES(mu_) {
+    auto all_answered = [&]() SB_REQUIRES(mu_) {
       return std::all_of(reached.begin(), reached.end(), answered);
-    });
+    };
+    // Within the join's time left, renewing the token at every third of a
+    // lease.
+    const Timeout slice = std::max(Timeout(1), options_.membership_lease / 3);
+    bool all = all_answered();
+    while (!all && Clock::now() < deadline) {
+      all = answered_.wait_for(mu_, std::min(left(), slice), all_answered);
+      if (!all) {
+        lock.unlock();
+        token.renew();
+        lock.lock();
+      }
+    }
     if (!all) {
       std::vector<std::string> silent;
       for (int r : reached) {
@@ -219,8 +312,21 @@ void Membership::join(const WorkerAnnouncement& mine) {
     if (peers_.is_up(m.rank)) now.push_back(m);
   }
   now.push_back({rank_, mine});
-  store_->set(rank_key(rank_), to_bytes(name_));
-  store_->set(kMembersKey, encode_members(now));
+  // Still the holder (else the token's renew() throws, naming who took it
+  // over): the list is written from what this join read under it, and
+  // nothing before this was written.
+  token.renew();
+  std::vector<std::string> keys = std::move(evicted_keys);
+  std::vector<Bytes> values = std::move(evicted_why);
+  keys.push_back(rank_key(rank_));
+  values.push_back(to_bytes(name_));
+  LinkView view;
+  view.seq = ++view_seq_;
+  keys.push_back(view_key(rank_));
+  values.push_back(encode_link_view(view));
+  keys.push_back(kMembersKey);  // last: a reader that sees it sees the rest
+  values.push_back(encode_members(now));
+  store_->multi_set(keys, values);
   token.release();
 
   mine_ = mine;
@@ -228,6 +334,43 @@ void Membership::join(const WorkerAnnouncement& mine) {
   MutexLock lock(mu_);
   watching_ = true;
   watcher_ = std::thread([this] { watch(); });
+}
+
+std::set<int> Membership::alive_among(const std::vector<int>& unreachable,
+                                      const std::map<int, uint64_t>& first_views,
+                                      Clock::time_point first_read, Clock::time_point deadline,
+                                      rpc::MembershipToken& token) {
+  // A member without a view (it never wrote one) is dead; one whose view
+  // moves on is alive; one that is not judged by the deadline counts as
+  // alive (the join must not take off a member it knows nothing of).
+  std::set<int> alive;
+  std::vector<int> judged;
+  for (int r : unreachable) {
+    if (first_views.count(r)) judged.push_back(r);
+  }
+  if (judged.empty()) return alive;
+  std::vector<std::string> keys;
+  for (int r : judged) keys.push_back(view_key(r));
+  const auto verdict_at = first_read + view_window(options_);
+  const Timeout slice = std::max(Timeout(1), std::min(poll_interval(), options_.membership_lease / 3));
+  std::set<int> moved;
+  for (;;) {
+    const std::vector<std::optional<Bytes>> values = read_present(*store_, keys);
+    for (size_t i = 0; i < judged.size(); ++i) {
+      const std::optional<LinkView> v = view_of(values[i]);
+      if (v && v->seq != first_views.at(judged[i])) moved.insert(judged[i]);
+    }
+    const auto now = Clock::now();
+    if (moved.size() == judged.size() || now >= verdict_at) break;
+    if (now >= deadline) {
+      for (int r : judged) alive.insert(r);  // not judged in time
+      return alive;
+    }
+    std::this_thread::sleep_for(std::min({slice, std::chrono::duration_cast<Timeout>(
+                                                      std::min(verdict_at, deadline) - now)}));
+    token.renew();
+  }
+  return moved;
 }
 
 void Membership::on_welcome(const Hello& hello) {
@@ -285,7 +428,7 @@ void Membership::watch() {
       departed = departed_;
     }
     try {
-      if (!departed.empty()) remove_departed(departed);
+      if (!departed.empty() || !suspects_.empty()) remove_departed(departed);
       {
         MutexLock lock(mu_);
         for (const auto& [rank, gone] : departed) {
@@ -310,17 +453,23 @@ void Membership::watch() {
 
 void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string>>& departed) {
   // A member that said goodbye while holding the token is leaving the
-  // proper way and takes itself off the list.
-  std::map<int, std::pair<Gone, std::string>> todo;
+  // proper way and takes itself off the list. One that said goodbye
+  // otherwise shut down without leaving: taken off at once. A lost one is
+  // a suspect until the rule decides (decide_eviction), asked again at
+  // every poll.
+  std::map<int, std::string> left;
   std::string holder;
   if (store_->check({kTokenKey})) {
     holder = rpc::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
   }
   for (const auto& [rank, gone] : departed) {
-    if (gone.first == Gone::kLeft && !holder.empty() && holder == peers_.name_of(rank)) continue;
-    todo.emplace(rank, gone);
+    if (gone.first == Gone::kLost) {
+      suspects_[rank] = gone.second;
+    } else if (gone.first == Gone::kLeft && !(!holder.empty() && holder == peers_.name_of(rank))) {
+      left[rank] = "it shut down without leaving";
+    }
   }
-  if (todo.empty()) return;
+  if (left.empty() && suspects_.empty()) return;
 
   rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(step_timeout(), [this] { return stopping(); });
@@ -330,36 +479,43 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
     token.release();
     return;  // this worker is off the list itself: reconcile() finds out
   }
-  // Members on the list this worker cannot reach, other than those that
-  // said goodbye.
-  int others = 0;
-  int unreachable = 0;
-  for (int r : listed) {
-    if (r == rank_) continue;
-    ++others;
-    auto it = todo.find(r);
-    const bool left = it != todo.end() && it->second.first == Gone::kLeft;
-    if (!left && !peers_.is_up(r)) ++unreachable;
+  // Taken off by another member meanwhile.
+  std::erase_if(suspects_, [&](const auto& entry) { return !listed.count(entry.first); });
+  exchange_views(listed);
+  const auto now = Clock::now();
+  std::map<int, std::string> remove = left;
+  std::vector<std::string> undecided;
+  for (const auto& entry : suspects_) {
+    const int suspect = entry.first;  // named: lambdas cannot capture a structured binding
+    const std::string& why = entry.second;
+    const EvictionVote vote = decide_eviction(
+        rank_, suspect, listed,
+        [&](int v) {
+          if (v == rank_) return !peers_.is_up(suspect);
+          auto it = views_.find(v);
+          return it != views_.end() && it->second.unreachable.count(suspect) > 0;
+        },
+        [&](int v) { return v == rank_ || liveness_.live(v, now); });
+    if (vote.evict) {
+      remove[suspect] = fmt::format("{} (members: {})", why, vote.explain());
+    } else {
+      undecided.push_back(fmt::format("\"{}\" (rank {}: {})", peers_.name_of(suspect),
+                                      suspect, vote.explain()));
+    }
   }
-  const bool may_evict = others <= 1 || unreachable * 2 <= others;
   std::vector<Member> kept;
   std::vector<std::string> removed;
   std::vector<std::string> keys;
   std::vector<Bytes> values;
-  bool spared = false;  // a lost member kept by the rule above
   for (const Member& m : members) {
-    auto it = todo.find(m.rank);
-    if (it == todo.end() || (it->second.first == Gone::kLost && !may_evict)) {
-      spared = spared || it != todo.end();
+    auto it = remove.find(m.rank);
+    if (it == remove.end()) {
       kept.push_back(m);
       continue;
     }
-    const std::string why = it->second.first == Gone::kLeft
-                                ? std::string("it shut down without leaving")
-                                : it->second.second;
     keys.push_back(evicted_key(m.rank));
-    values.push_back(to_bytes(fmt::format("by \"{}\": {}", name_, why)));
-    removed.push_back(fmt::format("\"{}\" (rank {}: {})", m.announcement.name, m.rank, why));
+    values.push_back(to_bytes(fmt::format("by \"{}\": {}", name_, it->second)));
+    removed.push_back(fmt::format("\"{}\" (rank {}: {})", m.announcement.name, m.rank, it->second));
   }
   if (!removed.empty()) {
     // One request: a reader never sees the record without the list (our
@@ -369,16 +525,45 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
     store_->multi_set(keys, values);
   }
   token.release();
+  for (const auto& [rank, why] : remove) suspects_.erase(rank);
   if (!removed.empty()) {
     spdlog::warn("rpc agent \"{}\": took {} off the dynamic group's member list", name_,
                  fmt::join(removed, ", "));
   }
-  if (spared) {
-    spdlog::warn("rpc agent \"{}\": lost contact with {} of the {} other member(s); not "
-                 "evicting them (this worker may be the one cut off): the members that still "
-                 "reach them decide",
-                 name_, unreachable, others);
+  const std::string waiting = fmt::format("{}", fmt::join(undecided, ", "));
+  if (!undecided.empty() && waiting != undecided_logged_) {
+    spdlog::warn("rpc agent \"{}\": lost contact with {}; not taking them off the member list "
+                 "yet: their side of the partition is not the smaller (this worker may be the "
+                 "one cut off); asked again at every poll",
+                 name_, waiting);
   }
+  undecided_logged_ = waiting;
+}
+
+void Membership::exchange_views(const std::set<int>& listed) {
+  LinkView mine;
+  mine.seq = ++view_seq_;
+  std::vector<int> others;
+  std::vector<std::string> keys;
+  for (int r : listed) {
+    if (r == rank_) continue;
+    if (!peers_.is_up(r)) mine.unreachable.insert(r);
+    others.push_back(r);
+    keys.push_back(view_key(r));
+  }
+  store_->set(view_key(rank_), encode_link_view(mine));
+  const std::vector<std::optional<Bytes>> values = read_present(*store_, keys);
+  const auto now = Clock::now();
+  for (size_t i = 0; i < others.size(); ++i) {
+    std::optional<LinkView> view = view_of(values[i]);
+    liveness_.observe(others[i], view ? std::optional<uint64_t>(view->seq) : std::nullopt, now);
+    if (view) {
+      views_[others[i]] = std::move(*view);
+    } else {
+      views_.erase(others[i]);
+    }
+  }
+  std::erase_if(views_, [&](const auto& entry) { return !listed.count(entry.first); });
 }
 
 void Membership::reconcile() {
@@ -388,16 +573,23 @@ void Membership::reconcile() {
   }
   const std::vector<Bytes> values = store_->multi_get({kGroupKey, kMembersKey});
   const std::string group = to_string(values[0]);
+  const std::vector<Member> members = decode_members(values[1]);
   if (group != group_id_) {
-    report_other_group(group);
+    // Another group formed in the emptied store; once it has no members
+    // left, the store is this group's again.
+    if (members.empty()) {
+      restore();
+    } else {
+      report_other_group(group);
+    }
     return;
   }
-  const std::vector<Member> members = decode_members(values[1]);
   const std::set<int> now = ranks_of(members);
   if (!now.count(rank_)) {
     become_evicted(removal_reason(rank_));
     return;
   }
+  exchange_views(now);
   auto drop = [&](int r) {
     drop_(r, fmt::format("is no longer in the dynamic group: it was taken off the member list {}",
                          removal_reason(r)));
@@ -458,20 +650,23 @@ void Membership::restore() {
   rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(step_timeout(), [this] { return stopping(); });
   std::string group = group_id_;
-  if (store_->check({kGroupKey})) {
-    group = to_string(store_->get(kGroupKey));
-  } else {
-    store_->set(kGroupKey, to_bytes(group_id_));
-  }
+  if (store_->check({kGroupKey})) group = to_string(store_->get(kGroupKey));
+  const bool listed = store_->check({kMembersKey});
   if (group != group_id_) {
-    token.release();
-    report_other_group(group);
-    return;
-  }
-  if (store_->check({kMembersKey})) {
+    // Another group's, which keeps the store while it has members.
+    if (listed && !read_members(*store_).empty()) {
+      token.release();
+      report_other_group(group);
+      return;
+    }
+    spdlog::warn("rpc agent \"{}\": the store's other dynamic group ({}) has no members left; "
+                 "the store is this group's ({}) again",
+                 name_, group.empty() ? "no id" : group, group_id_);
+  } else if (listed) {
     token.release();
     return;  // another member restored it first
   }
+  store_->set(kGroupKey, to_bytes(group_id_));
   // This worker and every member it is connected to.
   std::set<int> ranks{rank_};
   for (int r : peers_.peers_up()) ranks.insert(r);

@@ -16,15 +16,23 @@
 //                  reused, so that a rank names one worker for the life of
 //                  the group)
 //   dyn/evicted/<r> why rank r was taken off the member list, and by whom
+//   dyn/view/<r>   member r's word on its links, rewritten at each poll: a
+//                  counter and the listed ranks it cannot reach
+//                  (agents/pipe_partition.h)
 //
 // One view of the group: the member list in the store is the group. After
 // joining, a watcher thread keeps this worker's view equal to it:
 //   - a member whose connection this worker lost (a socket error, or
 //     silence past the heartbeat timeout) is taken off the list under the
-//     token, unless this worker has lost more than half of the others
-//     (it is then more likely the one cut off, and leaves the decision to
-//     the members that still reach them); one that said goodbye without
-//     leaving (an ungraceful shutdown) is taken off too;
+//     token once the members' link views say that its side of the
+//     partition is the smaller (decide_eviction in agents/pipe_partition.h:
+//     the live members that cannot reach it outnumber it and those that
+//     still do; on a tie the side holding the lowest rank wins; a member
+//     whose view stands still for the heartbeat timeout is dead and does
+//     not count). Until then it is asked again at every poll. So the larger
+//     side of a partition keeps the group and the smaller never evicts. One
+//     that said goodbye without leaving (an ungraceful shutdown) is taken
+//     off at once;
 //   - every poll (heartbeat_timeout / 4, between heartbeat_interval and
 //     1 s) reads the list: a member that was on it and is not any more is
 //     dropped here as well (calls to it fail naming why), and a list
@@ -58,6 +66,7 @@
 #include "agents/pipe_auth.h"
 #include "agents/pipe_options.h"
 #include "agents/pipe_info.h"
+#include "agents/pipe_partition.h"
 #include "agents/pipe_peers.h"
 #include "agents/pipe_transport.h"
 #include "common/mutex.h"
@@ -67,6 +76,9 @@
 
 namespace switchboard {
 class Store;
+}
+namespace switchboard::rpc {
+class MembershipToken;
 }
 
 namespace switchboard::agents {
@@ -96,8 +108,13 @@ class Membership {
   Membership& operator=(const Membership&) = delete;
 
   // Joins the group as `mine` (see above), founding it when the store
-  // holds none, and starts the watcher. Throws TimeoutError (the token,
-  // or members that did not answer, named), std::invalid_argument (a rank
+  // holds none, and starts the watcher, within one step timeout in all. A
+  // member this worker cannot reach is taken off the list with the join
+  // when it is dead (its link view stands still for the heartbeat
+  // timeout); one that is alive means a partition, and the join fails,
+  // changing nothing. Throws TimeoutError (the token, or members that did
+  // not answer, named), ConnectionError (members alive but unreachable, or
+  // the token taken over while joining), std::invalid_argument (a rank
   // taken before, a name in use, bad device maps, a member's refusal with
   // its reason).
   void join(const WorkerAnnouncement& mine) SB_EXCLUDES(mu_);
@@ -142,6 +159,19 @@ class Membership {
   void remove_departed(const std::map<int, std::pair<Gone, std::string>>& departed)
       SB_EXCLUDES(mu_);
   void reconcile() SB_EXCLUDES(mu_);
+  // Writes this worker's link view for the list `listed` and reads the
+  // other listed members' (views_, liveness_).
+  void exchange_views(const std::set<int>& listed);
+  // At join: which of `unreachable` (members this worker could not reach)
+  // are alive, judged by their link views (`first_views`, as read at
+  // `first_read`) moving on within the heartbeat timeout; those that could
+  // not be judged by `deadline` count as alive. `token` is renewed
+  // meanwhile.
+  std::set<int> alive_among(const std::vector<int>& unreachable,
+                            const std::map<int, uint64_t>& first_views,
+                            std::chrono::steady_clock::time_point first_read,
+                            std::chrono::steady_clock::time_point deadline,
+                            rpc::MembershipToken& token);
   void restore() SB_EXCLUDES(mu_);
   // This worker is off the list: drops every member, refuses newcomers.
   void become_evicted(const std::string& why) SB_EXCLUDES(mu_);
@@ -168,9 +198,17 @@ class Membership {
   WorkerAnnouncement mine_;
 
   // The watcher thread's own: the ranks on the list at its last read, and
-  // the other group it last reported.
+  // the other group it last reported; its link view's counter, the other
+  // members' latest views and how fresh they are, and the members it lost
+  // that are not decided yet (rank → why), with what it last logged of
+  // them.
   std::set<int> listed_;
   std::string reported_group_;
+  uint64_t view_seq_ = 0;
+  std::map<int, LinkView> views_;
+  Liveness liveness_;
+  std::map<int, std::string> suspects_;
+  std::string undecided_logged_;
 
   std::thread watcher_;
 

@@ -621,6 +621,40 @@ TEST_CASE("a store restarted empty under a running group gets the group back fro
   CHECK(b.ctx.rpc_sync<std::string>("c", "whoami") == "c");
 }
 
+TEST_CASE("a second group founded in a store restarted empty gives the store back once its "
+          "last worker left: the next joiner joins the first group",
+          "[pipe][dynamic][membership]") {
+  auto server = std::make_unique<TcpStoreServer>();
+  const uint16_t port = server->port();
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
+  Worker a("a", 0, client(), watched_options());
+  Worker b("b", 1, client(), watched_options());
+  REQUIRE(a.events.wait_joined({"b"}));
+  const Bytes group = client()->get("pipe/dyn/group");
+
+  server.reset();
+  TcpStoreServerOptions same_port;
+  same_port.port = port;
+  server = std::make_unique<TcpStoreServer>(same_port);
+  // Before the members are back (they reconnect at their next poll): what
+  // a joiner that founded a second group there and then left leaves
+  // behind, its id and an empty member list.
+  TcpStore store("127.0.0.1", port, client_options());
+  const std::string other = "second-group";
+  store.multi_set({"pipe/dyn/group", "pipe/dyn/members"},
+                  {Bytes(other.begin(), other.end()), agents::encode_members({})});
+  // The members take the store back (bounded wait for the key to change).
+  CHECK(switchboard::testing::eventually(
+      [&] {
+        return store.get("pipe/dyn/group") == group &&
+               names_in_store(store) == std::set<std::string>{"a", "b"};
+      },
+      kGuard));
+  Worker c("c", 2, client(), watched_options());
+  CHECK(c.members() == std::set<std::string>{"a", "b", "c"});
+  CHECK(c.ctx.rpc_sync<std::string>("a", "whoami") == "a");
+}
+
 TEST_CASE("a dynamic worker's rank is not held to the WORLD_SIZE of its environment",
           "[pipe][dynamic][rendezvous]") {
   // What tools/launch gives every worker, here two; the worker asks for a

@@ -56,9 +56,10 @@ class Departures {
       changed_.notify_all();
     });
   }
-  bool wait_for(const std::string& name) {
+  bool wait_for(const std::string& name,
+                std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
     std::unique_lock lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return names_.count(name); });
+    return changed_.wait_for(lock, timeout, [&] { return names_.count(name); });
   }
 
  private:
@@ -149,6 +150,44 @@ SB_CHILD_MAIN(view_member) {
   control.wait({"done"}, milliseconds(120'000));
   rpc::shutdown(true, milliseconds(10'000));
   fmt::print("left\n");
+  return 0;
+}
+
+// A member of a dynamic PIPE group for the partition cases (heartbeat
+// timeout 1.5 s), args: name, rank, control FileStore path, the group the
+// larger side should end with. Says "ready"; once "split" is set, says
+// "evicted" when the group evicts it, or "group: <names>" once its view is
+// the larger side's (a minute at most); stops once "done" is set.
+SB_CHILD_MAIN(split_member) {
+  using std::chrono::milliseconds;
+  switchboard::init_logging("split_member");
+  const std::string name = args.at(0);
+  const std::string expected = args.at(3);
+  switchboard::FileStore control(args.at(2));
+  Departures departures;
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), std::chrono::seconds(10), "env://",
+      {{"heartbeat_timeout_ms", std::to_string(kDynamicHeartbeatMs)}});
+  rpc::init_rpc(name, "PIPE", std::stoi(args.at(1)), rpc::kDynamicGroup, options);
+  fmt::print("ready\n");
+  std::fflush(stdout);
+  control.wait({"split"}, milliseconds(120'000));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string said = "neither evicted nor in the larger side's group: " + group_now();
+  while (std::chrono::steady_clock::now() < until) {
+    if (departures.wait_for(name, milliseconds(50))) {
+      said = "evicted";
+      break;
+    }
+    if (group_now() == expected) {
+      said = "group: " + expected;
+      break;
+    }
+  }
+  fmt::print("{}\n", said);
+  std::fflush(stdout);
+  control.wait({"done"}, milliseconds(120'000));
+  rpc::shutdown(false);
   return 0;
 }
 
@@ -298,6 +337,55 @@ TEST_CASE("a dynamic group across hosts drops a member cut off or stopped mid-ru
     CHECK(members[i].wait() == 0);
   }
   CHECK(d.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
+}
+
+TEST_CASE("a partition with both sides still reaching the store: the larger side keeps the "
+          "group and evicts the smaller, a tie goes to the side holding rank 0, and every "
+          "member ends with that one view",
+          "[multihost][dynamic][partition]") {
+  if (skipped()) return;
+  struct Case {
+    std::vector<std::vector<int>> sides;  // ranks
+    std::set<int> keeps;
+  };
+  // Five members split 2 / 3; four split 2 / 2 (rank 0 with rank 3).
+  const Case c = GENERATE(Case{{{0, 1}, {2, 3, 4}}, {2, 3, 4}}, Case{{{0, 3}, {1, 2}}, {0, 3}});
+  int n = 0;
+  for (const auto& side : c.sides) n += static_cast<int>(side.size());
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  std::vector<std::string> kept;
+  for (int r : c.keeps) kept.push_back(names[r]);
+  const std::string expected = fmt::format("{}", fmt::join(kept, " "));
+  INFO(n << " members; the side that keeps the group: " << expected);
+  NetnsCluster cluster({.hosts = n + 1});
+  const ControlFile control;
+  const std::string store_port = "29950";
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  std::vector<Subprocess> members;
+  for (int r = 0; r < n; ++r) {
+    members.push_back(cluster.spawn_child(
+        r + 1, "split_member", {names[r], std::to_string(r), control.path(), expected},
+        dynamic_env(cluster, r + 1, store_port)));
+    REQUIRE(members.back().read_line() == "ready");
+  }
+  // Member r runs in host r + 1; the store's host 0 is in neither side.
+  std::vector<std::vector<int>> hosts;
+  for (const auto& side : c.sides) {
+    hosts.emplace_back();
+    for (int r : side) hosts.back().push_back(r + 1);
+  }
+  cluster.partition(hosts);
+  control.set("split");
+  for (int r = 0; r < n; ++r) {
+    const std::string line = members[r].read_line();
+    INFO(names[r] << " said: " << line);
+    CHECK(line == (c.keeps.count(r) ? "group: " + expected : std::string("evicted")));
+  }
+  cluster.heal();
+  control.set("done");
+  for (auto& m : members) CHECK(m.wait() == 0);
   store.kill(SIGTERM);
   store.wait();
 }

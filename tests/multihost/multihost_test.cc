@@ -509,6 +509,47 @@ TEST_CASE("joining a dynamic group while one member's link is down returns withi
   store.wait();
 }
 
+TEST_CASE("joining while cut off from one member that still reaches the store fails within "
+          "the join timeout, naming it, and changes nothing",
+          "[multihost][dynamic][partition]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 5});
+  const ControlFile control;
+  const std::string& control_path = control.path();
+  const std::string store_port = "29750";
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
+  Subprocess ps =
+      cluster.spawn_child(1, "dynamic_member", {"ps", "0", "member", control_path}, env_of(1));
+  REQUIRE(ps.read_line() == "ready");
+  Subprocess m =
+      cluster.spawn_child(2, "dynamic_member", {"m", "1", "member", control_path}, env_of(2));
+  REQUIRE(m.read_line() == "ready");
+  cluster.partition({{2}, {3}});  // m and the joiner's host cannot reach each other
+  Subprocess joiner =
+      cluster.spawn_child(3, "dynamic_member", {"j", "2", "joiner", control_path}, env_of(3));
+  const std::string out = joiner.read_all();
+  INFO("the joiner printed:\n" << out);
+  CHECK(joiner.wait() == 0);
+  const size_t at = out.find("init failed after ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stoi(out.substr(at + 18)) <= kJoinTimeoutMs + 3000);
+  CHECK_THAT(out, Catch::Contains("\"m\" (rank 1") && Catch::Contains("Nothing was changed"));
+  // The group is as it was: a worker that joins next finds ps and m.
+  Subprocess next =
+      cluster.spawn_child(4, "dynamic_member", {"k", "3", "joiner", control_path}, env_of(4));
+  const std::string joined = next.read_all();
+  INFO("the next joiner printed:\n" << joined);
+  CHECK_THAT(joined, Catch::Contains("group: k m ps"));
+  CHECK(next.wait() == 0);
+  control.set("done");
+  cluster.heal();
+  CHECK(ps.wait() == 0);
+  CHECK(m.wait() == 0);
+  store.kill(SIGTERM);
+  store.wait();
+}
+
 TEST_CASE("init_collective_group with a peer that advertises an address no one can reach "
           "returns within its timeout",
           "[multihost][collective]") {

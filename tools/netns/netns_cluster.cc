@@ -277,4 +277,29 @@ void NetnsCluster::restore(int host) {
   }
 }
 
+void NetnsCluster::partition(const std::vector<std::vector<int>>& sides) {
+  for (size_t a = 0; a < sides.size(); ++a) {
+    for (size_t b = 0; b < sides.size(); ++b) {
+      if (a == b) continue;
+      for (int from : sides[a]) {
+        for (int to : sides[b]) {
+          std::vector<std::string> addresses = {address(to)};
+          if (second_network_) addresses.push_back(address2(to));
+          for (const std::string& addr : addresses) {
+            ip({"-n", hosts_.at(from), "route", "add", "blackhole", addr + "/32"});
+            blackholes_.emplace_back(from, addr);
+          }
+        }
+      }
+    }
+  }
+}
+
+void NetnsCluster::heal() {
+  for (const auto& [host, addr] : blackholes_) {
+    ip({"-n", hosts_.at(host), "route", "del", "blackhole", addr + "/32"});
+  }
+  blackholes_.clear();
+}
+
 }  // namespace switchboard::netns

@@ -33,6 +33,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace switchboard::netns {
@@ -81,6 +82,14 @@ class NetnsCluster {
   void cut(int host);
   void restore(int host);
 
+  // Splits hosts into `sides`: a host of one side reaches no host of
+  // another (packets to them are dropped, as behind a cut link: a blackhole
+  // route to each of their addresses), while a host in no side (the
+  // store's, say) still reaches every host and is reached by all. heal()
+  // takes every split away.
+  void partition(const std::vector<std::vector<int>>& sides);
+  void heal();
+
   // Runs `ip args...`; throws std::runtime_error with its output when it
   // fails.
   static void ip(const std::vector<std::string>& args);
@@ -90,6 +99,8 @@ class NetnsCluster {
   std::string switch_ns_;
   std::vector<std::string> hosts_;
   bool second_network_ = false;
+  // The blackhole routes partition() added: (host, address).
+  std::vector<std::pair<int, std::string>> blackholes_;
 };
 
 }  // namespace switchboard::netns
