@@ -478,6 +478,62 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
     spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, peer_name, loss.why);
   }
   fail_calls_to(peer, loss.why);
+  // A static group's lower rank: made again by this worker (heartbeat()).
+  if (!dynamic && loss.was_up && !loss.quiet && peer < rank) {
+    MutexLock lock(reconnect_mu);
+    reconnect_at.emplace(peer, now_ns());
+  }
+}
+
+void PipeAgent::Impl::schedule_reconnects(int64_t now) {
+  std::vector<int> due;
+  {
+    MutexLock lock(reconnect_mu);
+    for (const auto& [peer, at] : reconnect_at) {
+      if (at <= now && reconnecting.insert(peer).second) due.push_back(peer);
+    }
+  }
+  for (int peer : due) {
+    try {
+      owner.pool()->post([self = shared_from_this(), peer] { self->reconnect(peer); });
+    } catch (const std::exception&) {  // the pool is shutting down: so is this worker
+      MutexLock lock(reconnect_mu);
+      reconnecting.erase(peer);
+    }
+  }
+}
+
+void PipeAgent::Impl::reconnect(int peer) {
+  const std::chrono::milliseconds limit =
+      options.heartbeat_timeout.count() > 0 ? options.heartbeat_timeout : hello_deadline();
+  std::string failure;
+  try {
+    rendezvous->reconnect(peer, limit);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  bool log = false;
+  {
+    MutexLock lock(reconnect_mu);
+    reconnecting.erase(peer);
+    if (failure.empty()) {
+      reconnect_at.erase(peer);
+      reconnect_logged.erase(peer);
+    } else {
+      reconnect_at[peer] =
+          now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+      log = reconnect_logged.insert(peer).second;
+    }
+  }
+  if (failure.empty()) {
+    spdlog::info("rpc agent \"{}\": connected again to worker \"{}\" (rank {}) after its "
+                 "connection was lost",
+                 name, peers.name_of(peer), peer);
+  } else if (log) {
+    spdlog::warn("rpc agent \"{}\": cannot connect again to worker \"{}\" (rank {}): {}; "
+                 "trying every {} ms",
+                 name, peers.name_of(peer), peer, failure, limit.count());
+  }
 }
 
 void PipeAgent::Impl::drop_peer(int peer, const std::string& why) {
@@ -565,6 +621,7 @@ bool PipeAgent::Impl::heartbeat() {
       connection->enqueue_control(pipe::FrameKind::kHeartbeat);
     }
   }
+  if (!dynamic) schedule_reconnects(now);
   return true;
 }
 

@@ -22,7 +22,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +38,7 @@
 #include "agents/pipe_peers.h"
 #include "agents/pipe_rendezvous.h"
 #include "agents/pipe_transport.h"
+#include "common/mutex.h"
 #include "rpc/call_table.h"
 
 namespace switchboard::agents {
@@ -92,6 +95,13 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // A heartbeat to every peer up, and the silence check (on a transport
   // timer); false once stopping.
   bool heartbeat();
+  // Static groups: a lost connection to a lower rank is made again by this
+  // worker (the higher rank of the pair, as at the rendezvous): at the next
+  // heartbeat tick, then every heartbeat timeout while it fails, on the
+  // pool. So no member of a static group is lost for good, and every
+  // member applies the same rule.
+  void schedule_reconnects(int64_t now) SB_EXCLUDES(reconnect_mu);
+  void reconnect(int peer) SB_EXCLUDES(reconnect_mu);
   // How long an accepted connection has to get its hello through (the peer
   // identified, and authenticated with a secret): the longer of the
   // heartbeat timeout and the RPC timeout (a hello may wait for the static
@@ -132,6 +142,12 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // restarts the count: heartbeat()); the heartbeat timer's own.
   std::atomic<int64_t> last_heartbeat_ns{0};
   int64_t silence_from_ns = 0;
+  // Static groups: lower ranks to connect to again and when (now_ns()),
+  // those being connected now, and those whose failure was logged.
+  Mutex reconnect_mu;
+  std::map<int, int64_t> reconnect_at SB_GUARDED_BY(reconnect_mu);
+  std::set<int> reconnecting SB_GUARDED_BY(reconnect_mu);
+  std::set<int> reconnect_logged SB_GUARDED_BY(reconnect_mu);
   // Calls made and requests served: ids, deadlines, handlers, draining.
   // Declared last: destroyed first, before the state its callbacks use.
   rpc::CallTable calls;

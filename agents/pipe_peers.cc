@@ -136,6 +136,12 @@ void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth
     Status& s = status_[peer];
     s.connection = connection;
     s.refused = false;
+    // Made again after the last one was lost (a static group's higher rank
+    // reconnects): connecting until authenticated, as the first time.
+    if (s.state == State::kLost) {
+      s.state = State::kConnecting;
+      set_metrics_state(peer, rpc::ConnectionState::kConnecting);
+    }
     if (!auth.enabled()) {
       s.state = State::kUp;
       set_metrics_state(peer, rpc::ConnectionState::kConnected);
@@ -192,7 +198,11 @@ void PeerTable::refused(int peer, const std::shared_ptr<Connection>& connection,
 bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
-  if (s.connection) return false;
+  // A connection made again after the last one was lost replaces it (a
+  // static group's higher rank reconnects); a peer that is up, or left, is
+  // not connected twice.
+  if (s.connection && s.state != State::kLost) return false;
+  s.reason.clear();
   connection->peer = peer;
   connection->trusted = true;  // identified (after its proof, with a secret)
   std::erase(unidentified_, connection);

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "collective/gloo_process_group.h"
+#include "common/check.h"
 #include "common/error.h"
 #include "store/store.h"
 
@@ -53,11 +54,10 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
       rpc::default_devices(options_.devices, options_.device_maps, routes.reverse_maps);
   peers_.fill_static(all, rank_, std::move(routes));
 
-  Hello hello;
-  hello.rank = rank_;
-  hello.name = name_;
+  hello_.rank = rank_;
+  hello_.name = name_;
   for (int r = 0; r < rank_; ++r) {
-    peers_.connect(r, transport_, auth_, hello, options_.rpc_timeout);
+    peers_.connect(r, transport_, auth_, hello_, options_.rpc_timeout);
   }
 
   const std::vector<std::string> missing = peers_.wait_all_up(options_.rpc_timeout);
@@ -86,6 +86,12 @@ std::string StaticRendezvous::accept_hello(const Hello& hello,
     return fmt::format("a second connection from rank {}", peer);
   }
   return std::string();
+}
+
+void StaticRendezvous::reconnect(int peer, std::chrono::milliseconds timeout) {
+  SB_REQUIRE(peer >= 0 && peer < rank_, "PIPE agent \"{}\": rank {} reconnects only to ranks "
+             "below it, not {}", name_, rank_, peer);
+  peers_.connect(peer, transport_, auth_, hello_, timeout);
 }
 
 void StaticRendezvous::close() { gloo_.reset(); }

@@ -3,9 +3,10 @@
 // group"): the all-gather of every worker's announcement over a Gloo
 // group, the name and device-map checks, connecting the mesh (rank i
 // connects to every rank below it) and waiting until every peer is
-// connected; then the hellos of the higher ranks. (join() waits for the
-// group to be quiet over the store: rpc/quiet_group.h.) Internal to
-// //agents.
+// connected; then the hellos of the higher ranks, also those that
+// reconnect after a connection was lost (the higher rank of a pair makes
+// it again: reconnect()). (join() waits for the group to be quiet over the
+// store: rpc/quiet_group.h.) Internal to //agents.
 //
 // Thread safety: run() once, on the constructing thread; check_hello() on
 // any thread (it reads what run() published in the peer table); close() on
@@ -57,6 +58,11 @@ class StaticRendezvous {
   // it (the protocol error to close the connection with).
   std::string accept_hello(const Hello& hello, const std::shared_ptr<Connection>& connection);
 
+  // Connects again to `peer` (a lower rank, whose connection was lost), as
+  // run() did: the hello, and the proof of the secret within `timeout`.
+  // Throws what PeerTable::connect throws. After run(), on any thread.
+  void reconnect(int peer, std::chrono::milliseconds timeout);
+
   // Destroys the Gloo group (shutdown).
   void close();
 
@@ -69,6 +75,7 @@ class StaticRendezvous {
   PipeTransport& transport_;
   const PipeAuth& auth_;
   std::unique_ptr<collective::GlooProcessGroup> gloo_;  // see Thread safety
+  Hello hello_;  // this worker's static hello, set by run()
 };
 
 }  // namespace switchboard::agents

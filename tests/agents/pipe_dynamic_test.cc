@@ -622,7 +622,7 @@ TEST_CASE("a store restarted empty under a running group gets the group back fro
 }
 
 TEST_CASE("a second group founded in a store restarted empty gives the store back once its "
-          "last worker left: the next joiner joins the first group",
+          "last worker left, and the next joiner joins the first group",
           "[pipe][dynamic][membership]") {
   auto server = std::make_unique<TcpStoreServer>();
   const uint16_t port = server->port();
