@@ -53,8 +53,8 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   rpc::ExtrasReader reader("PIPE", extras);
   options->num_worker_threads = static_cast<int>(
       read_int(reader, "num_worker_threads", 1, 4096, options->num_worker_threads));
-  options->num_io_threads =
-      static_cast<int>(read_int(reader, "num_io_threads", 1, 64, options->num_io_threads));
+  options->num_io_threads = static_cast<size_t>(
+      read_int(reader, "num_io_threads", 1, 64, static_cast<int64_t>(options->num_io_threads)));
   options->listen_address = reader.get("listen_address").value_or("");
   options->port_range = reader.get("port_range").value_or("");
   options->heartbeat_interval = std::chrono::milliseconds(
@@ -67,9 +67,33 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
   options->membership_lease = std::chrono::milliseconds(
       read_int(reader, "membership_lease_ms", 1, 86'400'000,
                options->membership_lease.count()));
-  options->max_requests_per_peer = read_int(reader, "max_requests_per_peer", 0, 1 << 30,
-                                            options->max_requests_per_peer);
-  options->shm = static_cast<int>(read_int(reader, "shm", 0, 1, options->shm));
+  options->max_requests_per_peer = static_cast<size_t>(
+      read_int(reader, "max_requests_per_peer", 0, 1 << 30,
+               static_cast<int64_t>(options->max_requests_per_peer)));
+  options->max_dynamic_ranks = static_cast<int>(
+      read_int(reader, "max_dynamic_ranks", 1, 1 << 20, options->max_dynamic_ranks));
+  if (auto shm = reader.get_int("shm")) {
+    SB_REQUIRE(*shm == 0 || *shm == 1, "RPC backend \"PIPE\": option \"shm\" must be 0 or 1, "
+               "got {}", *shm);
+    options->shm = *shm == 1;
+  }
+  const int64_t ring = read_int(reader, "shm_ring_bytes", 4096, int64_t{1} << 30,
+                                static_cast<int64_t>(options->shm_ring_bytes));
+  SB_REQUIRE((ring & (ring - 1)) == 0,
+             "RPC backend \"PIPE\": option \"shm_ring_bytes\" must be a power of two, got {}",
+             ring);
+  options->shm_ring_bytes = static_cast<size_t>(ring);
+  pipe::FrameLimits& limits = options->limits;
+  limits.max_function_length = static_cast<uint32_t>(read_int(
+      reader, "max_function_length", 1, limits.max_function_length, limits.max_function_length));
+  limits.max_payload_bytes = static_cast<uint64_t>(
+      read_int(reader, "max_payload_bytes", 1, static_cast<int64_t>(limits.max_payload_bytes),
+               static_cast<int64_t>(limits.max_payload_bytes)));
+  limits.max_tensors = static_cast<uint32_t>(
+      read_int(reader, "max_tensors", 0, limits.max_tensors, limits.max_tensors));
+  limits.max_tensor_bytes = static_cast<uint64_t>(
+      read_int(reader, "max_tensor_bytes", 0, static_cast<int64_t>(limits.max_tensor_bytes),
+               static_cast<int64_t>(limits.max_tensor_bytes)));
   options->tls.cert_file = reader.get("tls_cert_file").value_or("");
   options->tls.key_file = reader.get("tls_key_file").value_or("");
   options->tls.ca_file = reader.get("tls_ca_file").value_or("");
@@ -102,25 +126,15 @@ std::unique_ptr<rpc::RpcAgent> init_pipe(const rpc::BackendInit& init) {
   require_options_type<PipeRpcBackendOptions>(init, "PIPE",
                                               "switchboard::agents::PipeRpcBackendOptions");
   PipeAgentOptions options;
+  // Every PIPE setting at once (PipeSettings), then the common fields.
+  if (const auto* typed = dynamic_cast<const PipeRpcBackendOptions*>(init.options.get())) {
+    static_cast<PipeSettings&>(options) = static_cast<const PipeSettings&>(*typed);
+  }
   options.rpc_timeout = init.options->rpc_timeout;
   SB_REQUIRE(init.options->num_worker_threads >= 1,
              "RPC backend PIPE: num_worker_threads must be at least 1, got {}",
              init.options->num_worker_threads);
   options.num_worker_threads = static_cast<size_t>(init.options->num_worker_threads);
-  if (const auto* typed = dynamic_cast<const PipeRpcBackendOptions*>(init.options.get())) {
-    options.num_io_threads = static_cast<size_t>(typed->num_io_threads);
-    options.listen_address = typed->listen_address;
-    options.port_range = typed->port_range;
-    options.heartbeat_interval = typed->heartbeat_interval;
-    options.heartbeat_timeout = typed->heartbeat_timeout;
-    options.device_count = typed->device_count;
-    options.membership_lease = typed->membership_lease;
-    options.max_requests_per_peer = static_cast<size_t>(typed->max_requests_per_peer);
-    options.device_maps = typed->device_maps;
-    options.devices = typed->devices;
-    options.tls = typed->tls;
-    if (typed->shm >= 0) options.shm = typed->shm == 1;
-  }
   return std::make_unique<PipeAgent>(init.store, init.name, init.rank, init.world_size,
                                      options);
 }

@@ -51,9 +51,18 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            for a joiner or leaver that holds it and stops
 //                            renewing (default 10000; see
 //                            rpc/membership_token.h)
+//   "max_requests_per_peer"  integer >= 0 (0: no limit; default 1024)
+//   "max_dynamic_ranks"      integer >= 1: a dynamic group's ranks are in
+//                            [0, it) (default 1024)
 //   "shm"                    "1" or "0": the same-host shared-memory lane
 //                            on or off (default: SWITCHBOARD_PIPE_SHM, else
 //                            on; see agents/pipe_tcp_connection.h)
+//   "shm_ring_bytes"         a power of two >= 4096: each direction's ring
+//                            (default 4 MiB)
+//   "max_function_length", "max_payload_bytes", "max_tensors",
+//   "max_tensor_bytes"       what a received frame may carry
+//                            (pipe::FrameLimits; a larger frame closes the
+//                            connection)
 //   "tls_cert_file", "tls_key_file", "tls_ca_file"
 //                            PEM files: mutual TLS on every connection
 //                            (all three or none; default: the
@@ -65,21 +74,11 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 // set_device_map merges into the map for that worker and throws
 // std::invalid_argument when the result would not be 1-to-1 (naming the
 // worker and the devices); set_devices throws for unparsable names.
-struct PipeRpcBackendOptions : rpc::RpcBackendOptions {
-  int num_io_threads = static_cast<int>(PipeAgentOptions{}.num_io_threads);
-  std::string listen_address;
-  std::string port_range;
-  std::chrono::milliseconds heartbeat_interval = PipeAgentOptions{}.heartbeat_interval;
-  std::chrono::milliseconds heartbeat_timeout = PipeAgentOptions{}.heartbeat_timeout;
-  int device_count = PipeAgentOptions{}.device_count;
-  std::chrono::milliseconds membership_lease = PipeAgentOptions{}.membership_lease;
-  int64_t max_requests_per_peer =
-      static_cast<int64_t>(PipeAgentOptions{}.max_requests_per_peer);
-  rpc::DeviceMaps device_maps;
-  std::vector<Device> devices;
-  PipeTlsOptions tls;
-  int shm = -1;  // 1: on, 0: off, -1: SWITCHBOARD_PIPE_SHM (else on)
-
+// Every field of PipeSettings (agents/pipe_options.h) is set on the object
+// directly (as options->heartbeat_timeout = ...), the common ones
+// (rpc_timeout, num_worker_threads, init_method) on the base; the agent
+// gets them all, none copied by hand.
+struct PipeRpcBackendOptions : rpc::RpcBackendOptions, PipeSettings {
   void set_device_map(const std::string& worker,
                       const std::vector<std::pair<std::string, std::string>>& map);
   void set_devices(const std::vector<std::string>& names);

@@ -1,6 +1,11 @@
-// PipeAgentOptions: the PIPE agent's settings (agents/pipe_agent.h says
-// what each one does to the agent). A plain value; its own header so that
-// the agent's parts (agents/pipe_*.h) can read it without the agent.
+// PipeSettings and PipeAgentOptions: the PIPE agent's settings
+// (agents/pipe_agent.h says what each one does to the agent). Written once:
+// PipeSettings holds every PIPE-specific field, which the public
+// PipeRpcBackendOptions (agents/builtin_backends.h) and PipeAgentOptions
+// both inherit; PipeAgentOptions adds the two fields every backend's options
+// share (rpc::RpcBackendOptions holds those on the public side). Plain
+// values; their own header so that the agent's parts (agents/pipe_*.h) can
+// read them without the agent.
 #pragma once
 
 #include <chrono>
@@ -48,11 +53,8 @@ struct PipeTlsOptions {
   }
 };
 
-struct PipeAgentOptions {
-  size_t num_worker_threads = rpc::kDefaultNumWorkerThreads;
+struct PipeSettings {
   size_t num_io_threads = 1;
-  // Bounds the construction rendezvous and is join()'s default.
-  std::chrono::milliseconds rpc_timeout = rpc::kDefaultRpcTimeout;
   // An address or an interface name; empty: see agents/pipe_address.h.
   std::string listen_address;
   // "LO-HI" or "P": the listener takes the first free port of it; empty:
@@ -94,6 +96,12 @@ struct PipeAgentOptions {
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
   // a binary that does not link //collective:cuda_allocator).
   int device_count = -1;
+};
+
+struct PipeAgentOptions : PipeSettings {
+  size_t num_worker_threads = rpc::kDefaultNumWorkerThreads;
+  // Bounds the construction rendezvous and is join()'s default.
+  std::chrono::milliseconds rpc_timeout = rpc::kDefaultRpcTimeout;
 };
 
 }  // namespace switchboard::agents
