@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "agents/pipe_options.h"
 #include "rpc/backend_registry.h"
 #include "rpc/device_map.h"

@@ -23,7 +23,7 @@
 #include <deque>
 #include <memory>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/mutex.h"
 
 namespace switchboard::agents {

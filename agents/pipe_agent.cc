@@ -14,7 +14,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "common/listen_address.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/quiet_group.h"
 #include "store/prefix_store.h"
 #include "store/store.h"

@@ -24,8 +24,8 @@
 
 #include "agents/pipe_frame.h"
 #include "common/auth.h"
-#include "collective/tensor.h"
-#include "rpc/message.h"
+#include "core/tensor.h"
+#include "core/message.h"
 
 namespace switchboard::agents {
 

@@ -45,9 +45,9 @@
 #include <vector>
 
 #include "agents/tensor_descriptor.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::agents::pipe {
 

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "rpc/device_map.h"
 
 namespace switchboard::collective {

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "agents/pipe_frame.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/auth.h"
 #include "rpc/backend_registry.h"
 #include "rpc/call_table.h"

@@ -39,7 +39,7 @@
 #include "common/mutex.h"
 #include "rpc/agent.h"
 #include "rpc/device_map.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/metrics.h"
 
 namespace switchboard::agents {

@@ -43,9 +43,9 @@
 #include "agents/pipe_connection.h"
 #include "agents/pipe_frame.h"
 #include "agents/shm_ring.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/mutex.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::agents {
 

@@ -16,9 +16,9 @@
 #include <stdexcept>
 #include <utility>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::agents::pg_frame {
 

@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/mutex.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::collective {
 class GlooProcessGroup;

@@ -19,7 +19,7 @@
 
 #include "agents/process_group_link.h"
 #include "common/mutex.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/metrics.h"
 
 namespace switchboard::agents {

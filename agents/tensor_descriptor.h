@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace switchboard::agents {
 

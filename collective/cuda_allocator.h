@@ -30,7 +30,7 @@
 #include <string>
 #include <string_view>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace switchboard {
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace gloo::rendezvous {
 class Context;

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "collective/process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace gloo::rendezvous {
 class Context;

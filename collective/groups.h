@@ -89,7 +89,7 @@
 #include <vector>
 
 #include "collective/process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "collective/work.h"
 #include "common/mutex.h"
 

@@ -1,6 +1,6 @@
 // Object collectives, as torch.distributed has them: all_gather_object,
 // broadcast_object_list, gather_object and scatter_object_list, for any
-// value rpc/serialize.h encodes (numbers, strings, containers, user structs
+// value core/serialize.h encodes (numbers, strings, containers, user structs
 // with MSGPACK_DEFINE, WorkerInfo), over any ProcessGroup whose tensors live
 // on the CPU (GLOO). They block until done, as torch's do.
 //
@@ -24,8 +24,8 @@
 
 #include "collective/process_group.h"
 #include "common/check.h"
-#include "rpc/message.h"
-#include "rpc/serialize.h"
+#include "core/message.h"
+#include "core/serialize.h"
 
 namespace switchboard::collective {
 

@@ -47,7 +47,7 @@
 #include <string_view>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "collective/work.h"
 
 namespace switchboard {

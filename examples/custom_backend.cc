@@ -1,6 +1,6 @@
 // Registering your own RPC backend: "LOOPBACK", a one-worker transport that
 // hands each request to this worker's own pool. A real backend moves the
-// Message (rpc/message.h) over its wire the same way, and reports each peer
+// Message (core/message.h) over its wire the same way, and reports each peer
 // it talks to through metrics()->peer(id, name) (rpc/metrics.h): LOOPBACK
 // has none.
 //

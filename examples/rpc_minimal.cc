@@ -10,7 +10,7 @@
 
 #include <cstdlib>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/logging.h"
 #include "rpc/rpc.h"
 

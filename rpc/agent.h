@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "rpc/future.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/metrics.h"
 #include "rpc/thread_pool.h"
 

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::rpc {
 

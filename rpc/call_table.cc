@@ -22,7 +22,7 @@
 #include "common/error.h"
 #include "common/metrics.h"
 #include "common/mutex.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 
 namespace switchboard::rpc {
 

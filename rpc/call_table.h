@@ -59,7 +59,7 @@
 
 #include "rpc/agent.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/metrics.h"
 #include "rpc/thread_pool.h"
 

@@ -58,7 +58,7 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace switchboard::rpc {
 

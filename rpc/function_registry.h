@@ -7,7 +7,7 @@
 // register_function deduces the argument and result types from the callable
 // (a lambda, a function pointer or a std::function; arguments by value, by
 // const& or by &&, never by non-const &), and call() decodes the request's
-// arguments as those types (rpc/serialize.h), runs the function and encodes
+// arguments as those types (core/serialize.h), runs the function and encodes
 // its result. A function may return Future<R> (PyTorch's @async_execution):
 // the response then completes when that future does, with its value or its
 // error, and no thread waits for it.
@@ -47,8 +47,8 @@
 #include "common/check.h"
 #include "common/mutex.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
-#include "rpc/serialize.h"
+#include "core/message.h"
+#include "core/serialize.h"
 
 namespace switchboard::rpc {
 

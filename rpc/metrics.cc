@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "common/error.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 
 namespace switchboard::rpc {
 

@@ -15,7 +15,7 @@
 #include "common/mutex.h"
 #include "rpc/agent.h"
 #include "rpc/metrics_exporter.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rref_table.h"
 #include "store/prefix_store.h"

@@ -36,11 +36,11 @@
 #include "rpc/call_context.h"
 #include "rpc/function_registry.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/metrics.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rref.h"
-#include "rpc/serialize.h"
+#include "core/serialize.h"
 
 namespace switchboard {
 class Store;

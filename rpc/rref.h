@@ -63,8 +63,8 @@
 
 #include "rpc/call_context.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
-#include "rpc/serialize.h"
+#include "core/message.h"
+#include "core/serialize.h"
 
 namespace switchboard::rpc {
 

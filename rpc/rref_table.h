@@ -37,7 +37,7 @@
 #include "common/mutex.h"
 #include "rpc/function_registry.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/rref.h"
 #include "rpc/thread_pool.h"
 

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 using switchboard::DType;
 using switchboard::Tensor;

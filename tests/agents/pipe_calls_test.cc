@@ -15,7 +15,7 @@
 #include "common/mutex.h"
 #include "rpc/call_context.h"
 #include "rpc/future.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 #include "tests/agents/pipe_test_util.h"

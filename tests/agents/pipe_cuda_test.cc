@@ -5,7 +5,7 @@
 // One source, two binaries:
 //   pipe_cuda_test       registers a stand-in CUDA runtime (two "devices"
 //                        whose memory is host memory, counting every copy)
-//                        through collective/tensor.h's hooks, so the whole
+//                        through core/tensor.h's hooks, so the whole
 //                        path runs on any machine;
 //   pipe_cuda_gpu_test   (SB_REAL_CUDA) links //collective:cuda_allocator and
 //                        runs the same cases on real GPUs; each case prints
@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 #include "tests/util/threads.h"

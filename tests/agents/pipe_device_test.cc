@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"

@@ -20,7 +20,7 @@
 
 #include "agents/builtin_backends.h"
 #include "agents/pipe_info.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "rpc/backend_registry.h"

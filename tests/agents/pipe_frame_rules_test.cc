@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "tests/agents/pipe_frame_test_util.h"
 
 using namespace switchboard;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "agents/pipe_frame.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::agents::pipe::frame_test {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"

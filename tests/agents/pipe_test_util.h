@@ -22,11 +22,11 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"
 #include "rpc/future.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "store/tcp_store.h"
 #include "tests/util/subprocess.h"
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "agents/pipe_agent.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/future.h"
 #include "rpc/rpc.h"

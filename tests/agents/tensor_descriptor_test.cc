@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 
 using namespace switchboard;

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "tests/collective/tensor_test_util.h"
 
 namespace {

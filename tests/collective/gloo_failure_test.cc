@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/future.h"
 #include "store/hash_store.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "tests/collective/pg_harness.h"
 

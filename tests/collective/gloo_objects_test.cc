@@ -14,7 +14,7 @@
 
 #include "collective/gloo_process_group.h"
 #include "collective/objects.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "tests/collective/pg_harness.h"
 
 using namespace switchboard;

@@ -14,7 +14,7 @@
 #include "collective/cuda_allocator.h"
 #include "collective/nccl_process_group.h"
 #include "collective/process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "store/hash_store.h"
 

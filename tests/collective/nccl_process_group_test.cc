@@ -27,7 +27,7 @@
 
 #include "collective/cuda_allocator.h"
 #include "collective/process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "store/hash_store.h"
 

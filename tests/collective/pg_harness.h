@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/mutex.h"
 #include "store/hash_store.h"
 

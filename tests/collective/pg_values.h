@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "collective/process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "tests/collective/pg_harness.h"
 
 namespace pgtest {

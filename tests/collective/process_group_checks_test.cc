@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "store/hash_store.h"
 #include "tests/collective/pg_harness.h"
 #include "tests/collective/pg_values.h"

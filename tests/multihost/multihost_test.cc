@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "collective/groups.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/logging.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"

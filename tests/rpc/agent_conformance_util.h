@@ -19,11 +19,11 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
-#include "rpc/remote_error.h"
+#include "core/message.h"
+#include "core/remote_error.h"
 #include "rpc/thread_pool.h"
 #include "store/hash_store.h"
 #include "tests/rpc/agent_conformance.h"

@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "rpc/call_table.h"
 #include "rpc/metrics.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/thread_pool.h"
 
 namespace {

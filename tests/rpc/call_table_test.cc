@@ -21,7 +21,7 @@
 
 #include "common/error.h"
 #include "rpc/call_context.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/thread_pool.h"
 
 namespace {

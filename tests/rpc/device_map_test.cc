@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 using namespace switchboard;
 using namespace switchboard::rpc;

@@ -14,8 +14,8 @@
 
 #include "common/error.h"
 #include "rpc/future.h"
-#include "rpc/remote_error.h"
-#include "rpc/serialize.h"
+#include "core/remote_error.h"
+#include "core/serialize.h"
 
 using namespace switchboard;
 using namespace switchboard::rpc;

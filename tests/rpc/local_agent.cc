@@ -22,11 +22,11 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/mutex.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "rpc/call_table.h"
 #include "rpc/quiet_group.h"
 #include "store/store.h"

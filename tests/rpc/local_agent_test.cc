@@ -15,7 +15,7 @@
 #include "common/error.h"
 #include "rpc/agent.h"
 #include "rpc/backend_registry.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "store/hash_store.h"
 #include "tests/util/agent_helpers.h"
 

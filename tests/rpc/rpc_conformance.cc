@@ -21,10 +21,10 @@
 #include <thread>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/remote_error.h"
-#include "rpc/serialize.h"
+#include "core/remote_error.h"
+#include "core/serialize.h"
 #include "rpc/thread_pool.h"
 #include "store/hash_store.h"
 #include "tests/util/threads.h"

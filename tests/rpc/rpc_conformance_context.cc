@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/mutex.h"
 #include "rpc/call_context.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "tests/rpc/rpc_conformance.h"
 #include "tests/util/threads.h"

@@ -19,10 +19,10 @@
 #include <thread>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "common/mutex.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "tests/rpc/rpc_conformance.h"
 #include "tests/util/threads.h"

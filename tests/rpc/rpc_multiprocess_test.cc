@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "tests/util/subprocess.h"
 

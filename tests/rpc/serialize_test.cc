@@ -1,7 +1,7 @@
-// Arguments, results and errors through rpc/serialize.h and
-// rpc/remote_error.h: round trips of every supported type, tensors out of
+// Arguments, results and errors through core/serialize.h and
+// core/remote_error.h: round trips of every supported type, tensors out of
 // band, the exact mismatch messages, and bad payloads.
-#include "rpc/serialize.h"
+#include "core/serialize.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 
 using namespace switchboard;
 using namespace switchboard::rpc;

@@ -27,11 +27,11 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/agent.h"
 #include "rpc/future.h"
-#include "rpc/message.h"
+#include "core/message.h"
 #include "tests/util/threads.h"
 
 namespace switchboard::testing {

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"

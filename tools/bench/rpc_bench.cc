@@ -51,7 +51,7 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"

@@ -37,7 +37,7 @@
 #include <functional>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/mutex.h"
 #include "rpc/future.h"
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rpc.h"

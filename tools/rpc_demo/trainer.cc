@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "collective/groups.h"
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "rpc/rendezvous.h"
 #include "rpc/rpc.h"
 #include "store/store.h"

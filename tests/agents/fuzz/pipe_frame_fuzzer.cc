@@ -31,8 +31,8 @@
 
 #include "agents/pipe_frame.h"
 #include "tests/agents/fuzz/fuzz_check.h"
-#include "collective/tensor.h"
-#include "rpc/message.h"
+#include "core/tensor.h"
+#include "core/message.h"
 
 using namespace switchboard;
 using namespace switchboard::agents::pipe;

@@ -3,7 +3,7 @@
 // A request names a registered function and carries its arguments; a
 // response carries the result; an error response carries a RemoteError
 // (the remote worker's name, the exception's type and message). The body is
-// msgpack (rpc/serialize.h); tensors never go through msgpack: the body
+// msgpack (core/serialize.h); tensors never go through msgpack: the body
 // holds their descriptors (index into `tensors`), and agents move the bytes
 // out of band.
 //
@@ -15,14 +15,14 @@
 #include <string_view>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 namespace switchboard::rpc {
 
 enum class MessageType : uint8_t {
   kRequest = 1,
   kResponse = 2,
-  kError = 3,  // payload: encode_remote_error() (rpc/serialize.h)
+  kError = 3,  // payload: encode_remote_error() (core/serialize.h)
   // Transport-level, for backends that carry Future::cancel() to the
   // callee in their own messages (PROCESS_GROUP): the caller no longer
   // waits for request `id`. Nothing else is set. Never handed to a

@@ -1,4 +1,4 @@
-#include "collective/tensor.h"
+#include "core/tensor.h"
 
 #include <dlpack/dlpack.h>
 #include <fmt/format.h>

@@ -4,7 +4,7 @@
 // Wire format (language-neutral; any msgpack library reads it):
 //   request payload   one msgpack array, one element per argument
 //   response payload  the result as one msgpack value (nil for void)
-//   error payload     see rpc/remote_error.h
+//   error payload     see core/remote_error.h
 // A Tensor anywhere in a value (an argument, a result, or inside a vector,
 // map, optional, tuple or user struct) is written as a msgpack ext value of
 // type kTensorExtType whose body is the msgpack array
@@ -82,10 +82,10 @@
 #include <utility>
 #include <vector>
 
-#include "collective/tensor.h"
+#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/message.h"
-#include "rpc/remote_error.h"
+#include "core/message.h"
+#include "core/remote_error.h"
 
 namespace switchboard::rpc::detail {
 

@@ -29,7 +29,7 @@
 #include <string_view>
 
 #include "common/error.h"
-#include "rpc/message.h"
+#include "core/message.h"
 
 namespace switchboard::rpc {
 
@@ -73,7 +73,7 @@ void encode_remote_error(Message& m, std::string_view worker, std::string_view t
 void encode_remote_error(Message& m, std::string_view worker, std::exception_ptr error);
 
 // Reads an error response's payload. Throws SerializationError
-// (rpc/serialize.h) when the payload is not such a map (bad bytes from the
+// (core/serialize.h) when the payload is not such a map (bad bytes from the
 // peer); does not look at m.type.
 RemoteError decode_remote_error(const Message& m);
 

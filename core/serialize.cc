@@ -1,4 +1,4 @@
-#include "rpc/serialize.h"
+#include "core/serialize.h"
 
 #include <cxxabi.h>
 #include <fmt/format.h>
@@ -138,7 +138,7 @@ TensorDecodeScope::~TensorDecodeScope() { tls_decode_table = previous_; }
 std::string record_tensor(const Tensor& t) {
   SB_REQUIRE(tls_encode_sink != nullptr,
              "a Tensor can only be serialized by encode_args/encode_result "
-             "(rpc/serialize.h), which record it in Message::tensors");
+             "(core/serialize.h), which record it in Message::tensors");
   SB_REQUIRE(t.defined(),
              "cannot serialize an undefined tensor (use std::optional<Tensor> for no "
              "tensor)");
@@ -159,7 +159,7 @@ Tensor resolve_tensor(const msgpack::object& o) {
   }
   SB_REQUIRE(tls_decode_table != nullptr,
              "a Tensor can only be deserialized by decode_args/decode_result "
-             "(rpc/serialize.h), which read Message::tensors");
+             "(core/serialize.h), which read Message::tensors");
   Descriptor d = parse_descriptor(o);
   const std::vector<Tensor>& table = *tls_decode_table;
   if (d.index >= table.size()) {

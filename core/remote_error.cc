@@ -1,4 +1,4 @@
-#include "rpc/remote_error.h"
+#include "core/remote_error.h"
 
 #include <cxxabi.h>
 #include <fmt/format.h>
@@ -6,7 +6,7 @@
 #include <typeinfo>
 
 #include "common/check.h"
-#include "rpc/serialize.h"
+#include "core/serialize.h"
 
 namespace switchboard::rpc {
 namespace {
