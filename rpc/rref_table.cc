@@ -205,6 +205,11 @@ RRefTable::RRefTable(RpcContext* context, WorkerInfo self, std::shared_ptr<Threa
   std::random_device random;
   MutexLock lock(mu_);
   next_serial_ = (uint64_t{random()} << 32 | random()) >> 1;
+  // Fork numbers start at random too: a release names its fork's parent by
+  // name only, and a worker that joins under the name of one that left must
+  // not hold forks of the numbers the other's releases name. Never 0 (0
+  // means "counted by the owner already").
+  next_fork_ = ((uint64_t{random()} << 32 | random()) >> 1) | 1;
 }
 
 bool RRefTable::is_protocol(std::string_view function) {

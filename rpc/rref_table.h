@@ -223,7 +223,7 @@ class RRefTable : public std::enable_shared_from_this<RRefTable> {
   // Messages queued on the pool and not yet sent.
   int owed_ SB_GUARDED_BY(mu_) = 0;
   uint64_t next_serial_ SB_GUARDED_BY(mu_);
-  uint64_t next_fork_ SB_GUARDED_BY(mu_) = 1;
+  uint64_t next_fork_ SB_GUARDED_BY(mu_);
   std::map<RRefId, std::shared_ptr<OwnerEntry>> owners_ SB_GUARDED_BY(mu_);
   // Per owned value: the references counted, and whether its remote() came.
   struct Count {

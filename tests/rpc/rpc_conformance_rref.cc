@@ -565,3 +565,39 @@ TEST_CASE("calls on an RRef's value run in their caller's context: the name, the
     CHECK(seen->cancelled.load() == 1);
   }
 }
+
+namespace {
+
+// The fork number an RRef packed on this thread carries (the last field of
+// its ext body: [owner, owner id, creator, serial, type, parent, fork]).
+uint64_t fork_number_of(const RRef<int64_t>& r) {
+  rpc::Message m;
+  rpc::encode_result(m, r);
+  msgpack::object_handle outer = msgpack::unpack(
+      reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+  const msgpack::object& ext = outer.get();
+  REQUIRE(ext.type == msgpack::type::EXT);
+  msgpack::object_handle body = msgpack::unpack(ext.via.ext.data(), ext.via.ext.size);
+  REQUIRE(body.get().type == msgpack::type::ARRAY);
+  REQUIRE(body.get().via.array.size == 7);
+  return body.get().via.array.ptr[6].as<uint64_t>();
+}
+
+}  // namespace
+
+TEST_CASE("the fork numbers of different workers do not coincide, so a release meant for a "
+          "worker that left never frees a newcomer's fork of the same number",
+          "[rpc][rref][refcount]") {
+  // A release names the fork's parent by name only; a worker that joins
+  // under the name of one that left must not hold forks of the same
+  // numbers.
+  auto kept = std::make_shared<Kept>();
+  Cluster cluster(3, rref_workers(kept));
+  RRef<int64_t> one = cluster[1].remote<int64_t>("w0", "add", int64_t{1}, int64_t{1});
+  RRef<int64_t> two = cluster[2].remote<int64_t>("w0", "add", int64_t{2}, int64_t{2});
+  REQUIRE(one.to_here() == 2);
+  REQUIRE(two.to_here() == 4);
+  // Packed outside a call: each is a fork of its worker (released when its
+  // receiver, which never comes, would be counted: a leak, never a free).
+  CHECK(fork_number_of(one) != fork_number_of(two));
+}
