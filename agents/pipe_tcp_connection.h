@@ -66,6 +66,11 @@ class TcpConnection final : public Connection,
                 size_t lane_capacity = 0);
   // Stops the lane's threads (joins them, unless called on one).
   ~TcpConnection() override;
+  // Stops the lane's threads and waits for them (unless called on one):
+  // after it, nothing of this connection reports to its events. The
+  // transport calls it once its I/O threads are done (no lane starts
+  // after that), so that the events (the agent) may go.
+  void join_lane();
 
   // TLS only, once, before start_reading(): runs the handshake as the
   // client or the server and calls `done` on the strand with an empty

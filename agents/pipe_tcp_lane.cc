@@ -69,6 +69,13 @@ TcpConnection::~TcpConnection() {
   }
 }
 
+void TcpConnection::join_lane() {
+  stop_lane();
+  for (std::thread* t : {&lane_writer_, &lane_reader_}) {
+    if (t->joinable() && t->get_id() != std::this_thread::get_id()) t->join();
+  }
+}
+
 bool TcpConnection::lane_out_active() const {
   MutexLock lock(const_cast<Mutex&>(mu_));
   return lane_out_ != nullptr;

@@ -188,12 +188,30 @@ class TcpTransport final : public PipeTransport {
     for (auto& thread : threads_) {
       if (thread.joinable()) thread.join();
     }
+    // The same-host lane's threads report to the events too, and a
+    // connection may outlive this transport (a reference held elsewhere):
+    // they are done before the events may go.
+    std::vector<std::weak_ptr<TcpConnection>> made;
+    {
+      MutexLock lock(made_mu_);
+      made.swap(made_);
+    }
+    for (const auto& weak : made) {
+      if (std::shared_ptr<TcpConnection> connection = weak.lock()) connection->join_lane();
+    }
   }
 
  private:
   std::shared_ptr<TcpConnection> make_connection(tcp::socket socket) {
-    return std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
-                                           options_.allocate, tls_, options_.lane_capacity);
+    auto connection =
+        std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
+                                        options_.allocate, tls_, options_.lane_capacity);
+    if (options_.lane_capacity > 0) {
+      MutexLock lock(made_mu_);
+      std::erase_if(made_, [](const std::weak_ptr<TcpConnection>& w) { return w.expired(); });
+      made_.push_back(connection);
+    }
+    return connection;
   }
 
   // Hands an accepted connection to the agent, after its TLS handshake
@@ -271,6 +289,9 @@ class TcpTransport final : public PipeTransport {
   std::vector<std::thread> threads_;  // owner's thread
   std::shared_ptr<asio::ssl::context> tls_;  // null: plain TCP
   std::atomic<bool> closing_{false};
+  // Every connection with a lane this transport made, for join().
+  Mutex made_mu_;
+  std::vector<std::weak_ptr<TcpConnection>> made_ SB_GUARDED_BY(made_mu_);
   Mutex handshakes_mu_;
   // Accepted connections whose TLS handshake is still running.
   std::set<std::shared_ptr<TcpConnection>> handshaking_ SB_GUARDED_BY(handshakes_mu_);

@@ -551,7 +551,11 @@ TEST_CASE("calls on an RRef's value run in their caller's context: the name, the
     gate->open();  // the value is made now, and the function runs
     REQUIRE(eventually([&] { return seen->left.load() != INT64_MAX; }));
     CHECK(seen->left.load() != INT64_MIN);
-    CHECK(seen->left.load() <= 0);
+    // Counted from the request's arrival, the deadline is over, or within
+    // the request's transit time of it (the callee's clock started when the
+    // request arrived, the caller's when it was sent); counted from when the
+    // value was made, nearly the whole 500 ms would be left.
+    CHECK(seen->left.load() < 250);
   }
 
   SECTION("a call on a value that was being made sees its caller cancel it") {
