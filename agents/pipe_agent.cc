@@ -167,8 +167,8 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     return false;
   }
   // The connecting side knows its peer's rank from the start: nothing but
-  // hellos is read until the peer proved the secret.
-  if (auth.enabled() && !connection->authenticated) {
+  // hellos is read until the peer proved the secret (then it is trusted).
+  if (!connection->trusted) {
     connection_failed(connection, "protocol error: a frame before the authentication");
     return false;
   }
@@ -219,7 +219,7 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
       return on_proof(connection, hello);
     case Hello::Kind::kWelcome:
       if (!dynamic || connection->peer < 0 || hello.rank != connection->peer ||
-          (auth.enabled() && !connection->authenticated)) {
+          !connection->trusted) {
         connection_failed(connection, fmt::format("protocol error: an unexpected welcome "
                                                   "from rank {}",
                                                   hello.rank));
@@ -231,7 +231,7 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
     case Hello::Kind::kJoin:
       break;
   }
-  if (connection->peer >= 0 || connection->auth_claim) {
+  if (connection->peer >= 0 || auth.has_claim(*connection)) {
     connection_failed(connection, "protocol error: a second hello");
     return false;
   }
@@ -252,27 +252,28 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
 
 bool PipeAgent::Impl::on_proof(const std::shared_ptr<Connection>& connection,
                                const Hello& hello) {
-  if (!connection->auth_claim || connection->peer >= 0) {
+  if (!auth.has_claim(*connection) || connection->peer >= 0) {
     connection_failed(connection, "protocol error: a proof without a claim");
     return false;
   }
-  if (!auth.check_proof(*connection, hello)) {
+  const std::optional<Message> claimed = auth.check_proof(*connection, hello);
+  if (!claimed) {
     spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\": its proof does not "
                  "match this worker's job secret",
-                 name, connection->auth_peer_name);
+                 name, auth.claimed_name(*connection));
     connection_failed(connection, "its proof of the job secret is wrong");
     return false;
   }
-  connection->authenticated = true;
-  const Hello claim = decode_hello(connection->auth_claim->payload);  // decoded before
-  connection->auth_claim.reset();
+  const Hello claim = decode_hello(claimed->payload);  // decoded before
   return accept_claim(connection, claim);
 }
 
 bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection,
                                    const Hello& hello) {
   const int peer = connection->peer;
-  if (peer < 0 || connection->authenticated) {
+  // With a secret, a connecting side is trusted once its peer's challenge
+  // checked: a second challenge is a protocol error.
+  if (peer < 0 || (auth.enabled() && connection->trusted)) {
     connection_failed(connection, "protocol error: an unexpected challenge");
     return false;
   }
@@ -295,7 +296,6 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection
   }
   const std::vector<uint8_t> bytes = encode_hello(proof);
   connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
-  connection->authenticated = true;
   connection->trusted = true;
   peers.authenticated(peer, connection);
   return true;
@@ -455,6 +455,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
                                         const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
+  auth.forget(*connection);
   // Before the peer is seen down: whoever sees it down (a call failing)
   // sees its requests here cancelled too.
   if (connection->peer >= 0) calls.cancel_requests_from(connection->peer);

@@ -32,10 +32,31 @@ Mac PipeAuth::mac(std::string_view label, const Nonce& connector_nonce,
 
 std::vector<uint8_t> PipeAuth::claim(Connection& connection, Hello hello) const {
   if (enabled()) {
-    connection.auth_nonce = random_nonce();
-    hello.nonce.assign(connection.auth_nonce.begin(), connection.auth_nonce.end());
+    const Nonce nonce = random_nonce();
+    {
+      MutexLock lock(mu_);
+      handshakes_[connection.serial] = Handshake{nonce, {}, {}, std::nullopt};
+    }
+    hello.nonce.assign(nonce.begin(), nonce.end());
   }
   return encode_hello(hello);
+}
+
+bool PipeAuth::has_claim(const Connection& connection) const {
+  MutexLock lock(mu_);
+  auto it = handshakes_.find(connection.serial);
+  return it != handshakes_.end() && it->second.claim.has_value();
+}
+
+std::string PipeAuth::claimed_name(const Connection& connection) const {
+  MutexLock lock(mu_);
+  auto it = handshakes_.find(connection.serial);
+  return it == handshakes_.end() ? std::string() : it->second.peer_name;
+}
+
+void PipeAuth::forget(const Connection& connection) const {
+  MutexLock lock(mu_);
+  handshakes_.erase(connection.serial);
 }
 
 Hello PipeAuth::challenge(Connection& connection, const Hello& claim,
@@ -52,7 +73,8 @@ Hello PipeAuth::challenge(Connection& connection, const Hello& claim,
         self_name_);
     return answer;
   }
-  if (!to_nonce(claim.nonce, &connection.auth_peer_nonce)) {
+  Handshake handshake;
+  if (!to_nonce(claim.nonce, &handshake.peer_nonce)) {
     answer.accepted = false;
     answer.reason = fmt::format(
         "worker \"{}\" requires the job secret, and \"{}\" did not offer to prove it (it has "
@@ -60,14 +82,15 @@ Hello PipeAuth::challenge(Connection& connection, const Hello& claim,
         self_name_, claim.name);
     return answer;
   }
-  connection.auth_nonce = random_nonce();
-  connection.auth_peer_name = claim.name;
-  connection.auth_claim = frame;
+  handshake.nonce = random_nonce();
+  handshake.peer_name = claim.name;
+  handshake.claim = frame;
   const Mac proof =
-      mac(kAcceptLabel, connection.auth_peer_nonce, connection.auth_nonce, claim.name,
-          self_name_);
-  answer.nonce.assign(connection.auth_nonce.begin(), connection.auth_nonce.end());
+      mac(kAcceptLabel, handshake.peer_nonce, handshake.nonce, claim.name, self_name_);
+  answer.nonce.assign(handshake.nonce.begin(), handshake.nonce.end());
   answer.proof.assign(proof.begin(), proof.end());
+  MutexLock lock(mu_);
+  handshakes_[connection.serial] = std::move(handshake);
   return answer;
 }
 
@@ -87,30 +110,48 @@ std::string PipeAuth::check_challenge(Connection& connection, const Hello& chall
     return fmt::format("the worker that answered is \"{}\", not \"{}\"", challenge.name,
                        expected_name);
   }
+  Nonce mine{};
+  {
+    MutexLock lock(mu_);
+    auto it = handshakes_.find(connection.serial);
+    if (it == handshakes_.end()) return "a challenge without a claim of this worker's";
+    mine = it->second.nonce;
+  }
   Nonce theirs{};
   if (!to_nonce(challenge.nonce, &theirs) ||
       !same_mac(challenge.proof,
-                mac(kAcceptLabel, connection.auth_nonce, theirs, self_name_, expected_name))) {
+                mac(kAcceptLabel, mine, theirs, self_name_, expected_name))) {
     return fmt::format(
         "worker \"{}\"'s proof does not match this worker's job secret (it has another "
         "secret); not talking to it",
         expected_name);
   }
-  connection.auth_peer_nonce = theirs;
-  const Mac mine = mac(kConnectLabel, connection.auth_nonce, theirs, self_name_, expected_name);
+  const Mac answer = mac(kConnectLabel, mine, theirs, self_name_, expected_name);
   proof->kind = Hello::Kind::kProof;
   proof->rank = self_rank_;
   proof->name = self_name_;
-  proof->proof.assign(mine.begin(), mine.end());
+  proof->proof.assign(answer.begin(), answer.end());
+  forget(connection);  // this side's handshake is over
   return std::string();
 }
 
-bool PipeAuth::check_proof(const Connection& connection, const Hello& proof) const {
-  if (!enabled() || !connection.auth_claim) return false;
-  return proof.name == connection.auth_peer_name &&
-         same_mac(proof.proof, mac(kConnectLabel, connection.auth_peer_nonce,
-                                   connection.auth_nonce, connection.auth_peer_name,
-                                   self_name_));
+std::optional<rpc::Message> PipeAuth::check_proof(const Connection& connection,
+                                                  const Hello& proof) const {
+  if (!enabled()) return std::nullopt;
+  Handshake handshake;
+  {
+    MutexLock lock(mu_);
+    auto it = handshakes_.find(connection.serial);
+    if (it == handshakes_.end() || !it->second.claim) return std::nullopt;
+    handshake = it->second;
+  }
+  if (proof.name != handshake.peer_name ||
+      !same_mac(proof.proof, mac(kConnectLabel, handshake.peer_nonce, handshake.nonce,
+                                 handshake.peer_name, self_name_))) {
+    return std::nullopt;
+  }
+  forget(connection);  // the handshake is over
+  return std::move(handshake.claim);
 }
 
 }  // namespace switchboard::agents

@@ -17,19 +17,26 @@
 // with a secret refuses a claim without a nonce (kChallenge, refused, with
 // the reason), and one without a secret refuses a claim with a nonce.
 //
-// The per-connection state (nonces, the claim held until its proof) lives
-// on the Connection, used on its strand.
+// The state of each handshake under way (the nonces, the name the peer
+// claimed and its claim, held until its proof) is the handshake's: kept
+// here per connection (by Connection::serial) from the claim until the
+// handshake ends or forget(), not on the connection, which only carries
+// frames and says whether its peer is trusted.
 //
-// Thread safety: immutable after construction; any thread.
+// Thread safety: any thread (one lock over the handshakes under way); a
+// connection's handshake is used on its strand.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "agents/pipe_connection.h"
 #include "agents/pipe_info.h"
 #include "common/auth.h"
+#include "common/mutex.h"
 
 namespace switchboard::agents {
 
@@ -56,16 +63,34 @@ class PipeAuth {
   std::string check_challenge(Connection& connection, const Hello& challenge,
                               const std::string& expected_name, Hello* proof) const;
 
-  // Accepting side: whether `proof` proves the claim kept on `connection`.
-  bool check_proof(const Connection& connection, const Hello& proof) const;
+  // Accepting side: whether `proof` proves the claim kept for
+  // `connection`; when it does, the handshake ends and the claim is
+  // returned (its frame), else nullopt.
+  std::optional<rpc::Message> check_proof(const Connection& connection,
+                                          const Hello& proof) const;
+  // Accepting side: whether a claim arrived on `connection` and waits for
+  // its proof, and the name it claimed ("" when none).
+  bool has_claim(const Connection& connection) const;
+  std::string claimed_name(const Connection& connection) const;
+  // The connection is gone: its handshake with it.
+  void forget(const Connection& connection) const;
 
  private:
+  struct Handshake {
+    Nonce nonce{};       // this side's
+    Nonce peer_nonce{};  // the other side's
+    std::string peer_name;                // accepting side: the name claimed
+    std::optional<rpc::Message> claim;    // accepting side: held until its proof
+  };
+
   Mac mac(std::string_view label, const Nonce& connector_nonce, const Nonce& acceptor_nonce,
           const std::string& connector, const std::string& acceptor) const;
 
   const std::shared_ptr<const Secret> secret_;
   const std::string self_name_;
   const int self_rank_;
+  mutable Mutex mu_;
+  mutable std::unordered_map<uint64_t, Handshake> handshakes_ SB_GUARDED_BY(mu_);
 };
 
 }  // namespace switchboard::agents

@@ -56,6 +56,10 @@ class ConnectionEvents {
 class Connection {
  public:
   virtual ~Connection() = default;
+  static uint64_t next_serial() {
+    static std::atomic<uint64_t> last{0};
+    return last.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
 
   // Queues one frame (and its tensors' bytes, which must stay unchanged
   // until sent); false when the connection is closed or closing. With
@@ -102,16 +106,10 @@ class Connection {
   // one at a time (pipe::FrameReader::set_trust). Never cleared.
   std::atomic<bool> trusted{false};
 
-  // Authentication with the job secret (agents/pipe_auth.h), on the
-  // connection's strand (the connecting side writes auth_nonce before it
-  // starts reading): this side's nonce and the peer's, the name the peer
-  // claimed and its claim, held until its proof (accepting side), and
-  // whether the connection is authenticated.
-  Nonce auth_nonce{};
-  Nonce auth_peer_nonce{};
-  std::string auth_peer_name;
-  std::optional<rpc::Message> auth_claim;
-  std::atomic<bool> authenticated{false};
+  // Tells this connection apart from every other of this process, also
+  // one made later at the same address (the handshake keeps its state by
+  // it: agents/pipe_auth.h).
+  const uint64_t serial = next_serial();
 };
 
 }  // namespace switchboard::agents
