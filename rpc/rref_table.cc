@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "rpc/rpc.h"
+#include "rpc/rref_payload.h"
 
 namespace switchboard::rpc::detail {
 
@@ -42,98 +43,7 @@ Message ack(uint64_t id) {
   return m;
 }
 
-using Packer = msgpack::packer<PayloadWriter>;
-
-// Packs `o`, handing each ext value to `rewrite` first: when it returns
-// true, it packed that value (in its own way) itself.
-using ExtRewrite = std::function<bool(Packer&, const msgpack::object&)>;
-void repack(Packer& packer, const msgpack::object& o, const ExtRewrite& rewrite) {
-  switch (o.type) {
-    case msgpack::type::ARRAY:
-      packer.pack_array(o.via.array.size);
-      for (uint32_t i = 0; i < o.via.array.size; ++i) {
-        repack(packer, o.via.array.ptr[i], rewrite);
-      }
-      return;
-    case msgpack::type::MAP:
-      packer.pack_map(o.via.map.size);
-      for (uint32_t i = 0; i < o.via.map.size; ++i) {
-        repack(packer, o.via.map.ptr[i].key, rewrite);
-        repack(packer, o.via.map.ptr[i].val, rewrite);
-      }
-      return;
-    case msgpack::type::EXT:
-      if (rewrite(packer, o)) return;
-      [[fallthrough]];
-    default:
-      packer.pack(o);
-  }
-}
-
-// Calls `f` on every ext value of type `type` in `o`, in packing order.
-void for_each_ext(const msgpack::object& o, int8_t type,
-                  const std::function<void(const msgpack::object&)>& f) {
-  if (o.type == msgpack::type::ARRAY) {
-    for (uint32_t i = 0; i < o.via.array.size; ++i) for_each_ext(o.via.array.ptr[i], type, f);
-  } else if (o.type == msgpack::type::MAP) {
-    for (uint32_t i = 0; i < o.via.map.size; ++i) {
-      for_each_ext(o.via.map.ptr[i].key, type, f);
-      for_each_ext(o.via.map.ptr[i].val, type, f);
-    }
-  } else if (o.type == msgpack::type::EXT && o.via.ext.type() == type) {
-    f(o);
-  }
-}
-
-// Packs `o` with every tensor descriptor's index moved up by `shift`.
-void pack_shifted(Packer& packer, const msgpack::object& o, uint64_t shift) {
-  repack(packer, o, [shift](Packer& out, const msgpack::object& ext) {
-    if (ext.via.ext.type() != kTensorExtType || shift == 0) return false;
-    msgpack::object_handle body = msgpack::unpack(ext.via.ext.data(), ext.via.ext.size);
-    const msgpack::object& d = body.get();
-    if (d.type != msgpack::type::ARRAY || d.via.array.size != 3) {
-      throw SerializationError("a tensor descriptor is not [index, dtype, shape]");
-    }
-    std::vector<uint8_t> bytes;
-    PayloadWriter writer{&bytes};
-    Packer inner(writer);
-    inner.pack_array(3);
-    inner.pack(d.via.array.ptr[0].as<uint64_t>() + shift);
-    inner.pack(d.via.array.ptr[1]);
-    inner.pack(d.via.array.ptr[2]);
-    out.pack_ext(bytes.size(), kTensorExtType);
-    out.pack_ext_body(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-    return true;
-  });
-}
-
-// The request that calls `args.function` with `value` first: the value's
-// payload, then the arguments', their tensors after the value's.
-Message value_first(const Message& value, const Message& args) {
-  msgpack::object_handle handle =
-      unpack_payload(args.payload, arguments_what(args.function));
-  const msgpack::object& received = handle.get();
-  if (received.type != msgpack::type::ARRAY) {
-    throw SerializationError(fmt::format("arguments of function \"{}\": expected an array, "
-                                         "received {}",
-                                         args.function, received_type_name(received)));
-  }
-  Message out;
-  out.type = MessageType::kRequest;
-  out.id = args.id;
-  out.function = args.function;
-  out.timeout_ms = args.timeout_ms;
-  PayloadWriter writer{&out.payload};
-  Packer packer(writer);
-  packer.pack_array(received.via.array.size + 1);
-  writer.write(reinterpret_cast<const char*>(value.payload.data()), value.payload.size());
-  for (uint32_t i = 0; i < received.via.array.size; ++i) {
-    pack_shifted(packer, received.via.array.ptr[i], value.tensors.size());
-  }
-  out.tensors = value.tensors;
-  out.tensors.insert(out.tensors.end(), args.tensors.begin(), args.tensors.end());
-  return out;
-}
+using Packer = PayloadPacker;
 
 // The user's call that a protocol request carries: its function and
 // arguments, the request's id, deadline and tensors.

@@ -592,22 +592,49 @@ TEST_CASE("a member stopped past the heartbeat timeout is evicted by all the oth
   CHECK(a.ctx.rpc_sync<std::string>("b", "whoami") == "b");
 }
 
+namespace {
+
+// Members "a" and "b" of a dynamic group over a store server that the test
+// restarts empty, on the same port.
+struct RestartedStore {
+  RestartedStore()
+      : server(std::make_unique<TcpStoreServer>()),
+        port(server->port()),
+        a("a", 0, client(), watched_options()),
+        b("b", 1, client(), watched_options()) {
+    REQUIRE(a.events.wait_joined({"b"}));
+    group = client()->get("pipe/dyn/group");
+  }
+  std::shared_ptr<TcpStore> client() const {
+    return std::make_shared<TcpStore>("127.0.0.1", port, client_options());
+  }
+  // The server goes, and an empty one takes its port.
+  void restart() {
+    server.reset();
+    TcpStoreServerOptions same_port;
+    same_port.port = port;
+    server = std::make_unique<TcpStoreServer>(same_port);
+  }
+
+  std::unique_ptr<TcpStoreServer> server;
+  const uint16_t port;
+  Worker a;
+  Worker b;
+  Bytes group;  // the group's id before the restart
+};
+
+}  // namespace
+
 TEST_CASE("a store restarted empty under a running group gets the group back from its "
           "members, and a joiner joins that group",
           "[pipe][dynamic][membership]") {
-  auto server = std::make_unique<TcpStoreServer>();
-  const uint16_t port = server->port();
-  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
-  Worker a("a", 0, client(), watched_options());
-  Worker b("b", 1, client(), watched_options());
-  REQUIRE(a.events.wait_joined({"b"}));
-  const Bytes group = client()->get("pipe/dyn/group");
-
-  server.reset();
-  TcpStoreServerOptions same_port;
-  same_port.port = port;
-  server = std::make_unique<TcpStoreServer>(same_port);
-  TcpStore store("127.0.0.1", port, client_options());
+  RestartedStore g;
+  auto client = [&] { return g.client(); };
+  Worker& a = g.a;
+  Worker& b = g.b;
+  const Bytes group = g.group;
+  g.restart();
+  TcpStore store("127.0.0.1", g.port, client_options());
   // A member notices the lost keys and writes them back (no timing: wait
   // for the key).
   store.wait({"pipe/dyn/members"}, kGuard);
@@ -624,22 +651,14 @@ TEST_CASE("a store restarted empty under a running group gets the group back fro
 TEST_CASE("a second group founded in a store restarted empty gives the store back once its "
           "last worker left, and the next joiner joins the first group",
           "[pipe][dynamic][membership]") {
-  auto server = std::make_unique<TcpStoreServer>();
-  const uint16_t port = server->port();
-  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
-  Worker a("a", 0, client(), watched_options());
-  Worker b("b", 1, client(), watched_options());
-  REQUIRE(a.events.wait_joined({"b"}));
-  const Bytes group = client()->get("pipe/dyn/group");
-
-  server.reset();
-  TcpStoreServerOptions same_port;
-  same_port.port = port;
-  server = std::make_unique<TcpStoreServer>(same_port);
+  RestartedStore g;
+  auto client = [&] { return g.client(); };
+  const Bytes group = g.group;
+  g.restart();
   // Before the members are back (they reconnect at their next poll): what
   // a joiner that founded a second group there and then left leaves
   // behind, its id and an empty member list.
-  TcpStore store("127.0.0.1", port, client_options());
+  TcpStore store("127.0.0.1", g.port, client_options());
   const std::string other = "second-group";
   store.multi_set({"pipe/dyn/group", "pipe/dyn/members"},
                   {Bytes(other.begin(), other.end()), agents::encode_members({})});

@@ -511,12 +511,10 @@ TEST_CASE("calls on an RRef's value run in their caller's context: the name, the
     self.register_function("until_cancelled", [seen](int64_t value) {
       const rpc::CallContext* call = rpc::current_call();
       seen->started = true;
-      // Bounded: before the fix, it never was.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (call != nullptr && !call->cancelled() && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      seen->cancelled = call != nullptr && call->cancelled() ? 1 : 0;
+      // Waits for the caller's cancel (bounded: before the fix, it never came).
+      const bool noticed =
+          call != nullptr && eventually([call] { return call->cancelled(); }, 10s);
+      seen->cancelled = noticed ? 1 : 0;
       return value;
     });
     self.register_function("echo", [](int64_t x) { return x; });
