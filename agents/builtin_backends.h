@@ -56,7 +56,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            [0, it) (default 1024)
 //   "shm"                    "1" or "0": the same-host shared-memory lane
 //                            on or off (default: SWITCHBOARD_PIPE_SHM, else
-//                            on; see agents/pipe_tcp_connection.h)
+//                            on; see agents/pipe/transport/shm/shm_lane.h)
 //   "shm_ring_bytes"         a power of two >= 4096: each direction's ring
 //                            (default 4 MiB)
 //   "max_function_length", "max_payload_bytes", "max_tensors",

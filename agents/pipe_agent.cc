@@ -10,7 +10,7 @@
 
 #include "agents/pipe_address.h"
 #include "agents/pipe_agent_impl.h"
-#include "agents/pipe_tcp_transport.h"
+#include "agents/pipe/transport/tcp/tcp_transport.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/listen_address.h"
@@ -81,7 +81,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       auth(options.secret ? options.secret : Secret::from_environment(), this->name, rank),
       peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
-  TcpTransportOptions tcp;
+  transport::TcpTransportOptions tcp;
   tcp.agent_name = this->name;
   tcp.num_io_threads = options.num_io_threads;
   tcp.limits = options.limits;
@@ -102,7 +102,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device) {
     return buffers->empty(shape, dtype);
   };
-  transport = make_tcp_transport(*this, std::move(tcp));
+  transport = transport::make_tcp_transport(*this, std::move(tcp));
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
   // A call cancelled by its future: the callee is told with a cancel frame.
   calls.set_cancel_notifier([this](int dst, uint64_t id) {

@@ -3,7 +3,7 @@
 //   PeerTable        (pipe_peers.h)       who the peers are, their
 //                                         connections and states
 //   PipeTransport    (pipe_transport.h)   listener, connect, I/O threads,
-//                                         timers (TCP: pipe_tcp_transport.h)
+//                                         timers (TCP: pipe/transport/tcp/tcp_transport.h)
 //   StaticRendezvous (pipe_rendezvous.h)  a static group's setup and barrier
 //   Membership       (pipe_membership.h)  a dynamic group's joins and leaves
 //   rpc::CallTable   (rpc/call_table.h)   calls made and requests served

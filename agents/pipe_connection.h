@@ -1,5 +1,5 @@
 // Connection and ConnectionEvents: the PIPE agent's view of one connection
-// to one peer, whatever carries it (TCP today: agents/pipe_tcp_connection.h;
+// to one peer, whatever carries it (the transports under agents/pipe/transport/: tcp, tls, shm;
 // a transport is chosen through agents/pipe_transport.h). Internal to
 // //agents (no Asio here).
 //

@@ -66,7 +66,7 @@ enum class FrameKind : uint8_t {
   kHeartbeat = 5,
   kGoodbye = 6,
   kCancel = 7,    // no body; id: a request of the sender's it cancels
-  kLane = 8,      // payload: the same-host lane's negotiation (pipe_tcp_connection.h)
+  kLane = 8,      // payload: the same-host lane's negotiation (pipe/transport/shm/shm_lane.h)
 };
 
 // "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel", "lane" (or

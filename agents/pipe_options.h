@@ -86,7 +86,7 @@ struct PipeSettings {
   // Mutual TLS on every connection; none named: the SWITCHBOARD_TLS_*
   // variables' files when set, else plain TCP.
   PipeTlsOptions tls;
-  // The same-host lane (agents/pipe_tcp_connection.h): frames to a worker
+  // The same-host lane (agents/pipe/transport/shm/shm_lane.h): frames to a worker
   // of this host go through shared memory. nullopt: on unless
   // SWITCHBOARD_PIPE_SHM is "0". Never with TLS. Each direction's ring has
   // shm_ring_bytes (a power of two, >= 4096).

@@ -2,7 +2,7 @@
 // them: a listener, an outgoing connect, the I/O threads that run every
 // Connection (agents/pipe_connection.h), and the timers of the agent's
 // periodic work (heartbeats). The rest of the agent sees connections only
-// through this seam; TCP is one implementation (agents/pipe_tcp_transport.h),
+// through this seam; TCP is one implementation (agents/pipe/transport/tcp/tcp_transport.h),
 // and another (a same-host shared-memory channel) may sit beside it.
 // Internal to //agents (no Asio here).
 //

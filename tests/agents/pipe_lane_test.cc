@@ -1,4 +1,4 @@
-// PIPE's same-host lane (agents/pipe_tcp_connection.h): workers of one host
+// PIPE's same-host lane (agents/pipe/transport/shm/shm_lane.h): workers of one host
 // move their frames through shared memory, tensors larger than the ring
 // cross it intact, the lane can be turned off (on one side or both), its
 // segments are unmapped with the connections, and a ring a peer corrupts closes the

@@ -1,4 +1,4 @@
-// Mutual TLS on PIPE connections (agents/pipe_tls.h): workers with
+// Mutual TLS on PIPE connections (agents/pipe/transport/tls/): workers with
 // certificates from the job's CA call each other, tensors included; a
 // worker whose certificate another CA signed, whose certificate expired,
 // or that speaks plain TCP does not get in, and the group keeps working;

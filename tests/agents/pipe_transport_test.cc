@@ -26,7 +26,7 @@
 
 #include "agents/pipe_connection.h"
 #include "agents/pipe_frame.h"
-#include "agents/pipe_tcp_transport.h"
+#include "agents/pipe/transport/tcp/tcp_transport.h"
 #include "agents/pipe_transport.h"
 #include "common/error.h"
 #include "common/mutex.h"
@@ -35,6 +35,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::transport;
 using namespace std::chrono_literals;
 using rpc::Message;
 using rpc::MessageType;

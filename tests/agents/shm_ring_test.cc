@@ -1,9 +1,9 @@
-// The same-host lane's ring (agents/shm_ring.h): bytes across threads
+// The same-host lane's ring (agents/pipe/transport/shm/shm_ring.h): bytes across threads
 // through a shared segment, the segment's name handling, a hostile peer's
 // values refused, close() waking a waiting side, and a brief fuzz run of
 // tests/agents/fuzz/shm_ring_fuzzer.cc (tools/fuzz_shm_ring runs it long,
 // with sanitizers).
-#include "agents/shm_ring.h"
+#include "agents/pipe/transport/shm/shm_ring.h"
 
 #include <sys/mman.h>
 #include <sys/types.h>

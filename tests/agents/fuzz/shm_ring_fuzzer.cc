@@ -1,4 +1,4 @@
-// libFuzzer target for the same-host lane's ring (agents/shm_ring.h) under
+// libFuzzer target for the same-host lane's ring (agents/pipe/transport/shm/shm_ring.h) under
 // a hostile writer. The segment is a heap block of exactly the ring's size,
 // so that AddressSanitizer reports any read or write outside it.
 //
@@ -28,7 +28,7 @@
 
 #include "agents/pipe_frame.h"
 #include "tests/agents/fuzz/fuzz_check.h"
-#include "agents/shm_ring.h"
+#include "agents/pipe/transport/shm/shm_ring.h"
 #include "common/error.h"
 
 using namespace switchboard;

@@ -1,7 +1,7 @@
-// TLS for the TCP transport (agents/pipe_tcp_transport.h): the OpenSSL
-// context built from a worker's PipeTlsOptions, and the words for a
-// handshake that failed. Internal to //agents; includes Asio's ssl headers,
-// so only the transport's sources include it.
+// The OpenSSL context of the TLS transport (tls/tls_connection.h), built
+// from a worker's PipeTlsOptions, and the words for a handshake that
+// failed. Internal to the PIPE agent; includes Asio's ssl headers, so only
+// the transports' sources include it.
 //
 // The context asks every peer for a certificate signed by the CA, on both
 // sides (mutual TLS), and speaks TLS 1.2 or newer.
@@ -13,21 +13,20 @@
 // OpenSSL allows that once it is built.
 #pragma once
 
+#include <boost/asio/ssl/context.hpp>
+#include <boost/system/error_code.hpp>
 #include <memory>
 #include <string>
 
-#include <boost/asio/ssl/context.hpp>
-#include <boost/system/error_code.hpp>
-
 #include "agents/pipe_options.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::transport {
 
-std::shared_ptr<boost::asio::ssl::context> make_tls_context(const PipeTlsOptions& files,
-                                                            const std::string& agent_name);
+std::shared_ptr<boost::asio::ssl::context> make_tls_context(
+    const PipeTlsOptions& files, const std::string& agent_name);
 
 // Why a handshake on `ssl` failed with `error`: Asio's words, and the
 // certificate check's result when that is what failed.
 std::string tls_failure_reason(const boost::system::error_code& error, SSL* ssl);
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::transport

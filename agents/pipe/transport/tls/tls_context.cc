@@ -1,4 +1,4 @@
-#include "agents/pipe_tls.h"
+#include "agents/pipe/transport/tls/tls_context.h"
 
 #include <fmt/format.h>
 #include <openssl/err.h>
@@ -10,7 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace switchboard::agents {
+namespace switchboard::agents::transport {
 
 namespace ssl = boost::asio::ssl;
 
@@ -21,18 +21,20 @@ void require_readable(const std::string& agent, const char* what, const std::str
                       bool owner_only) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
-    throw std::invalid_argument(fmt::format("PIPE agent \"{}\": TLS {} file \"{}\": {}", agent,
-                                            what, path, std::strerror(errno)));
+    throw std::invalid_argument(fmt::format("PIPE agent \"{}\": TLS {} file \"{}\": {}",
+                                            agent, what, path, std::strerror(errno)));
   }
   if (!S_ISREG(info.st_mode)) {
-    throw std::invalid_argument(fmt::format(
-        "PIPE agent \"{}\": TLS {} file \"{}\" is not a regular file", agent, what, path));
+    throw std::invalid_argument(
+        fmt::format("PIPE agent \"{}\": TLS {} file \"{}\" is not a regular file", agent,
+                    what, path));
   }
   if (owner_only && (info.st_mode & 077) != 0) {
-    throw std::invalid_argument(fmt::format(
-        "PIPE agent \"{}\": TLS {} file \"{}\" has mode {:03o}: others than its owner may "
-        "read or change it; run chmod 600 on it",
-        agent, what, path, info.st_mode & 0777));
+    throw std::invalid_argument(
+        fmt::format("PIPE agent \"{}\": TLS {} file \"{}\" has mode {:03o}: others than "
+                    "its owner may "
+                    "read or change it; run chmod 600 on it",
+                    agent, what, path, info.st_mode & 0777));
   }
 }
 
@@ -47,10 +49,11 @@ std::shared_ptr<ssl::context> make_tls_context(const PipeTlsOptions& files,
     if (value->empty()) missing += fmt::format("{}{}", missing.empty() ? "" : ", ", name);
   }
   if (!missing.empty()) {
-    throw std::invalid_argument(fmt::format(
-        "PIPE agent \"{}\": TLS needs a certificate, a key and a CA file; missing: {} (or "
-        "the option of that name)",
-        agent_name, missing));
+    throw std::invalid_argument(
+        fmt::format("PIPE agent \"{}\": TLS needs a certificate, a key and a CA file; "
+                    "missing: {} (or "
+                    "the option of that name)",
+                    agent_name, missing));
   }
   require_readable(agent_name, "certificate", files.cert_file, false);
   require_readable(agent_name, "key", files.key_file, true);
@@ -91,8 +94,9 @@ std::shared_ptr<ssl::context> make_tls_context(const PipeTlsOptions& files,
         "PIPE agent \"{}\": TLS key file \"{}\" does not match the certificate in \"{}\"",
         agent_name, files.key_file, files.cert_file));
   }
-  load("CA", files.ca_file,
-       [&](boost::system::error_code& e) { context->load_verify_file(files.ca_file, e); });
+  load("CA", files.ca_file, [&](boost::system::error_code& e) {
+    context->load_verify_file(files.ca_file, e);
+  });
   context->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
   return context;
 }
@@ -109,4 +113,4 @@ std::string tls_failure_reason(const boost::system::error_code& error, SSL* ssl)
   return reason;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::transport

@@ -1,4 +1,4 @@
-#include "agents/shm_ring.h"
+#include "agents/pipe/transport/shm/shm_ring.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

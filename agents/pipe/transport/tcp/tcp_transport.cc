@@ -1,4 +1,4 @@
-#include "agents/pipe_tcp_transport.h"
+#include "agents/pipe/transport/tcp/tcp_transport.h"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -7,27 +7,27 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
-#include <future>
-#include <set>
-
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <cerrno>
+#include <future>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "agents/pipe_tcp_connection.h"
-#include "agents/pipe_tls.h"
+#include "agents/pipe/transport/tcp/tcp_connection.h"
+#include "agents/pipe/transport/tls/tls_connection.h"
+#include "agents/pipe/transport/tls/tls_context.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/mutex.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::transport {
 
 namespace {
 
@@ -46,7 +46,8 @@ class TcpTransport final : public PipeTransport {
         work_(asio::make_work_guard(io_)),
         strand_(asio::make_strand(io_)),
         acceptor_(strand_) {
-    if (options_.tls.enabled()) tls_ = make_tls_context(options_.tls, options_.agent_name);
+    if (options_.tls.enabled())
+      tls_ = make_tls_context(options_.tls, options_.agent_name);
   }
 
   // Stops the io_context (pending handlers are dropped, not run) and joins
@@ -67,13 +68,14 @@ class TcpTransport final : public PipeTransport {
     if (options_.ports) {
       // A port of the range (SWITCHBOARD_PORT_RANGE), the first one free.
       try {
-        bind_in_range(*options_.ports,
-                      fmt::format("PIPE agent \"{}\" on {}", options_.agent_name, address),
-                      [&](uint16_t port) {
-                        boost::system::error_code e;
-                        acceptor_.bind(tcp::endpoint(ip, port), e);
-                        return e ? e.message() : std::string();
-                      });
+        bind_in_range(
+            *options_.ports,
+            fmt::format("PIPE agent \"{}\" on {}", options_.agent_name, address),
+            [&](uint16_t port) {
+              boost::system::error_code e;
+              acceptor_.bind(tcp::endpoint(ip, port), e);
+              return e ? e.message() : std::string();
+            });
       } catch (const std::runtime_error& e) {
         throw ConnectionError(e.what());
       }
@@ -130,16 +132,18 @@ class TcpTransport final : public PipeTransport {
     if (error) throw ConnectionError(error.message());
     socket.non_blocking(false, error);
     if (error) throw ConnectionError(error.message());
-    std::shared_ptr<TcpConnection> connection = make_connection(std::move(socket));
-    if (tls_) {
+    if (!tls_) return make_connection(std::move(socket));
+    std::shared_ptr<TlsConnection> connection = make_tls_connection(std::move(socket));
+    {
       // The handshake runs on the connection's strand, bounded by its own
       // timer; a transport destroyed meanwhile breaks the promise.
       using Outcome = std::pair<std::string, bool>;
       auto outcome = std::make_shared<std::promise<Outcome>>();
       std::future<Outcome> done = outcome->get_future();
-      connection->handshake(true, timeout, [outcome](const std::string& why, bool refused) {
-        outcome->set_value({why, refused});
-      });
+      connection->handshake(true, timeout,
+                            [outcome](const std::string& why, bool refused) {
+                              outcome->set_value({why, refused});
+                            });
       Outcome result;
       try {
         result = done.get();
@@ -151,7 +155,8 @@ class TcpTransport final : public PipeTransport {
         // A certificate refused (by either side) is not a peer gone: the
         // caller must not treat it as one (a dynamic joiner drops members
         // it cannot reach).
-        if (result.second) throw AuthenticationError("TLS handshake failed: " + result.first);
+        if (result.second)
+          throw AuthenticationError("TLS handshake failed: " + result.first);
         throw ConnectionError("TLS handshake failed: " + result.first);
       }
     }
@@ -197,7 +202,8 @@ class TcpTransport final : public PipeTransport {
       made.swap(made_);
     }
     for (const auto& weak : made) {
-      if (std::shared_ptr<TcpConnection> connection = weak.lock()) connection->join_lane();
+      if (std::shared_ptr<TcpConnection> connection = weak.lock())
+        connection->join_lane();
     }
   }
 
@@ -205,22 +211,29 @@ class TcpTransport final : public PipeTransport {
   std::shared_ptr<TcpConnection> make_connection(tcp::socket socket) {
     auto connection =
         std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
-                                        options_.allocate, tls_, options_.lane_capacity);
+                                        options_.allocate, options_.lane_capacity);
     if (options_.lane_capacity > 0) {
       MutexLock lock(made_mu_);
-      std::erase_if(made_, [](const std::weak_ptr<TcpConnection>& w) { return w.expired(); });
+      std::erase_if(made_,
+                    [](const std::weak_ptr<TcpConnection>& w) { return w.expired(); });
       made_.push_back(connection);
     }
     return connection;
   }
 
+  std::shared_ptr<TlsConnection> make_tls_connection(tcp::socket socket) {
+    return std::make_shared<TlsConnection>(events_, std::move(socket), options_.limits,
+                                           options_.allocate, tls_);
+  }
+
   // Hands an accepted connection to the agent, after its TLS handshake
   // when there is TLS.
-  void accepted(std::shared_ptr<TcpConnection> connection) {
+  void accepted(tcp::socket socket) {
     if (!tls_) {
-      on_accept_(std::move(connection));
+      on_accept_(make_connection(std::move(socket)));
       return;
     }
+    std::shared_ptr<TlsConnection> connection = make_tls_connection(std::move(socket));
     {
       MutexLock lock(handshakes_mu_);
       handshaking_.insert(connection);
@@ -240,27 +253,29 @@ class TcpTransport final : public PipeTransport {
           }
           connection->close_now();
           if (!closing_) {
-            spdlog::warn("rpc agent \"{}\": refused a connection from {}: TLS handshake "
-                         "failed: {}",
-                         options_.agent_name, peer, why);
+            spdlog::warn(
+                "rpc agent \"{}\": refused a connection from {}: TLS handshake "
+                "failed: {}",
+                options_.agent_name, peer, why);
           }
         });
   }
 
   // Strand only.
   void accept_next() {
-    acceptor_.async_accept([this](const boost::system::error_code& error, tcp::socket socket) {
-      if (error) {
-        if (error != asio::error::operation_aborted) {
-          spdlog::warn("rpc agent \"{}\": accept failed: {}", options_.agent_name,
-                       error.message());
-        }
-        if (!acceptor_.is_open()) return;
-      } else {
-        accepted(make_connection(std::move(socket)));
-      }
-      accept_next();
-    });
+    acceptor_.async_accept(
+        [this](const boost::system::error_code& error, tcp::socket socket) {
+          if (error) {
+            if (error != asio::error::operation_aborted) {
+              spdlog::warn("rpc agent \"{}\": accept failed: {}", options_.agent_name,
+                           error.message());
+            }
+            if (!acceptor_.is_open()) return;
+          } else {
+            accepted(std::move(socket));
+          }
+          accept_next();
+        });
   }
 
   // Strand only.
@@ -280,21 +295,21 @@ class TcpTransport final : public PipeTransport {
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   asio::strand<asio::io_context::executor_type> strand_;
-  tcp::acceptor acceptor_;  // strand only once listening
-  std::string address_;     // written by listen()
-  int port_ = 0;            // written by listen()
-  OnAccept on_accept_;      // written by listen()
-  bool closed_ = false;     // strand only
+  tcp::acceptor acceptor_;                                   // strand only once listening
+  std::string address_;                                      // written by listen()
+  int port_ = 0;                                             // written by listen()
+  OnAccept on_accept_;                                       // written by listen()
+  bool closed_ = false;                                      // strand only
   std::vector<std::shared_ptr<asio::steady_timer>> timers_;  // strand only
-  std::vector<std::thread> threads_;  // owner's thread
-  std::shared_ptr<asio::ssl::context> tls_;  // null: plain TCP
+  std::vector<std::thread> threads_;                         // owner's thread
+  std::shared_ptr<asio::ssl::context> tls_;                  // null: plain TCP
   std::atomic<bool> closing_{false};
   // Every connection with a lane this transport made, for join().
   Mutex made_mu_;
   std::vector<std::weak_ptr<TcpConnection>> made_ SB_GUARDED_BY(made_mu_);
   Mutex handshakes_mu_;
   // Accepted connections whose TLS handshake is still running.
-  std::set<std::shared_ptr<TcpConnection>> handshaking_ SB_GUARDED_BY(handshakes_mu_);
+  std::set<std::shared_ptr<TlsConnection>> handshaking_ SB_GUARDED_BY(handshakes_mu_);
 };
 
 }  // namespace
@@ -304,4 +319,4 @@ std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
   return std::make_unique<TcpTransport>(events, std::move(options));
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::transport

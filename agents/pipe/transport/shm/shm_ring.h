@@ -1,6 +1,6 @@
 // ShmRing: a single-producer, single-consumer byte pipe through memory
 // shared by two processes on one host: the same-host lane of PIPE
-// connections (agents/pipe_tcp_connection.h), which carries the very bytes
+// connections (agents/pipe/transport/shm/shm_lane.h), which carries the very bytes
 // the TCP socket would, without a system call when neither side sleeps.
 //
 //   // writer's process                        // reader's process

@@ -1,8 +1,13 @@
 // The TCP PipeTransport (agents/pipe_transport.h): an Asio io_context run
-// by `num_io_threads` threads, a TCP acceptor, and TcpConnections
-// (agents/pipe_tcp_connection.h), optionally inside mutual TLS
-// (agents/pipe_tls.h). Internal to //agents; this header keeps Asio out of
-// the files that include it.
+// by `num_io_threads` threads and a TCP acceptor, whose connections are one
+// of the three stream transports, each in its own folder:
+//   tcp/tcp_connection.h   plain TCP;
+//   shm/shm_lane.h         plain TCP whose frames move through shared
+//                          memory once both sides agree (lane_capacity);
+//   tls/tls_connection.h   mutual TLS over TCP (tls.enabled()).
+// Every transport passes one conformance suite
+// (tests/agents/pipe_transport_test.cc). Internal to the PIPE agent; this
+// header keeps Asio out of the files that include it.
 #pragma once
 
 #include <chrono>
@@ -17,7 +22,7 @@
 #include "agents/pipe_transport.h"
 #include "common/listen_address.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::transport {
 
 struct TcpTransportOptions {
   // Names the agent in errors and logs.
@@ -43,8 +48,8 @@ struct TcpTransportOptions {
 
 // A transport whose connections report to `events`, which must outlive it.
 // Threads start at listen(). Throws std::invalid_argument when the TLS
-// files cannot be used (agents/pipe_tls.h).
+// files cannot be used (tls/tls_context.h).
 std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
                                                   TcpTransportOptions options);
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::transport

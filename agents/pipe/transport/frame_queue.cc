@@ -1,0 +1,48 @@
+#include "agents/pipe/transport/frame_queue.h"
+
+#include <algorithm>
+
+namespace switchboard::agents::transport {
+
+void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& devices) {
+  pipe::append_frame(bytes_, m, devices);
+  for (const Tensor& t : m.tensors) {
+    if (t.nbytes() > 0) tensors_.push_back({bytes_.size(), t, 0});
+  }
+}
+
+void FrameQueue::append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
+                                size_t size) {
+  pipe::append_control_frame(bytes_, kind, id, payload, size);
+}
+
+size_t FrameQueue::size() const {
+  size_t n = 0;
+  for_each_piece([&](const uint8_t*, size_t size) { n += size; });
+  return n;
+}
+
+void FrameQueue::consume(size_t n) {
+  size_t at = 0;        // frame bytes fully sent
+  size_t finished = 0;  // tensors fully sent
+  while (n > 0) {
+    const size_t end =
+        finished < tensors_.size() ? tensors_[finished].offset : bytes_.size();
+    const size_t taken = std::min(n, end - at);
+    at += taken;
+    n -= taken;
+    if (n == 0 || finished == tensors_.size()) break;
+    QueuedTensor& t = tensors_[finished];
+    const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
+    t.sent += take;
+    n -= take;
+    if (t.sent < t.tensor.nbytes()) break;
+    ++finished;
+  }
+  bytes_.erase(bytes_.begin(), bytes_.begin() + static_cast<std::ptrdiff_t>(at));
+  tensors_.erase(tensors_.begin(),
+                 tensors_.begin() + static_cast<std::ptrdiff_t>(finished));
+  for (QueuedTensor& t : tensors_) t.offset -= at;
+}
+
+}  // namespace switchboard::agents::transport

@@ -1,0 +1,78 @@
+// FrameQueue: frames waiting to go out on a byte stream (a socket, a TLS
+// session, a shared-memory ring), as the encoded frame bytes plus the
+// tensors whose bytes follow them, which are never copied into the queue.
+// Every stream transport writes from one: it appends frames, hands the
+// pieces to its stream in wire order, and drops what the stream took.
+//
+// Ownership: the queue holds a reference to each queued tensor's storage
+// until its bytes went; the caller must not change those bytes meanwhile.
+// Thread safety: none; the owning connection guards it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "agents/pipe_frame.h"
+#include "core/message.h"
+#include "core/tensor.h"
+
+namespace switchboard::agents::transport {
+
+class FrameQueue {
+ public:
+  // Appends `m` encoded as a frame (pipe::append_frame), its tensors' bytes
+  // after it.
+  void append(const rpc::Message& m, const std::vector<Device>& devices);
+  // Appends a control frame (pipe::append_control_frame).
+  void append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
+                      size_t size);
+
+  bool empty() const { return bytes_.empty() && tensors_.empty(); }
+  // Bytes still to go (frame bytes and tensor bytes).
+  size_t size() const;
+
+  // Calls emit(data, size) for each piece in wire order, skipping empty
+  // pieces and bytes already consumed.
+  template <typename Emit>
+  void for_each_piece(Emit&& emit) const;
+  // Drops the first `n` bytes (n <= size()).
+  void consume(size_t n);
+
+  void swap(FrameQueue& other) noexcept {
+    bytes_.swap(other.bytes_);
+    tensors_.swap(other.tensors_);
+  }
+  void clear() {
+    bytes_.clear();
+    tensors_.clear();
+  }
+
+ private:
+  // A tensor whose bytes follow byte `offset` of bytes_; `sent` of them
+  // already went (a partial write).
+  struct QueuedTensor {
+    size_t offset = 0;
+    Tensor tensor;
+    size_t sent = 0;
+  };
+
+  std::vector<uint8_t> bytes_;
+  std::vector<QueuedTensor> tensors_;
+};
+
+template <typename Emit>
+void FrameQueue::for_each_piece(Emit&& emit) const {
+  size_t at = 0;
+  for (const QueuedTensor& t : tensors_) {
+    if (t.offset > at) emit(bytes_.data() + at, t.offset - at);
+    at = t.offset;
+    if (t.sent < t.tensor.nbytes()) {
+      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent,
+           t.tensor.nbytes() - t.sent);
+    }
+  }
+  if (at < bytes_.size()) emit(bytes_.data() + at, bytes_.size() - at);
+}
+
+}  // namespace switchboard::agents::transport
