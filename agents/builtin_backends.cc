@@ -77,6 +77,11 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
                "got {}", *shm);
     options->shm = *shm == 1;
   }
+  if (auto cuda_ipc = reader.get_int("cuda_ipc")) {
+    SB_REQUIRE(*cuda_ipc == 0 || *cuda_ipc == 1,
+               "RPC backend \"PIPE\": option \"cuda_ipc\" must be 0 or 1, got {}", *cuda_ipc);
+    options->cuda_ipc = *cuda_ipc == 1;
+  }
   const int64_t ring = read_int(reader, "shm_ring_bytes", 4096, int64_t{1} << 30,
                                 static_cast<int64_t>(options->shm_ring_bytes));
   SB_REQUIRE((ring & (ring - 1)) == 0,

@@ -59,6 +59,11 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            on; see agents/pipe/transport/shm/shm_lane.h)
 //   "shm_ring_bytes"         a power of two >= 4096: each direction's ring
 //                            (default 4 MiB)
+//   "cuda_ipc"               "1" or "0": CUDA tensors to workers of this
+//                            host device to device (default:
+//                            SWITCHBOARD_PIPE_CUDA_IPC, else on where a
+//                            DeviceIpc is registered; see
+//                            agents/pipe/channel/cuda_ipc.h)
 //   "max_function_length", "max_payload_bytes", "max_tensors",
 //   "max_tensor_bytes"       what a received frame may carry
 //                            (pipe::FrameLimits; a larger frame closes the

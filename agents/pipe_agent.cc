@@ -1,5 +1,7 @@
 #include "agents/pipe_agent.h"
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -10,7 +12,9 @@
 
 #include "agents/pipe_address.h"
 #include "agents/pipe_agent_impl.h"
+#include "agents/pipe/host_key.h"
 #include "agents/pipe/transport/tcp/tcp_transport.h"
+#include "core/device_ipc.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/listen_address.h"
@@ -41,25 +45,45 @@ Message copy_tensors(Message m, const std::vector<Device>& devices) {
   return m;
 }
 
-// Replaces every CUDA tensor of `m` with a CPU copy, which is what travels
-// (the frame's descriptors name the device the receiver puts it on), and
-// every non-contiguous CPU tensor with a contiguous copy. A
-// tensor that cannot be copied (no CUDA runtime linked, not contiguous)
-// throws std::invalid_argument naming the target worker `to`.
-void stage_on_cpu(Message& m, const std::string& to) {
-  for (size_t i = 0; i < m.tensors.size(); ++i) {
-    Tensor& t = m.tensors[i];
-    if (t.device().is_cpu()) {
-      if (!t.is_contiguous()) t = t.clone();  // contiguous is what travels
-      continue;
-    }
-    try {
-      t = t.to(Device::cpu());
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(
-          fmt::format("rpc to \"{}\": tensor {} cannot be staged: {}", to, i, e.what()));
-    }
+// Replaces tensor `i` of `m`, when on a CUDA device, with a CPU copy,
+// which is what travels (the frame's descriptors name the device the
+// receiver puts it on), and when a non-contiguous CPU tensor, with a
+// contiguous copy. A tensor that cannot be copied (no CUDA runtime linked,
+// not contiguous) throws std::invalid_argument naming the target worker
+// `to`.
+void stage_on_cpu(Message& m, size_t i, const std::string& to) {
+  Tensor& t = m.tensors[i];
+  if (t.device().is_cpu()) {
+    if (!t.is_contiguous()) t = t.clone();  // contiguous is what travels
+    return;
   }
+  try {
+    t = t.to(Device::cpu());
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(
+        fmt::format("rpc to \"{}\": tensor {} cannot be staged: {}", to, i, e.what()));
+  }
+}
+
+// What this worker's channels can do, and its cuda_ipc channel when it has
+// one (a DeviceIpc registered, CUDA devices, the option on).
+ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOptions& options,
+                                    int device_count,
+                                    std::unique_ptr<channel::CudaIpcChannel>* cuda_ipc) {
+  ChannelDescriptor mine;
+  mine.host_key = host_key();
+  mine.pid = ::getpid();
+  const char* variable = std::getenv("SWITCHBOARD_PIPE_CUDA_IPC");
+  const bool allowed =
+      options.cuda_ipc.value_or(variable == nullptr || std::string_view(variable) != "0");
+  std::shared_ptr<DeviceIpc> ipc = device_ipc();
+  if (!allowed || ipc == nullptr || device_count == 0) return mine;
+  *cuda_ipc = std::make_unique<channel::CudaIpcChannel>(name, ipc,
+                                                        channel::CudaIpcChannel::Options{});
+  mine.cuda_ipc = true;
+  mine.cuda_ipc_own_process = ipc->opens_own_process();
+  for (int d = 0; d < device_count; ++d) mine.device_uuids.push_back(ipc->device_uuid(d));
+  return mine;
 }
 
 }  // namespace
@@ -78,6 +102,7 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       options(options),
       device_count(options.device_count >= 0 ? options.device_count
                                              : registered_cuda_device_count()),
+      channels(describe_channels(this->name, options, device_count, &cuda_ipc)),
       auth(options.secret ? options.secret : Secret::from_environment(), this->name, rank),
       peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
@@ -144,6 +169,7 @@ void PipeAgent::Impl::start_up() {
   mine.device_maps = options.device_maps;
   mine.devices = options.devices;
   mine.tls = tls;
+  mine.channels = channels;
   // Heartbeats start first: connections made while joining (or during the
   // static rendezvous) must stay alive while the rest is still being set up.
   transport->every(options.heartbeat_interval, [this] { return heartbeat(); });
@@ -178,6 +204,15 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     case pipe::FrameKind::kLane:
       connection->on_lane_frame(frame.message.payload);
       return true;
+    case pipe::FrameKind::kChannel:
+      try {
+        if (!cuda_ipc) throw ProtocolError("a channel frame, but this worker offers no channel");
+        cuda_ipc->on_frame(*connection, frame.message.payload);
+      } catch (const ProtocolError& e) {
+        connection_failed(connection, fmt::format("protocol error: {}", e.what()));
+        return false;
+      }
+      return true;
     case pipe::FrameKind::kCancel:
       calls.cancel_request(from, frame.message.id);
       return true;
@@ -188,13 +223,26 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
       }
       return true;
     case pipe::FrameKind::kRequest:
-      count_received(from, frame.message);
-      accept_request(from, std::move(frame));
-      return true;
     case pipe::FrameKind::kResponse:
     case pipe::FrameKind::kError:
+      if (!frame.channel_tensors.empty()) {
+        try {
+          if (!cuda_ipc) {
+            throw ProtocolError("a tensor by the cuda_ipc channel, which this worker does not "
+                                "offer");
+          }
+          cuda_ipc->check(*connection, frame);
+        } catch (const ProtocolError& e) {
+          connection_failed(connection, fmt::format("protocol error: {}", e.what()));
+          return false;
+        }
+      }
       count_received(from, frame.message);
-      complete(std::move(frame));
+      if (frame.kind == pipe::FrameKind::kRequest) {
+        accept_request(from, std::move(frame), connection);
+      } else {
+        complete(std::move(frame), connection);
+      }
       return true;
     default:
       connection_failed(connection, "protocol error: unexpected frame kind");
@@ -336,7 +384,8 @@ bool PipeAgent::Impl::accept_claim(const std::shared_ptr<Connection>& connection
 // Hands `request` to the call table, which runs the handler on the pool
 // (after start(): peers may call as soon as their own constructor
 // returned); the reply goes back to `from`.
-void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
+void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request,
+                                     std::shared_ptr<Connection> connection) {
   rpc::CallTable::Request r;
   r.message = std::move(request.message);
   r.from = peers.info(from).info;
@@ -344,8 +393,21 @@ void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request) {
   const bool placed = std::any_of(request.devices.begin(), request.devices.end(),
                                   [](const Device& d) { return !d.is_cpu(); });
   if (placed) {
-    r.prepare = [weak, from, devices = std::move(request.devices)](Message& m) {
-      if (auto self = weak.lock()) self->place_tensors(m, devices, from);
+    pipe::InboundFrame routes;  // the frame's devices and channel tensors
+    routes.devices = std::move(request.devices);
+    routes.channel_tensors = std::move(request.channel_tensors);
+    r.prepare = [weak, from, connection = std::move(connection),
+                 routes = std::move(routes)](Message& m) mutable {
+      auto self = weak.lock();
+      if (self == nullptr) return;
+      routes.message = std::move(m);
+      try {
+        self->receive_tensors(routes, connection, from);
+      } catch (...) {
+        m = std::move(routes.message);
+        throw;
+      }
+      m = std::move(routes.message);
     };
   }
   r.reply = rpc::CallTable::reply_via(weak, &Impl::deliver_reply, from);
@@ -362,24 +424,26 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     rpc::encode_remote_error(reply, name, std::current_exception());
   };
   std::vector<Device> wire;
+  std::vector<pipe::TensorRoute> routes;
+  const std::shared_ptr<Connection> connection = to == rank ? nullptr : peers.connection(to);
   try {
     wire = wire_devices(reply, to, /*reply=*/true);
     if (to == rank) {
       reply = copy_tensors(std::move(reply), wire);
-    } else {
-      stage_on_cpu(reply, peers.name_of(to));
+    } else if (connection) {
+      routes = route_tensors(reply, wire, to, *connection);
     }
   } catch (...) {
     replace_with_error();
     wire.clear();
+    routes.clear();
   }
   if (to == rank) {
     complete_now(std::move(reply));
     return;
   }
-  const std::shared_ptr<Connection> connection = peers.connection(to);
   const bool alone = calls.load().handling <= 1;  // the only handler: send from here
-  if (!connection || !connection->enqueue(reply, wire, alone)) {
+  if (!connection || !connection->enqueue(reply, wire, routes, alone)) {
     spdlog::debug("rpc agent \"{}\": reply {} to \"{}\" dropped: no connection", name,
                   reply.id, peers.name_of(to));
     return;
@@ -402,19 +466,27 @@ void PipeAgent::Impl::count_received(int from, const Message& m) const {
 // A response whose tensors go to CUDA devices is placed there on the pool
 // (the copies must not hold up this connection's reads); any other
 // completes here.
-void PipeAgent::Impl::complete(pipe::InboundFrame response) {
+void PipeAgent::Impl::complete(pipe::InboundFrame response,
+                               std::shared_ptr<Connection> connection) {
   const bool placed = std::any_of(response.devices.begin(), response.devices.end(),
                                   [](const Device& d) { return !d.is_cpu(); });
   if (!placed) {
     complete_now(std::move(response.message));
     return;
   }
-  auto place = [self = shared_from_this(), response = std::move(response)]() mutable {
+  auto place = [self = shared_from_this(), response = std::move(response),
+                connection = std::move(connection)]() mutable {
     const uint64_t id = response.message.id;
     const std::optional<int> from = self->calls.destination(id);
-    if (!from) return;  // timed out or cancelled
+    if (!from) {
+      // Timed out or cancelled: the outboxes go back to the sender all the same.
+      if (self->cuda_ipc) {
+        for (const auto& t : response.channel_tensors) self->cuda_ipc->release(*connection, t);
+      }
+      return;
+    }
     try {
-      self->place_tensors(response.message, response.devices, *from);
+      self->receive_tensors(response, connection, *from);
     } catch (...) {
       self->calls.fail(id, std::current_exception());
       return;
@@ -428,6 +500,27 @@ void PipeAgent::Impl::complete(pipe::InboundFrame response) {
   }
 }
 
+void PipeAgent::Impl::receive_tensors(pipe::InboundFrame& frame,
+                                      const std::shared_ptr<Connection>& connection,
+                                      int from) const {
+  Message& m = frame.message;
+  std::exception_ptr failure;
+  for (const auto& t : frame.channel_tensors) {
+    // Every outbox goes back to the sender, also after a failure.
+    try {
+      if (!failure) {
+        m.tensors[t.index] = cuda_ipc->fetch(*connection, t, frame.devices[t.index]);
+      } else {
+        cuda_ipc->release(*connection, t);
+      }
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  place_tensors(m, frame.devices, from);
+}
+
 // Moves each tensor of `m` (received on the CPU) to the device its
 // descriptor named. Throws std::invalid_argument naming the sender, the
 // tensor and the device when this worker cannot hold it there.
@@ -435,7 +528,7 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
                                     int from) const {
   int count = -1;
   for (size_t i = 0; i < wire.size() && i < m.tensors.size(); ++i) {
-    if (wire[i].is_cpu()) continue;
+    if (wire[i].is_cpu() || m.tensors[i].device() == wire[i]) continue;  // there already
     if (count < 0) count = device_count;
     SB_REQUIRE(wire[i].index < count,
                "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
@@ -455,6 +548,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
                                         const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
+  if (cuda_ipc) cuda_ipc->forget(*connection);
   auth.forget(*connection);
   // Before the peer is seen down: whoever sees it down (a call failing)
   // sees its requests here cancelled too.
@@ -559,6 +653,41 @@ void PipeAgent::Impl::fail_calls_to(int peer, const std::string& why) {
                       fmt::format("{}: worker \"{}\" {}", rpc::call_prefix(peer_name, c.function),
                                   peer_name, why)));
                 });
+}
+
+std::vector<pipe::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
+                                                              const std::vector<Device>& wire,
+                                                              int to, Connection& connection) {
+  std::vector<pipe::TensorRoute> routes;
+  const std::string& peer_name = peers.name_of(to);
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const Tensor& t = m.tensors[i];
+    if (t.device().is_cuda() && !wire.empty()) {
+      const channel::Choice choice =
+          channel::choose(channels, peers.info(to).announcement.channels, t.device(), wire[i],
+                          t.is_contiguous() ? t.nbytes() : 0);
+      log_choice(to, t.device(), wire[i], choice);
+      if (choice.channel == pipe::TensorChannel::kCudaIpc) {
+        if (std::optional<pipe::TensorRoute> route = cuda_ipc->send(connection, t)) {
+          routes.resize(m.tensors.size());
+          routes[i] = *route;
+          continue;
+        }
+      }
+    }
+    stage_on_cpu(m, i, peer_name);
+  }
+  return routes;
+}
+
+void PipeAgent::Impl::log_choice(int to, Device src, Device dst, const channel::Choice& choice) {
+  const std::string key = fmt::format("{} {} {} {}", to, src.str(), dst.str(), choice.name);
+  {
+    MutexLock lock(choices_mu);
+    if (!logged_choices.insert(key).second) return;
+  }
+  spdlog::info("rpc agent \"{}\": tensors from {} to {} of \"{}\" go by {} ({})", name,
+               src.str(), dst.str(), peers.name_of(to), choice.name, choice.why);
 }
 
 std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
@@ -684,7 +813,6 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
     }
     const int dst = worker(to.name).id;
     const std::vector<Device> wire = s.wire_devices(request, dst, false);
-    if (dst != s.rank) stage_on_cpu(request, to.name);
     rpc::CallTable::Added call = s.calls.add({dst, to.name, request.function, timeout});
     id = call.id;
     future = std::move(call.future);
@@ -699,11 +827,13 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
                                         route.reason));
     }
     const bool alone = call.in_flight <= 1;  // the only call in flight: send from here
+    std::vector<pipe::TensorRoute> routes;
+    if (dst != s.rank) routes = s.route_tensors(request, wire, dst, *route.connection);
     if (dst == s.rank) {
       pipe::InboundFrame self_request;
       self_request.message = copy_tensors(std::move(request), wire);
       s.accept_request(s.rank, std::move(self_request));
-    } else if (!route.connection->enqueue(request, wire, alone)) {
+    } else if (!route.connection->enqueue(request, wire, routes, alone)) {
       s.calls.fail(id, std::make_exception_ptr(ConnectionError(fmt::format(
                            "{}: the connection to worker \"{}\" is closed",
                            rpc::call_prefix(to.name, request.function), to.name))));

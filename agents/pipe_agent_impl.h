@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "agents/host_buffer_cache.h"
+#include "agents/pipe/channel/cuda_ipc.h"
+#include "agents/pipe/channel/select.h"
 #include "agents/pipe_auth.h"
 #include "agents/pipe_agent.h"
 #include "agents/pipe_connection.h"
@@ -79,11 +81,29 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   bool on_proof(const std::shared_ptr<Connection>& connection, const Hello& hello);
 
   // Calls and replies.
-  void accept_request(int from, pipe::InboundFrame request);
+  // `connection`: the one the request came by (null for a self-send).
+  void accept_request(int from, pipe::InboundFrame request,
+                      std::shared_ptr<Connection> connection = nullptr);
   void deliver_reply(int to, rpc::Message reply);
-  void complete(pipe::InboundFrame response);
+  void complete(pipe::InboundFrame response, std::shared_ptr<Connection> connection);
   void complete_now(rpc::Message response);
+  // Brings the tensors of `frame` that a channel carries (from
+  // `connection`), then moves every tensor to the device its descriptor
+  // named; on the pool.
+  void receive_tensors(pipe::InboundFrame& frame, const std::shared_ptr<Connection>& connection,
+                       int from) const;
   void place_tensors(rpc::Message& m, const std::vector<Device>& wire, int from) const;
+  // Chooses each tensor's channel to `to` (over `connection`): the
+  // cuda_ipc ones go into outboxes, every other CUDA tensor is staged on
+  // the CPU and every non-contiguous CPU one made contiguous. The routes
+  // (empty: every tensor's bytes in the frame). Throws
+  // std::invalid_argument naming `to` for a tensor that cannot travel.
+  std::vector<pipe::TensorRoute> route_tensors(rpc::Message& m, const std::vector<Device>& wire,
+                                               int to, Connection& connection)
+      SB_EXCLUDES(choices_mu);
+  // Logs a channel chosen for (to, src, dst) the first time.
+  void log_choice(int to, Device src, Device dst, const channel::Choice& choice)
+      SB_EXCLUDES(choices_mu);
   // The device each tensor of `m` to `to` lands on (empty: all CPU).
   std::vector<Device> wire_devices(const rpc::Message& m, int to, bool reply) const;
 
@@ -124,6 +144,12 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // CUDA devices the maps were validated against (the option, or what the
   // registered CUDA runtime sees).
   const int device_count;
+  // What this worker's channels can do (in its announcement), and the
+  // cuda_ipc channel (null: off, or no DeviceIpc registered).
+  std::unique_ptr<channel::CudaIpcChannel> cuda_ipc;  // before `channels`, which sets it
+  const ChannelDescriptor channels;
+  Mutex choices_mu;
+  std::set<std::string> logged_choices SB_GUARDED_BY(choices_mu);
   // Large received tensors come from here.
   const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
 

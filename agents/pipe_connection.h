@@ -62,12 +62,13 @@ class Connection {
   }
 
   // Queues one frame (and its tensors' bytes, which must stay unchanged
-  // until sent); false when the connection is closed or closing. With
+  // until sent, but for the tensors `routes` hands to a channel: see
+  // pipe::append_frame); false when the connection is closed or closing. With
   // `send_now` and no write in flight, the calling thread sends what the
   // connection takes at once (lowest latency); otherwise an I/O thread
   // sends it, coalesced with whatever else is queued by then.
   virtual bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-                       bool send_now) = 0;
+                       const std::vector<pipe::TensorRoute>& routes, bool send_now) = 0;
   // Queues a frame of `kind` with an opaque payload (hello, heartbeat,
   // goodbye) or with an id only (cancel); false when closed or closing.
   virtual bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,

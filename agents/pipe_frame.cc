@@ -41,6 +41,7 @@ void check_kind_rules(const FrameHeader& h) {
       break;
     case FrameKind::kHello:
     case FrameKind::kLane:
+    case FrameKind::kChannel:
       must_be_zero("tensor_count", h.tensor_count);
       must_be_zero("function_length", h.function_length);
       break;
@@ -104,12 +105,15 @@ void check_fixed_fields(const uint8_t* in) {
     throw ProtocolError(fmt::format("pipe frame: version {} is not supported (expected {})",
                                  in[4], kVersion));
   }
-  if (in[5] < 1 || in[5] > 8) {
+  if (in[5] < 1 || in[5] > 9) {
     throw ProtocolError(
-        fmt::format("pipe frame: kind {} is not a frame kind (1 to 8)", in[5]));
+        fmt::format("pipe frame: kind {} is not a frame kind (1 to 9)", in[5]));
   }
   const auto flags = load_le<uint16_t>(in + 6);
-  const uint16_t allowed = in[5] == static_cast<uint8_t>(FrameKind::kRequest) ? kFlagTimeout : 0;
+  const uint16_t allowed =
+      in[5] == static_cast<uint8_t>(FrameKind::kRequest) ? kFlagTimeout | kFlagChannel
+      : in[5] <= static_cast<uint8_t>(FrameKind::kError) ? kFlagChannel
+                                                          : 0;
   if ((flags & ~allowed) != 0) {
     throw ProtocolError(fmt::format("pipe frame: flags {:#06x} on a {} frame (allowed: {:#06x})",
                                     flags, kind_name(static_cast<FrameKind>(in[5])), allowed));
@@ -165,6 +169,8 @@ std::string kind_name(FrameKind kind) {
       return "cancel";
     case FrameKind::kLane:
       return "lane";
+    case FrameKind::kChannel:
+      return "channel";
   }
   return fmt::format("kind {}", static_cast<int>(kind));
 }
@@ -181,7 +187,7 @@ size_t frame_size(const rpc::Message& m) {
 
 size_t FrameHeader::body_size() const {
   return ((flags & kFlagTimeout) ? 8 : 0) + size_t{function_length} + payload_length +
-         descriptors_length;
+         descriptors_length + ((flags & kFlagChannel) ? size_t{tensor_count} * kRouteSize : 0);
 }
 
 void encode_header(const FrameHeader& h, uint8_t* out) {
@@ -212,7 +218,7 @@ FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits) {
 }
 
 void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
-                  const std::vector<Device>& devices) {
+                  const std::vector<Device>& devices, const std::vector<TensorRoute>& routes) {
   FrameHeader h;
   h.kind = kind_of(m.type);
   h.id = m.id;
@@ -233,6 +239,12 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
   h.tensor_count = checked_u32(m.tensors.size(), "tensor_count");
   h.descriptors_length = checked_u32(descriptors, "descriptors_length");
   if (h.kind == FrameKind::kRequest && m.timeout_ms != 0) h.flags = kFlagTimeout;
+  SB_REQUIRE(routes.empty() || routes.size() == m.tensors.size(),
+             "append_frame: {} routes for {} tensors", routes.size(), m.tensors.size());
+  const bool routed = std::any_of(routes.begin(), routes.end(), [](const TensorRoute& r) {
+    return r.channel != TensorChannel::kInline;
+  });
+  if (routed) h.flags |= kFlagChannel;
 
   const size_t start = out.size();
   out.resize(start + kHeaderSize + h.body_size());
@@ -245,16 +257,25 @@ void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
   }
   p = write_bytes(p, m.function.data(), m.function.size());
   p = write_bytes(p, m.payload.data(), m.payload.size());
-  encode_descriptors(p, m.tensors, devices);
+  p = encode_descriptors(p, m.tensors, devices);
+  if (routed) {
+    for (const TensorRoute& r : routes) {
+      std::memset(p, 0, kRouteSize);
+      p[0] = static_cast<uint8_t>(r.channel);
+      store_le<uint64_t>(p + 8, r.buffer);
+      p += kRouteSize;
+    }
+  }
 }
 
 void append_control_frame(std::vector<uint8_t>& out, FrameKind kind, uint64_t id,
                           const uint8_t* payload, size_t payload_size) {
   SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kHeartbeat ||
                  kind == FrameKind::kGoodbye || kind == FrameKind::kCancel ||
-                 kind == FrameKind::kLane,
+                 kind == FrameKind::kLane || kind == FrameKind::kChannel,
              "append_control_frame: {} is not a control frame", kind_name(kind));
-  SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kLane || payload_size == 0,
+  SB_REQUIRE(kind == FrameKind::kHello || kind == FrameKind::kLane ||
+                 kind == FrameKind::kChannel || payload_size == 0,
              "append_control_frame: a {} frame has no payload ({} bytes given)",
              kind_name(kind), payload_size);
   SB_REQUIRE(payload != nullptr || payload_size == 0,
@@ -433,18 +454,69 @@ void FrameReader::decode_body(const uint8_t* body) {
   body += header_.payload_length;
   m.tensors.clear();
   current_.devices.clear();
+  current_.channel_tensors.clear();
   if (header_.tensor_count > 0) {
-    allocate_tensors(check_descriptors(header_, body, limits_));
+    std::vector<TensorDescriptor> descriptors = check_descriptors(header_, body, limits_);
+    body += header_.descriptors_length;
+    std::vector<TensorRoute> routes;
+    if (header_.flags & kFlagChannel) routes = decode_routes(body);
+    allocate_tensors(descriptors, routes);
+  } else if (header_.flags & kFlagChannel) {
+    throw ProtocolError(fmt::format(
+        "pipe frame: {} frame {} is flagged with routes but carries no tensors",
+        kind_name(header_.kind), header_.id));
   }
 }
 
-void FrameReader::allocate_tensors(const std::vector<TensorDescriptor>& descriptors) {
+std::vector<TensorRoute> FrameReader::decode_routes(const uint8_t* p) const {
+  std::vector<TensorRoute> routes(header_.tensor_count);
+  bool routed = false;
+  for (size_t i = 0; i < routes.size(); ++i, p += kRouteSize) {
+    if (p[0] > static_cast<uint8_t>(TensorChannel::kCudaIpc)) {
+      throw ProtocolError(fmt::format("pipe frame: frame {} tensor {}: channel {} is not a "
+                                      "channel (0 inline, 1 cuda_ipc)",
+                                      header_.id, i, p[0]));
+    }
+    for (size_t b = 1; b < 8; ++b) {
+      if (p[b] != 0) {
+        throw ProtocolError(fmt::format(
+            "pipe frame: frame {} tensor {}: route byte {} is {:#04x} (must be 0)",
+            header_.id, i, b, p[b]));
+      }
+    }
+    routes[i].channel = static_cast<TensorChannel>(p[0]);
+    routes[i].buffer = load_le<uint64_t>(p + 8);
+    if (routes[i].channel == TensorChannel::kInline && routes[i].buffer != 0) {
+      throw ProtocolError(fmt::format(
+          "pipe frame: frame {} tensor {}: an inline route names buffer {} (must be 0)",
+          header_.id, i, routes[i].buffer));
+    }
+    routed = routed || routes[i].channel != TensorChannel::kInline;
+  }
+  // One encoding per message: no channel is no flag.
+  if (!routed) {
+    throw ProtocolError(fmt::format(
+        "pipe frame: frame {} is flagged with routes but every tensor is inline (none is "
+        "sent flagged)",
+        header_.id));
+  }
+  return routes;
+}
+
+void FrameReader::allocate_tensors(const std::vector<TensorDescriptor>& descriptors,
+                                   const std::vector<TensorRoute>& routes) {
   rpc::Message& m = current_.message;
   m.tensors.reserve(descriptors.size());
   current_.devices.reserve(descriptors.size());
-  for (const TensorDescriptor& d : descriptors) {
+  for (size_t i = 0; i < descriptors.size(); ++i) {
+    const TensorDescriptor& d = descriptors[i];
     d.shape_into(shape_);
     current_.devices.push_back(d.device);
+    if (!routes.empty() && routes[i].channel != TensorChannel::kInline) {
+      m.tensors.emplace_back();  // a channel brings it
+      current_.channel_tensors.push_back({i, d.dtype, shape_, routes[i]});
+      continue;
+    }
     m.tensors.push_back(allocate_tensor(d.dtype, d.device));
   }
 }
@@ -471,7 +543,8 @@ bool FrameReader::first_tensor() {
 bool FrameReader::next_tensor() {
   ++tensor_index_;
   const auto& tensors = current_.message.tensors;
-  while (tensor_index_ < tensors.size() && tensors[tensor_index_].nbytes() == 0) {
+  while (tensor_index_ < tensors.size() &&
+         (!tensors[tensor_index_].defined() || tensors[tensor_index_].nbytes() == 0)) {
     ++tensor_index_;
   }
   if (tensor_index_ == tensors.size()) return false;

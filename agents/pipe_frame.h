@@ -15,16 +15,22 @@
 //     with kFlagTimeout (requests): u64 timeout_ms first;
 //     function bytes, payload bytes, then the tensor descriptors, one per
 //     tensor (agents/tensor_descriptor.h: dtype, device, ndim, extents;
-//     descriptor_size(ndim) = 8 + 8 * ndim bytes), descriptors_length bytes
+//     descriptor_size(ndim) = 8 + 8 * ndim bytes), descriptors_length bytes;
+//     with kFlagChannel (requests, responses, errors): one route record per
+//     tensor, kRouteSize = 16 bytes each: u8 channel (0: the bytes follow
+//     in this frame; 1: cuda_ipc, they wait in the sender's outbox
+//     `buffer`), 7 zero bytes, u64 buffer
 //   then each tensor's bytes in order, numel x element size; a tensor of
-//   zero bytes sends nothing.
+//   zero bytes, or one a channel carries, sends nothing.
 //
 // Frame kinds: kRequest, kResponse and kError carry a Message of the
 // MessageType with the same value. A request names its function; a response
 // or an error has none. kHello carries opaque bytes in its payload (what the
 // agent wants to say on connecting) and no function, as does kLane (the
 // same-host lane's offer, answer or switch); kHeartbeat and kGoodbye have
-// no body at all. Only request/response/error carry tensors.
+// no body at all. kChannel carries the channels' own messages in its payload
+// (agents/pipe/channel/: an outbox exported, an outbox released). Only
+// request/response/error carry tensors.
 //
 // Errors: bad bytes from a peer throw ProtocolError (common/error.h), whose message
 // names the field, its value and the limit it broke; the reader that threw
@@ -67,6 +73,7 @@ enum class FrameKind : uint8_t {
   kGoodbye = 6,
   kCancel = 7,    // no body; id: a request of the sender's it cancels
   kLane = 8,      // payload: the same-host lane's negotiation (pipe/transport/shm/shm_lane.h)
+  kChannel = 9,   // payload: a tensor channel's message (pipe/channel/)
 };
 
 // "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel", "lane" (or
@@ -90,6 +97,22 @@ struct FrameLimits {
 // Flags: kFlagTimeout (requests only) says that the body starts with the
 // caller's timeout, a u64 of milliseconds (rpc::Message::timeout_ms).
 inline constexpr uint16_t kFlagTimeout = 0x1;
+// kFlagChannel (requests, responses, errors) says that the descriptors are
+// followed by a route record per tensor, and that at least one tensor's
+// bytes come by a channel rather than in the frame.
+inline constexpr uint16_t kFlagChannel = 0x2;
+inline constexpr size_t kRouteSize = 16;
+
+// How one tensor's bytes travel.
+enum class TensorChannel : uint8_t {
+  kInline = 0,   // after the frame, on the connection
+  kCudaIpc = 1,  // in the sender's exported device memory (pipe/channel/cuda_ipc.h)
+};
+struct TensorRoute {
+  TensorChannel channel = TensorChannel::kInline;
+  uint64_t buffer = 0;  // kCudaIpc: the sender's outbox
+  bool operator==(const TensorRoute&) const = default;
+};
 
 struct FrameHeader {
   FrameKind kind = FrameKind::kRequest;
@@ -101,7 +124,7 @@ struct FrameHeader {
   uint32_t descriptors_length = 0;
 
   // The timeout's 8 bytes when flagged, + function_length + payload_length
-  // + descriptors_length.
+  // + descriptors_length (+ tensor_count route records when flagged).
   size_t body_size() const;
 };
 
@@ -124,8 +147,12 @@ FrameHeader decode_header(const uint8_t* in, const FrameLimits& limits);
 // dimensions, devices.size() != tensors.size(), a device not representable
 // (cpu index != 0, cuda index outside 0..32767), or a length that does not
 // fit its u32 field.
+// `routes`, when non-empty (one per tensor), says how each tensor's bytes
+// travel; a tensor routed to a channel sends no bytes after the frame
+// (the caller skips it), and any such route sets kFlagChannel.
 void append_frame(std::vector<uint8_t>& out, const rpc::Message& m,
-                  const std::vector<Device>& devices = {});
+                  const std::vector<Device>& devices = {},
+                  const std::vector<TensorRoute>& routes = {});
 
 // The bytes append_frame() and the tensors after it put on the wire for
 // `m` (header, body, tensor bytes), for metrics. Does not validate `m`.
@@ -149,6 +176,16 @@ struct InboundFrame {
   // the CPU whatever its descriptor says; the agent compares the two and
   // moves the tensor (or refuses a device it cannot serve).
   std::vector<Device> devices;
+  // With kFlagChannel: the tensors whose bytes come by a channel. Their
+  // place in message.tensors holds an undefined Tensor until the agent
+  // fetched them.
+  struct ChannelTensor {
+    size_t index = 0;
+    DType dtype = DType::kUInt8;
+    Tensor::Shape shape;
+    TensorRoute route;
+  };
+  std::vector<ChannelTensor> channel_tensors;
 };
 
 // What a peer that has not yet proven who it is may send in one frame (its
@@ -227,7 +264,9 @@ class FrameReader {
 
   void parse();
   void decode_body(const uint8_t* body);
-  void allocate_tensors(const std::vector<TensorDescriptor>& descriptors);
+  std::vector<TensorRoute> decode_routes(const uint8_t* records) const;
+  void allocate_tensors(const std::vector<TensorDescriptor>& descriptors,
+                        const std::vector<TensorRoute>& routes);
   Tensor allocate_tensor(DType dtype, Device device);
   bool first_tensor();
   bool next_tensor();

@@ -16,14 +16,19 @@ namespace switchboard::agents {
 namespace {
 
 // On the wire: [name, address, port, device_count,
-//               {target: [[src, dst], ...]}, [device, ...], tls] (devices as
-// text); versions before TLS sent the first six, which still decode (as
-// no TLS).
+//               {target: [[src, dst], ...]}, [device, ...], tls,
+//               [host_key, pid, cuda_ipc, cuda_ipc_own_process, [uuid, ...]]]
+// (devices as text); versions before TLS sent the first six, versions
+// before channels the first seven, which still decode (as no TLS, and
+// channels that can do nothing but inline bytes).
 using MapWire = std::map<std::string, std::vector<std::pair<std::string, std::string>>>;
 using OlderAnnouncementWire =
     std::tuple<std::string, std::string, int, int, MapWire, std::vector<std::string>>;
-using AnnouncementWire =
+using TlsAnnouncementWire =
     std::tuple<std::string, std::string, int, int, MapWire, std::vector<std::string>, bool>;
+using ChannelsWire = std::tuple<std::string, int64_t, bool, bool, std::vector<std::string>>;
+using AnnouncementWire = std::tuple<std::string, std::string, int, int, MapWire,
+                                    std::vector<std::string>, bool, ChannelsWire>;
 
 template <typename T>
 T unpack_as(const uint8_t* data, size_t size, const char* what) {
@@ -53,8 +58,10 @@ std::vector<uint8_t> encode_announcement(const WorkerAnnouncement& a) {
   }
   std::vector<std::string> devices;
   for (const Device& d : a.devices) devices.push_back(d.str());
-  return pack(
-      AnnouncementWire{a.name, a.address, a.port, a.device_count, maps, devices, a.tls});
+  const ChannelDescriptor& c = a.channels;
+  return pack(AnnouncementWire{
+      a.name, a.address, a.port, a.device_count, maps, devices, a.tls,
+      ChannelsWire{c.host_key, c.pid, c.cuda_ipc, c.cuda_ipc_own_process, c.device_uuids}});
 }
 
 WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size) {
@@ -66,13 +73,20 @@ WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size) {
   try {
     msgpack::object_handle handle = msgpack::unpack(reinterpret_cast<const char*>(data), size);
     const msgpack::object& o = handle.get();
-    if (o.type != msgpack::type::ARRAY || (o.via.array.size != 6 && o.via.array.size != 7)) {
-      throw std::invalid_argument("not an array of 6 or 7 fields");
+    if (o.type != msgpack::type::ARRAY || o.via.array.size < 6 || o.via.array.size > 8) {
+      throw std::invalid_argument("not an array of 6 to 8 fields");
     }
     if (o.via.array.size == 6) {
       std::tie(name, address, port, count, maps, devices) = o.as<OlderAnnouncementWire>();
+    } else if (o.via.array.size == 7) {
+      std::tie(name, address, port, count, maps, devices, a.tls) = o.as<TlsAnnouncementWire>();
     } else {
-      std::tie(name, address, port, count, maps, devices, a.tls) = o.as<AnnouncementWire>();
+      ChannelsWire channels;
+      std::tie(name, address, port, count, maps, devices, a.tls, channels) =
+          o.as<AnnouncementWire>();
+      ChannelDescriptor& c = a.channels;
+      std::tie(c.host_key, c.pid, c.cuda_ipc, c.cuda_ipc_own_process, c.device_uuids) =
+          channels;
     }
   } catch (const std::exception& e) {
     throw ProtocolError(fmt::format("PIPE agent: malformed worker announcement: {}", e.what()));

@@ -18,6 +18,22 @@ class ProcessGroup;
 
 namespace switchboard::agents {
 
+// What a worker's tensor channels can do, for its peers to choose how
+// tensors travel to it (agents/pipe/channel/select.h).
+struct ChannelDescriptor {
+  // Its host and namespaces (agents/pipe/host_key.h).
+  std::string host_key;
+  int64_t pid = 0;
+  // It can export and open CUDA device memory (a DeviceIpc is registered,
+  // core/device_ipc.h, and the option allows it), also between two
+  // workers of one process (a stand-in runtime; CUDA itself refuses).
+  bool cuda_ipc = false;
+  bool cuda_ipc_own_process = false;
+  // Its CUDA devices' UUIDs, by index ("" where unknown).
+  std::vector<std::string> device_uuids;
+  bool operator==(const ChannelDescriptor&) const = default;
+};
+
 struct WorkerAnnouncement {
   std::string name;
   std::string address;
@@ -27,6 +43,7 @@ struct WorkerAnnouncement {
   std::vector<Device> devices;
   // Whether its connections are inside TLS (a group is all TLS or none).
   bool tls = false;
+  ChannelDescriptor channels;
 };
 
 // msgpack; decode throws ProtocolError (common/error.h) on malformed bytes.

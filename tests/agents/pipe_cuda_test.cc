@@ -5,8 +5,11 @@
 // One source, two binaries:
 //   pipe_cuda_test       registers a stand-in CUDA runtime (two "devices"
 //                        whose memory is host memory, counting every copy)
-//                        through core/tensor.h's hooks, so the whole
-//                        path runs on any machine;
+//                        through core/tensor.h's hooks, and a stand-in
+//                        DeviceIpc (tests/agents/fake_device_ipc.h) that
+//                        lets the two workers of this process use the
+//                        cuda_ipc channel, so the whole path runs on any
+//                        machine;
 //   pipe_cuda_gpu_test   (SB_REAL_CUDA) links //collective:cuda_allocator and
 //                        runs the same cases on real GPUs; each case prints
 //                        "skipped: <reason>" and returns where none is
@@ -25,16 +28,18 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/backend_registry.h"
 #include "core/remote_error.h"
+#include "core/tensor.h"
+#include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 #include "tests/util/threads.h"
 
 #ifdef SB_REAL_CUDA
 #include "collective/cuda_allocator.h"
+#else
+#include "tests/agents/fake_device_ipc.h"
 #endif
 
 using namespace switchboard;
@@ -81,7 +86,8 @@ void install_fake_runtime() {
   });
 }
 
-const bool kInstalled = (install_fake_runtime(), true);
+const auto fake_ipc = std::make_shared<sbtest::FakeDeviceIpc>(kFakeDevices);
+const bool kInstalled = (install_fake_runtime(), set_device_ipc(fake_ipc), true);
 
 int device_count() { return kFakeDevices; }
 std::string unavailable_reason() { return ""; }
@@ -115,7 +121,8 @@ std::vector<float> values_of(const Tensor& t) {
   return t.to(Device::cpu()).to_vector<float>();
 }
 
-agents::PipeRpcBackendOptions& typed(const std::shared_ptr<rpc::RpcBackendOptions>& options) {
+agents::PipeRpcBackendOptions& typed(
+    const std::shared_ptr<rpc::RpcBackendOptions>& options) {
   return dynamic_cast<agents::PipeRpcBackendOptions&>(*options);
 }
 
@@ -128,8 +135,11 @@ agents::PipeRpcBackendOptions& typed(const std::shared_ptr<rpc::RpcBackendOption
 //   "where"   (Tensor t) -> t's device as a string;
 //   "mixed"   (Tensor cpu, Tensor cuda) -> the two devices, "cpu|cuda:N";
 //   "make"    (int64 n) -> iota on remote_device().
+// `cuda_ipc`: each worker's "cuda_ipc" option ("0", "1"; "" for the
+// default).
 struct Pair {
-  explicit Pair(int w1_device_count = -1, Device w0_target = remote_device()) {
+  explicit Pair(int w1_device_count = -1, Device w0_target = remote_device(),
+                std::vector<std::string> cuda_ipc = {"", ""}) {
     auto store = std::make_shared<HashStore>();
     for (int rank = 0; rank < 2; ++rank) {
       contexts.push_back(std::make_unique<RpcContext>());
@@ -151,6 +161,7 @@ struct Pair {
       if (rank == 1 && w1_device_count >= 0) {
         extras["device_count"] = std::to_string(w1_device_count);
       }
+      if (!cuda_ipc[rank].empty()) extras["cuda_ipc"] = cuda_ipc[rank];
       auto options = rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), 30s,
                                                         "env://", extras);
       if (rank == 0) typed(options).set_device_map("w1", {{"cuda:0", w0_target.str()}});
@@ -167,9 +178,10 @@ struct Pair {
 
 }  // namespace
 
-TEST_CASE("a mapped CUDA tensor arrives on the mapped device and its reply comes back on "
-          "the caller's device",
-          "[pipe][cuda]") {
+TEST_CASE(
+    "a mapped CUDA tensor arrives on the mapped device and its reply comes back on "
+    "the caller's device",
+    "[pipe][cuda]") {
   if (skip_unless_devices(1)) return;
   Pair pair;
   const int64_t before = copies();
@@ -197,9 +209,11 @@ TEST_CASE("CPU tensors stay on the CPU next to a mapped CUDA tensor", "[pipe][cu
         "cpu|" + remote_device().str());
 }
 
-TEST_CASE("a 32 MiB CUDA tensor round-trips through staging intact", "[pipe][cuda]") {
+TEST_CASE("a 32 MiB CUDA tensor round-trips intact, staged and by cuda_ipc",
+          "[pipe][cuda]") {
   if (skip_unless_devices(1)) return;
-  Pair pair;
+  const std::string ipc = GENERATE("0", "1");
+  Pair pair(-1, remote_device(), {ipc, ipc});
   const int64_t n = 8 << 20;  // 32 MiB of float32
   const Tensor t = iota_on(n, Device::cuda(0));
   const Tensor back = pair[0].rpc_sync<Tensor>("w1", "scale", t, 1.0);
@@ -251,8 +265,103 @@ TEST_CASE("a tensor for a device the receiver cannot allocate on fails that call
   }
   CHECK_THAT(message, Catch::Contains("cuda:2"));
   CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
-  CHECK(pair[0].rpc_sync<std::string>("w1", "where", Tensor::from_vector(
-                                                         std::vector<float>{1}, {1})) ==
-        "cpu");
+  CHECK(pair[0].rpc_sync<std::string>(
+            "w1", "where", Tensor::from_vector(std::vector<float>{1}, {1})) == "cpu");
+}
+
+// A float32 tensor of `n` elements k, k+1, ... on `device`.
+Tensor pattern_on(int64_t n, float k, Device device) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    values[static_cast<size_t>(i)] = k + static_cast<float>(i);
+  return Tensor::from_vector(values, {n}).to(device);
+}
+
+TEST_CASE(
+    "CUDA tensors between workers of one host go device to device through outboxes, "
+    "each mapped once",
+    "[pipe][cuda][cuda_ipc]") {
+  Pair pair;
+  const int made = fake_ipc->outboxes_made, opens = fake_ipc->opens,
+            fills = fake_ipc->fills, drains = fake_ipc->drains;
+  for (int k = 0; k < 5; ++k) {
+    const Tensor t =
+        pattern_on(256 << 10, static_cast<float>(k), Device::cuda(0));  // 1 MiB
+    const Tensor back = pair[0].rpc_sync<Tensor>("w1", "scale", t, 2.0);
+    CHECK(back.device() == Device::cuda(0));
+    const std::vector<float> got = values_of(back);
+    REQUIRE(got.size() == 256u << 10);
+    CHECK(got[0] == 2.0f * static_cast<float>(k));
+    CHECK(got.back() ==
+          2.0f * (static_cast<float>(k) + static_cast<float>((256 << 10) - 1)));
+  }
+  // Each call: the request into w0's outbox, the reply into w1's.
+  CHECK(fake_ipc->fills - fills == 10);
+  CHECK(fake_ipc->drains - drains == 10);
+  // One outbox each way, exported and mapped once, reused for every call.
+  CHECK(fake_ipc->outboxes_made - made == 2);
+  CHECK(fake_ipc->opens - opens == 2);
+  CHECK(pair[0].rpc_sync<std::string>("w1", "where",
+                                      pattern_on(1 << 20, 0, Device::cuda(0))) ==
+        remote_device().str());
+}
+
+TEST_CASE(
+    "small CUDA tensors, and workers that turned CUDA IPC off, take the staged path",
+    "[pipe][cuda][cuda_ipc]") {
+  const int fills = fake_ipc->fills;
+  SECTION("a tensor under the outbox threshold") {
+    Pair pair;
+    const Tensor back =
+        pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(16, 1, Device::cuda(0)), 3.0);
+    CHECK(values_of(back)[15] == 48.0f);
+  }
+  SECTION("the receiver has it off") {
+    Pair pair(-1, remote_device(), {"", "0"});
+    const Tensor back = pair[0].rpc_sync<Tensor>(
+        "w1", "scale", pattern_on(1 << 20, 1, Device::cuda(0)), 1.0);
+    CHECK(values_of(back)[(1 << 20) - 1] == static_cast<float>(1 << 20));
+  }
+  SECTION("the sender has it off") {
+    Pair pair(-1, remote_device(), {"0", ""});
+    const Tensor back = pair[0].rpc_sync<Tensor>(
+        "w1", "scale", pattern_on(1 << 20, 1, Device::cuda(0)), 1.0);
+    CHECK(values_of(back)[0] == 1.0f);
+  }
+  CHECK(fake_ipc->fills == fills);
+}
+
+TEST_CASE(
+    "concurrent calls each take an outbox of their own or the staged path, and no "
+    "outbox is refilled before it was released",
+    "[pipe][cuda][cuda_ipc]") {
+  const int made = fake_ipc->outboxes_made;
+  {
+    Pair pair;
+    constexpr int kCalls = 32;
+    constexpr int64_t kN = 32 << 10;  // 128 KiB each
+    std::vector<rpc::Future<Tensor>> calls;
+    for (int k = 0; k < kCalls; ++k) {
+      calls.push_back(pair[0].rpc_async<Tensor>(
+          "w1", "scale",
+          pattern_on(kN, static_cast<float>(k) * 100000.0f, Device::cuda(0)), 1.0));
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      const std::vector<float> got = values_of(calls[static_cast<size_t>(k)].value());
+      REQUIRE(got.size() == static_cast<size_t>(kN));
+      bool same = true;
+      for (int64_t i = 0; i < kN && same; i += 97) {
+        same = got[static_cast<size_t>(i)] ==
+               static_cast<float>(k) * 100000.0f + static_cast<float>(i);
+      }
+      CHECK(same);
+    }
+    // At most four outboxes per connection and device, each way.
+    CHECK(fake_ipc->outboxes_made - made <= 8);
+  }
+  // Nothing is left once the workers are gone: every outbox freed, every
+  // mapping closed.
+  CHECK(fake_ipc->outboxes_alive == 0);
+  CHECK(fake_ipc->inboxes_alive == 0);
 }
 #endif

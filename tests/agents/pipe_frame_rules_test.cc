@@ -33,19 +33,25 @@ TEST_CASE("header rules are enforced with messages naming field, value and limit
   }
   SECTION("kind") {
     b[kKindAt] = 0;
-    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 8)");
-    b[kKindAt] = 9;
-    require_frame_error(b, "pipe frame: kind 9 is not a frame kind (1 to 8)");
+    require_frame_error(b, "pipe frame: kind 0 is not a frame kind (1 to 9)");
+    b[kKindAt] = 10;
+    require_frame_error(b, "pipe frame: kind 10 is not a frame kind (1 to 9)");
   }
   SECTION("flags") {
-    // A request may say that its timeout comes first (kFlagTimeout); no
-    // other flag exists, and no other kind may say it.
-    patch<uint16_t>(b, kFlagsAt, 2);
-    require_frame_error(b, "pipe frame: flags 0x0002 on a request frame (allowed: 0x0001)");
+    // A request may say that its timeout comes first (kFlagTimeout);
+    // requests, responses and errors may carry routes (kFlagChannel); no
+    // other flag exists, and no other kind may say them.
+    patch<uint16_t>(b, kFlagsAt, 4);
+    require_frame_error(b, "pipe frame: flags 0x0004 on a request frame (allowed: 0x0003)");
     Bytes response = wire(make_message(MessageType::kResponse, 3, "", {1}));
     patch<uint16_t>(response, kFlagsAt, 1);
     require_frame_error(response, "pipe frame: flags 0x0001 on a response frame (allowed: "
-                                  "0x0000)");
+                                  "0x0002)");
+    Bytes heartbeat;
+    append_control_frame(heartbeat, FrameKind::kHeartbeat, 1);
+    patch<uint16_t>(heartbeat, kFlagsAt, 2);
+    require_frame_error(heartbeat, "pipe frame: flags 0x0002 on a heartbeat frame (allowed: "
+                                   "0x0000)");
   }
   SECTION("function_length") {
     patch<uint32_t>(b, kFunctionAt, 70000);
@@ -316,4 +322,71 @@ TEST_CASE("a request's timeout travels before its body, flagged; without one not
   Bytes zero = bytes;
   for (int i = 0; i < 8; ++i) zero[kHeaderSize + i] = 0;
   require_frame_error(zero, "request 9 is flagged with a timeout of 0 ms");
+}
+
+TEST_CASE("a tensor a channel carries is routed in the frame and sends no bytes; route "
+          "records are checked",
+          "[pipe_frame]") {
+  const Tensor inline_tensor = make_tensor(DType::kFloat32, {3}, 4);
+  const Tensor carried = make_tensor(DType::kInt64, {2, 5}, 7);
+  Message m = make_message(MessageType::kResponse, 12, "", {1, 2}, {inline_tensor, carried});
+  const std::vector<Device> devices = {Device::cpu(), Device::cuda(1)};
+  const std::vector<TensorRoute> routes = {{}, {TensorChannel::kCudaIpc, 77}};
+  Bytes bytes;
+  append_frame(bytes, m, devices, routes);
+  // Only the inline tensor's bytes follow.
+  bytes.insert(bytes.end(), static_cast<const uint8_t*>(inline_tensor.data()),
+               static_cast<const uint8_t*>(inline_tensor.data()) + inline_tensor.nbytes());
+  CHECK((bytes[6] | (bytes[7] << 8)) == kFlagChannel);
+  const std::vector<InboundFrame> frames = decode_all(bytes.data(), bytes.size(), {});
+  REQUIRE(frames.size() == 1);
+  const InboundFrame& f = frames[0];
+  REQUIRE(f.message.tensors.size() == 2);
+  CHECK(f.message.tensors[0].nbytes() == inline_tensor.nbytes());
+  CHECK(std::memcmp(f.message.tensors[0].data(), inline_tensor.data(), inline_tensor.nbytes()) ==
+        0);
+  CHECK(!f.message.tensors[1].defined());
+  REQUIRE(f.channel_tensors.size() == 1);
+  CHECK(f.channel_tensors[0].index == 1);
+  CHECK(f.channel_tensors[0].dtype == DType::kInt64);
+  CHECK(f.channel_tensors[0].shape == Tensor::Shape{2, 5});
+  CHECK(f.channel_tensors[0].route == routes[1]);
+  CHECK(f.devices[1] == Device::cuda(1));
+
+  // Every route inline: no flag, no records (one encoding per message).
+  Bytes plain;
+  append_frame(plain, m, devices, {{}, {}});
+  Bytes unrouted;
+  append_frame(unrouted, m, devices);
+  CHECK(plain == unrouted);
+
+  // The records' rules.
+  const size_t records = bytes.size() - inline_tensor.nbytes() - 2 * kRouteSize;
+  SECTION("an unknown channel") {
+    Bytes b = bytes;
+    b[records + kRouteSize] = 2;
+    require_frame_error(b, "frame 12 tensor 1: channel 2 is not a channel (0 inline, 1 cuda_ipc)");
+  }
+  SECTION("a reserved byte set") {
+    Bytes b = bytes;
+    b[records + 3] = 1;
+    require_frame_error(b, "frame 12 tensor 0: route byte 3 is 0x01 (must be 0)");
+  }
+  SECTION("an inline route naming a buffer") {
+    Bytes b = bytes;
+    b[records + 8] = 5;
+    require_frame_error(b, "frame 12 tensor 0: an inline route names buffer 5 (must be 0)");
+  }
+  SECTION("flagged, yet every tensor inline") {
+    Bytes b = bytes;
+    b[records + kRouteSize] = 0;
+    std::fill(b.begin() + static_cast<std::ptrdiff_t>(records + kRouteSize + 8),
+              b.begin() + static_cast<std::ptrdiff_t>(records + 2 * kRouteSize), 0);
+    require_frame_error(b, "frame 12 is flagged with routes but every tensor is inline");
+  }
+  SECTION("flagged without tensors") {
+    Bytes b = wire(make_message(MessageType::kError, 4, "", {1}));
+    patch<uint16_t>(b, kFlagsAt, kFlagChannel);
+    require_frame_error(b, "error frame 4 is flagged with routes but carries no tensors");
+  }
 }

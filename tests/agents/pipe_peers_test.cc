@@ -18,7 +18,10 @@ namespace {
 // A Connection that records what the table does with it.
 class FakeConnection final : public Connection {
  public:
-  bool enqueue(const rpc::Message&, const std::vector<Device>&, bool) override { return true; }
+  bool enqueue(const rpc::Message&, const std::vector<Device>&,
+               const std::vector<pipe::TensorRoute>&, bool) override {
+    return true;
+  }
   bool enqueue_control(pipe::FrameKind kind, const uint8_t*, size_t, uint64_t) override {
     controls.push_back(kind);
     return true;

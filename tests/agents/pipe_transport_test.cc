@@ -225,8 +225,8 @@ TEST_CASE("frames go out in the order queued and arrive intact, in both directio
       tensors.push_back(sent_tensors.back());
     }
     const std::vector<uint8_t> payload(static_cast<size_t>(i % 50), static_cast<uint8_t>(i));
-    REQUIRE(pair.client->enqueue(request(i, payload, tensors), {}, i % 10 == 0));
-    REQUIRE(pair.server->enqueue(request(1000 + i, payload), {}, false));
+    REQUIRE(pair.client->enqueue(request(i, payload, tensors), {}, {}, i % 10 == 0));
+    REQUIRE(pair.server->enqueue(request(1000 + i, payload), {}, {}, false));
   }
   REQUIRE(pair.server_events.wait_frames(kFrames));
   REQUIRE(pair.client_events.wait_frames(kFrames));
@@ -251,7 +251,7 @@ TEST_CASE("a tensor larger than any buffer or ring arrives intact", "[pipe][tran
   Pair pair(kind);
   REQUIRE(pair.server != nullptr);
   const Tensor big = pattern(int64_t{24} << 20, 3);  // 24 MiB, over the 1 MiB lane ring
-  REQUIRE(pair.client->enqueue(request(7, {1, 2, 3}, {big}), {}, false));
+  REQUIRE(pair.client->enqueue(request(7, {1, 2, 3}, {big}), {}, {}, false));
   REQUIRE(pair.server_events.wait_frames(1));
   const pipe::InboundFrame got = pair.server_events.frames().at(0);
   REQUIRE(got.message.tensors.size() == 1);
@@ -266,7 +266,7 @@ TEST_CASE("what was queued before close_after_flush arrives before the peer sees
   REQUIRE(pair.server != nullptr);
   constexpr int kFrames = 50;
   for (int i = 0; i < kFrames; ++i) {
-    REQUIRE(pair.client->enqueue(request(i, std::vector<uint8_t>(1000, 1)), {}, false));
+    REQUIRE(pair.client->enqueue(request(i, std::vector<uint8_t>(1000, 1)), {}, {}, false));
   }
   pair.client->close_after_flush();
   CHECK(pair.client->wait_closed(std::chrono::steady_clock::now() + kGuard));
@@ -275,7 +275,7 @@ TEST_CASE("what was queued before close_after_flush arrives before the peer sees
   CHECK_FALSE(end.empty());
   CHECK(pair.server_events.frame_count() == kFrames);
   // A closed connection takes nothing more.
-  CHECK_FALSE(pair.client->enqueue(request(99, {}), {}, false));
+  CHECK_FALSE(pair.client->enqueue(request(99, {}), {}, {}, false));
 }
 
 TEST_CASE("close_now on one side ends the other side's connection", "[pipe][transport]") {
@@ -283,7 +283,7 @@ TEST_CASE("close_now on one side ends the other side's connection", "[pipe][tran
   INFO(kind_name(kind));
   Pair pair(kind);
   REQUIRE(pair.server != nullptr);
-  REQUIRE(pair.client->enqueue(request(1, {1}), {}, false));
+  REQUIRE(pair.client->enqueue(request(1, {1}), {}, {}, false));
   REQUIRE(pair.server_events.wait_frames(1));
   pair.server->close_now();
   CHECK_FALSE(pair.client_events.wait_failure().empty());

@@ -4,9 +4,12 @@
 
 namespace switchboard::agents::transport {
 
-void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& devices) {
-  pipe::append_frame(bytes_, m, devices);
-  for (const Tensor& t : m.tensors) {
+void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& devices,
+                        const std::vector<pipe::TensorRoute>& routes) {
+  pipe::append_frame(bytes_, m, devices, routes);
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (!routes.empty() && routes[i].channel != pipe::TensorChannel::kInline) continue;
+    const Tensor& t = m.tensors[i];
     if (t.nbytes() > 0) tensors_.push_back({bytes_.size(), t, 0});
   }
 }

@@ -22,8 +22,9 @@ namespace switchboard::agents::transport {
 class FrameQueue {
  public:
   // Appends `m` encoded as a frame (pipe::append_frame), its tensors' bytes
-  // after it.
-  void append(const rpc::Message& m, const std::vector<Device>& devices);
+  // after it but for those `routes` hands to a channel.
+  void append(const rpc::Message& m, const std::vector<Device>& devices,
+              const std::vector<pipe::TensorRoute>& routes);
   // Appends a control frame (pipe::append_control_frame).
   void append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
                       size_t size);

@@ -35,16 +35,16 @@ std::string StreamConnection::remote_address() const {
 }
 
 bool StreamConnection::enqueue(const Message& m, const std::vector<Device>& devices,
-                               bool send_now) {
+                               const std::vector<pipe::TensorRoute>& routes, bool send_now) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
-  enqueue_locked(m, devices, send_now);
+  enqueue_locked(m, devices, routes, send_now);
   return true;
 }
 
-void StreamConnection::enqueue_locked(const Message& m,
-                                      const std::vector<Device>& devices, bool send_now) {
-  queued_.append(m, devices);
+void StreamConnection::enqueue_locked(const Message& m, const std::vector<Device>& devices,
+                                      const std::vector<pipe::TensorRoute>& routes, bool send_now) {
+  queued_.append(m, devices, routes);
   if (send_now && !writing_ && sends_inline()) send_inline_locked();
   if (!queued_.empty()) kick_locked();
 }

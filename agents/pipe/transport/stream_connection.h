@@ -37,6 +37,7 @@ class StreamConnection : public Connection,
                          public std::enable_shared_from_this<StreamConnection> {
  public:
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
+               const std::vector<pipe::TensorRoute>& routes,
                bool send_now) override SB_EXCLUDES(mu_);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
@@ -89,7 +90,8 @@ class StreamConnection : public Connection,
   // Queues a frame on the stream itself, under mu_ (after the checks of
   // enqueue()); `send_now` as in enqueue().
   void enqueue_locked(const rpc::Message& m, const std::vector<Device>& devices,
-                      bool send_now) SB_REQUIRES(mu_);
+                      const std::vector<pipe::TensorRoute>& routes, bool send_now)
+      SB_REQUIRES(mu_);
   // Fails the connection from the strand (not under mu_).
   void fail_later(std::string reason);
   bool closing_or_closed_locked() const SB_REQUIRES(mu_) { return closed_ || closing_; }

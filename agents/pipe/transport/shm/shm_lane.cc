@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstring>
+
+#include "agents/pipe/host_key.h"
 
 namespace switchboard::agents::transport {
 
@@ -15,32 +15,6 @@ namespace {
 // Each wait of a lane thread: stop(), a closing connection and new frames
 // wake it at once; the bound is a safety net, not a poll.
 constexpr std::chrono::microseconds kWait{500'000};
-
-std::string read_link(const char* path) {
-  char buffer[256];
-  const ssize_t n = ::readlink(path, buffer, sizeof buffer);
-  return n > 0 ? std::string(buffer, static_cast<size_t>(n)) : std::string("?");
-}
-
-// Which host, and network, IPC and PID namespaces this process runs in:
-// two workers share a lane only when theirs are equal (the ring's name is
-// a pid of the writer's). Workers in two network namespaces of one kernel
-// are two hosts to the group: a link between them can be cut, and the
-// lane would hide it.
-const std::string& host_key() {
-  static const std::string key = [] {
-    std::string boot;
-    if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-      char line[64] = {};
-      if (std::fgets(line, sizeof line, f) != nullptr) boot = line;
-      std::fclose(f);
-    }
-    while (!boot.empty() && (boot.back() == '\n' || boot.back() == ' ')) boot.pop_back();
-    return fmt::format("{} {} {} {}", boot, read_link("/proc/self/ns/net"),
-                       read_link("/proc/self/ns/ipc"), read_link("/proc/self/ns/pid"));
-  }();
-  return key;
-}
 
 }  // namespace
 
@@ -134,9 +108,10 @@ bool ShmLane::refused(const std::string& reason) {
   return true;
 }
 
-void ShmLane::enqueue(const rpc::Message& m, const std::vector<Device>& devices) {
+void ShmLane::enqueue(const rpc::Message& m, const std::vector<Device>& devices,
+                      const std::vector<pipe::TensorRoute>& routes) {
   MutexLock lock(mu_);
-  queued_.append(m, devices);
+  queued_.append(m, devices, routes);
   write_or_fail_locked();
 }
 

@@ -106,7 +106,7 @@ class ShmLane {
   bool out_active() const { return out_ring_.load() != nullptr; }
   // Queues a frame into the ring (after switch_out()); what does not fit
   // now goes from the writer thread.
-  void enqueue(const rpc::Message& m, const std::vector<Device>& devices)
+  void enqueue(const rpc::Message& m, const std::vector<Device>& devices, const std::vector<pipe::TensorRoute>& routes)
       SB_EXCLUDES(mu_);
   void enqueue_control(pipe::FrameKind kind, uint64_t id, const uint8_t* data,
                        size_t size) SB_EXCLUDES(mu_);

@@ -33,15 +33,15 @@ void TcpConnection::async_read_some(asio::mutable_buffer buffer, IoDone done) {
 }
 
 bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices,
-                            bool send_now) {
+                            const std::vector<pipe::TensorRoute>& routes, bool send_now) {
   MutexLock lock(mu_);
   if (closing_or_closed_locked()) return false;
   if (lane_->out_active()) {
-    lane_->enqueue(m, devices);
+    lane_->enqueue(m, devices, routes);
     return true;
   }
   offer_lane_locked();
-  enqueue_locked(m, devices, send_now);
+  enqueue_locked(m, devices, routes, send_now);
   return true;
 }
 

@@ -35,7 +35,7 @@ class TcpConnection final : public StreamConnection, private LaneCarrier {
   ~TcpConnection() override;
 
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               bool send_now) override SB_EXCLUDES(mu_);
+               const std::vector<pipe::TensorRoute>& routes, bool send_now) override SB_EXCLUDES(mu_);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void close_after_flush() override SB_EXCLUDES(mu_);

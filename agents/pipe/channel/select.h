@@ -1,0 +1,40 @@
+// How a tensor travels from this worker to a peer: the channel chosen per
+// peer and per (source device, target device) pair, from the two workers'
+// ChannelDescriptors (agents/pipe_info.h, exchanged in their announcements).
+//
+// Fallback order, first that applies:
+//   cuda_ipc     CUDA to CUDA, both workers on one host (same boot, network,
+//                IPC and PID namespaces), both able to share device memory
+//                (CUDA IPC: pipe/channel/cuda_ipc.h), not one process
+//                (unless its runtime allows that), the tensor at least
+//                kCudaIpcMinBytes;
+//   cuda_staged  any CUDA end: through host memory, the bytes in the frame;
+//   cpu          CPU to CPU: the bytes in the frame (which the same-host
+//                lane carries through shared memory when it is on).
+// Pure code; thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "agents/pipe_frame.h"
+#include "agents/pipe_info.h"
+#include "core/tensor.h"
+
+namespace switchboard::agents::channel {
+
+// Smaller CUDA tensors take the staged path: copying a few KiB through the
+// host costs less than the outbox's round trip.
+inline constexpr size_t kCudaIpcMinBytes = 64 * 1024;
+
+struct Choice {
+  pipe::TensorChannel channel = pipe::TensorChannel::kInline;
+  const char* name = "cpu";  // "cpu", "cuda_staged" or "cuda_ipc"
+  std::string why;           // for the log: why this one and not a faster one
+};
+
+// The channel for a tensor of `nbytes` from `src` here to `dst` at the peer.
+Choice choose(const ChannelDescriptor& mine, const ChannelDescriptor& peer, Device src,
+              Device dst, size_t nbytes);
+
+}  // namespace switchboard::agents::channel
