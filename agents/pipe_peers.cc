@@ -81,7 +81,7 @@ void PeerTable::set_metrics_state(int peer, rpc::ConnectionState state) const {
 
 void PeerTable::replay(std::vector<EarlyHello> early) {
   for (auto& [connection, hello] : early) {
-    connection->replay(pipe::InboundFrame{pipe::FrameKind::kHello, std::move(hello), {}});
+    connection->replay(pipe::InboundFrame{pipe::FrameKind::kHello, std::move(hello), {}, {}});
   }
 }
 

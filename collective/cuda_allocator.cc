@@ -99,6 +99,7 @@ void install_cuda_allocator() {
   set_device_allocator(cuda_allocate);
   set_device_copier(copy_tensor);
   set_device_counter(cuda_device_count);
+  install_cuda_ipc();
 }
 
 void cuda_check(cudaError_t status, std::string_view what) {

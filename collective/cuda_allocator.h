@@ -45,9 +45,13 @@ std::string cuda_unavailable_reason();
 
 // Registers the CUDA allocator, copier (copy_tensor) and device counter
 // (cuda_device_count) with set_device_allocator(), set_device_copier() and
-// set_device_counter(). The static initializer of this target already did;
-// call it again after someone replaced them. Idempotent, makes no CUDA call.
+// set_device_counter(), and CUDA IPC with set_device_ipc()
+// (core/device_ipc.h; the PIPE agent's cuda_ipc channel uses it). The
+// static initializer of this target already did; call it again after
+// someone replaced them. Idempotent, makes no CUDA call.
 void install_cuda_allocator();
+// Registers CUDA IPC alone (set_device_ipc). Makes no CUDA call.
+void install_cuda_ipc();
 
 // Throws the Error described above unless `status` is cudaSuccess. `what`
 // names the call and its target, e.g. "cudaMalloc of 1024 bytes on cuda:0".

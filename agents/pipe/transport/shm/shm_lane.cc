@@ -45,8 +45,9 @@ std::pair<ShmLane::Op, std::string> ShmLane::parse(const std::vector<uint8_t>& p
 }
 
 std::vector<uint8_t> ShmLane::payload(Op op, std::string_view text) {
-  std::vector<uint8_t> out{static_cast<uint8_t>(op)};
-  out.insert(out.end(), text.begin(), text.end());
+  std::vector<uint8_t> out(1 + text.size());
+  out[0] = static_cast<uint8_t>(op);
+  if (!text.empty()) std::memcpy(out.data() + 1, text.data(), text.size());
   return out;
 }
 
