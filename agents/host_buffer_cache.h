@@ -13,6 +13,14 @@
 // Contents of a reused buffer are whatever it held before: callers overwrite
 // it (the frame reader fills every byte).
 //
+// Pinned buffers: a tensor that will be copied to or from a CUDA device
+// (staged on its way) asks for one; the buffer is page-locked once with the
+// registered HostPinner (core/tensor.h: cudaHostRegister), stays pinned
+// while cached, and is unpinned when it goes back to the system. Copies
+// from and to it run at the bus's speed instead of through the driver's
+// own bounce buffers. Without a pinner (no CUDA linked) it is an ordinary
+// buffer.
+//
 // Ownership: tensors keep the cache alive only weakly; a buffer freed after
 // the cache is gone returns to the system.
 //
@@ -23,8 +31,8 @@
 #include <deque>
 #include <memory>
 
-#include "core/tensor.h"
 #include "common/mutex.h"
+#include "core/tensor.h"
 
 namespace switchboard::agents {
 
@@ -33,8 +41,9 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   static constexpr size_t kDefaultMinBytes = size_t{1} << 20;
   static constexpr size_t kDefaultMaxCachedBytes = size_t{256} << 20;
 
-  static std::shared_ptr<HostBufferCache> create(size_t max_cached_bytes = kDefaultMaxCachedBytes,
-                                                 size_t min_bytes = kDefaultMinBytes);
+  static std::shared_ptr<HostBufferCache> create(
+      size_t max_cached_bytes = kDefaultMaxCachedBytes,
+      size_t min_bytes = kDefaultMinBytes);
   ~HostBufferCache();
   HostBufferCache(const HostBufferCache&) = delete;
   HostBufferCache& operator=(const HostBufferCache&) = delete;
@@ -44,17 +53,24 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   // buffer when one fits, else a new one that returns here when freed.
   // Throws what Tensor::empty throws (std::invalid_argument for a bad
   // shape, std::bad_alloc).
-  Tensor empty(const Tensor::Shape& shape, DType dtype) SB_EXCLUDES(mu_);
+  // With `pinned`, the buffer is pinned (see above) when it can be.
+  Tensor empty(const Tensor::Shape& shape, DType dtype, bool pinned = false)
+      SB_EXCLUDES(mu_);
 
   // Bytes held for reuse now, and how many tensors took a cached buffer.
   size_t cached_bytes() const SB_EXCLUDES(mu_);
   size_t reuses() const SB_EXCLUDES(mu_);
+  // How many buffers were pinned so far.
+  size_t pins() const SB_EXCLUDES(mu_);
 
  private:
   struct Buffer {
     void* data;
     size_t capacity;
+    bool pinned = false;
   };
+  // Unpins (when pinned) and frees; not under mu_.
+  static void release(const Buffer& buffer);
 
   HostBufferCache(size_t max_cached_bytes, size_t min_bytes);
   void give_back(Buffer buffer) SB_EXCLUDES(mu_);
@@ -65,6 +81,7 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   std::deque<Buffer> free_ SB_GUARDED_BY(mu_);  // oldest first
   size_t cached_ SB_GUARDED_BY(mu_) = 0;
   size_t reuses_ SB_GUARDED_BY(mu_) = 0;
+  size_t pins_ SB_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace switchboard::agents

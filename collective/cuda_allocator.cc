@@ -9,6 +9,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "core/device_block_cache.h"
 
 namespace switchboard {
 namespace {
@@ -60,24 +61,65 @@ void require_device(Device device, std::string_view what) {
              count);
 }
 
+// Runs `f` with `device` current, restoring the previous one; never throws
+// (for the cache's free and wait, which must not).
+template <typename F>
+void on_device_quietly(int device, F&& f) {
+  int previous = -1;
+  const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
+  if (cudaSetDevice(device) == cudaSuccess) f();
+  if (have_previous) cudaSetDevice(previous);
+  cudaGetLastError();
+}
+
+// The device memory of every tensor: cudaMalloc'd blocks, kept for reuse
+// after their tensors went (core/device_block_cache.h). Never destroyed:
+// CUDA may be gone when static destructors run, and the memory goes with
+// the process.
+DeviceBlockCache& block_cache() {
+  static DeviceBlockCache* cache =
+      [] {
+        DeviceBlockCache::Runtime runtime;
+        runtime.allocate = [](int device, size_t bytes) {
+          CudaDeviceGuard guard(device);
+          void* data = nullptr;
+          cuda_check(cudaMalloc(&data, bytes),
+                     fmt::format("cudaMalloc of {} bytes on cuda:{}", bytes, device));
+          return data;
+        };
+        runtime.free = [](int device, void* data) {
+          on_device_quietly(device, [&] { cudaFree(data); });
+        };
+        runtime.mark = [](int device) -> void* {
+          cudaEvent_t event = nullptr;
+          on_device_quietly(device, [&] {
+            if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess)
+              return;
+            if (cudaEventRecord(event, nullptr) != cudaSuccess) {
+              cudaEventDestroy(event);
+              event = nullptr;
+            }
+          });
+          return event;
+        };
+        runtime.wait_and_forget = [](int device, void* mark) {
+          auto event = static_cast<cudaEvent_t>(mark);
+          on_device_quietly(device, [&] {
+            cudaEventSynchronize(event);
+            cudaEventDestroy(event);
+          });
+        };
+        return new std::shared_ptr<DeviceBlockCache>(
+            DeviceBlockCache::create(std::move(runtime)));
+      }()
+          ->get();
+  return *cache;
+}
+
 std::shared_ptr<void> cuda_allocate(size_t nbytes, Device device) {
   require_device(device, "CUDA allocation");
-  CudaDeviceGuard guard(device.index);
-  void* data = nullptr;
   // Never zero bytes, so that even an empty tensor has a real address.
-  const size_t size = std::max<size_t>(nbytes, 1);
-  cuda_check(cudaMalloc(&data, size),
-             fmt::format("cudaMalloc of {} bytes on {}", size, device.str()));
-  const int index = device.index;
-  return std::shared_ptr<void>(data, [index](void* p) {
-    // A deleter must not throw: errors here (a dead context at exit) are
-    // ignored, as every CUDA caching allocator does.
-    int previous = -1;
-    const bool have_previous = cudaGetDevice(&previous) == cudaSuccess;
-    if (cudaSetDevice(index) == cudaSuccess) cudaFree(p);
-    if (have_previous) cudaSetDevice(previous);
-    cudaGetLastError();
-  });
+  return block_cache().allocate(device.index, std::max<size_t>(nbytes, 1));
 }
 
 const bool kRegistered = [] {
@@ -99,6 +141,17 @@ void install_cuda_allocator() {
   set_device_allocator(cuda_allocate);
   set_device_copier(copy_tensor);
   set_device_counter(cuda_device_count);
+  set_host_pinner({[](void* data, size_t nbytes) {
+                     const bool pinned =
+                         cudaHostRegister(data, nbytes, cudaHostRegisterDefault) ==
+                         cudaSuccess;
+                     if (!pinned) cudaGetLastError();
+                     return pinned;
+                   },
+                   [](void* data) {
+                     cudaHostUnregister(data);
+                     cudaGetLastError();
+                   }});
   install_cuda_ipc();
 }
 

@@ -3,9 +3,13 @@
 //
 // Linking //collective:cuda_allocator (alwayslink) registers, from a static
 // initializer, the copier Tensor::to uses and the allocator Tensor::empty
-// uses for CUDA devices: cudaMalloc
-// on the tensor's device, cudaFree (with that device current) when the last
-// Tensor over the storage goes away. Registration makes no CUDA call, so a
+// uses for CUDA devices: blocks cudaMalloc'd on the tensor's device and
+// kept for reuse when the last Tensor over the storage goes away (a cache
+// of at most 2 GiB per device, core/device_block_cache.h: a block is
+// reused once the work queued on the device's default stream before the
+// free is done), the host pinner (cudaHostRegister) that PIPE's staging
+// buffers use, and CUDA IPC for PIPE's cuda_ipc channel. Registration makes
+// no CUDA call, so a
 // binary that links this target still starts on a machine without a GPU;
 // allocating there throws Error(kFailedPrecondition) with the reason.
 //

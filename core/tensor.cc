@@ -415,6 +415,46 @@ void set_device_counter(DeviceCounter counter) {
   install(&DeviceHooks::counter, std::move(counter));
 }
 
+namespace {
+struct PinnerRegistry {
+  Mutex mutex;
+  HostPinner pinner SB_GUARDED_BY(mutex);
+};
+PinnerRegistry& pinner_registry() {
+  static PinnerRegistry registry;
+  return registry;
+}
+}  // namespace
+
+void set_host_pinner(HostPinner pinner) {
+  PinnerRegistry& registry = pinner_registry();
+  MutexLock lock(registry.mutex);
+  registry.pinner = std::move(pinner);
+}
+
+HostPinner host_pinner() {
+  PinnerRegistry& registry = pinner_registry();
+  MutexLock lock(registry.mutex);
+  return registry.pinner;
+}
+
+void copy_bytes(const Tensor& dst, const Tensor& src) {
+  SB_REQUIRE(dst.defined() && src.defined() && dst.dtype() == src.dtype() &&
+                 dst.numel() == src.numel() && dst.is_contiguous() && src.is_contiguous(),
+             "copy_bytes: {} into {} (both contiguous, equal dtype and element count)",
+             src.describe(), dst.describe());
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    if (dst.nbytes() > 0) std::memmove(dst.data(), src.data(), dst.nbytes());
+    return;
+  }
+  DeviceCopier copier = current(&DeviceHooks::copier);
+  SB_REQUIRE(copier != nullptr,
+             "copy_bytes: cannot copy {} to {}: no device copier is registered (link "
+             "//collective:cuda_allocator)",
+             src.describe(), dst.device().str());
+  copier(dst, src);
+}
+
 int registered_cuda_device_count() {
   DeviceCounter counter = current(&DeviceHooks::counter);
   if (counter == nullptr) return 0;

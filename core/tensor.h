@@ -151,6 +151,25 @@ void set_device_counter(DeviceCounter counter);
 // without CUDA). Never throws.
 int registered_cuda_device_count();
 
+// Page-locks (pins) host memory so that copies between it and a device run
+// at the bus's speed (cudaHostRegister), and unpins it. Registered by
+// CUDA-enabled targets; `pin` returns false when it could not (the memory
+// stays usable, unpinned). Must not throw.
+struct HostPinner {
+  std::function<bool(void* data, size_t nbytes)> pin;
+  std::function<void(void* data)> unpin;
+};
+// Installs the pinner (replaces any previous one). Thread-safe.
+void set_host_pinner(HostPinner pinner);
+// The registered pinner; its functions are empty when none is.
+HostPinner host_pinner();
+
+// Copies the bytes of `src` into `dst` (equal dtype and numel, both
+// contiguous), between any two devices: on the CPU with memmove, else with
+// the registered copier (std::invalid_argument when none is). Returns once
+// the bytes have arrived.
+void copy_bytes(const Tensor& dst, const Tensor& src);
+
 // Bytes and their owner. `data` stays valid while the Storage lives.
 class Storage {
  public:

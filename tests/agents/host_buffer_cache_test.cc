@@ -17,7 +17,8 @@ namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 }  // namespace
 
-TEST_CASE("a freed large buffer is reused for the next tensor that fits", "[buffer_cache]") {
+TEST_CASE("a freed large buffer is reused for the next tensor that fits",
+          "[buffer_cache]") {
   auto cache = HostBufferCache::create(64 * kMiB, kMiB);
   void* first = nullptr;
   {
@@ -104,4 +105,64 @@ TEST_CASE("threads taking and freeing buffers concurrently", "[buffer_cache]") {
   for (auto& t : threads) t.join();
   CHECK(cache->cached_bytes() <= 32 * kMiB);
   CHECK(cache->reuses() > 0);
+}
+
+TEST_CASE(
+    "a pinned buffer is pinned once, stays pinned while cached, and is unpinned when it "
+    "goes back to the system",
+    "[buffer_cache]") {
+  int pinned = 0;
+  int unpinned = 0;
+  switchboard::set_host_pinner({[&](void*, size_t) {
+                                  ++pinned;
+                                  return true;
+                                },
+                                [&](void*) { ++unpinned; }});
+  {
+    auto cache = HostBufferCache::create(8 * kMiB);
+    void* first = nullptr;
+    {
+      Tensor t =
+          cache->empty({2 * static_cast<int64_t>(kMiB)}, DType::kUInt8, /*pinned=*/true);
+      first = t.data();
+    }
+    CHECK(pinned == 1);
+    CHECK(cache->pins() == 1);
+    {
+      // Reused, already pinned.
+      Tensor t =
+          cache->empty({2 * static_cast<int64_t>(kMiB)}, DType::kUInt8, /*pinned=*/true);
+      CHECK(t.data() == first);
+    }
+    CHECK(pinned == 1);
+    // An unpinned request may take the pinned buffer (it is a buffer all the
+    // same); a pinned request takes a pinned one before an unpinned one.
+    {
+      Tensor unpinned_buffer =
+          cache->empty({3 * static_cast<int64_t>(kMiB)}, DType::kUInt8);
+    }
+    {
+      Tensor t =
+          cache->empty({2 * static_cast<int64_t>(kMiB)}, DType::kUInt8, /*pinned=*/true);
+      CHECK(t.data() == first);
+    }
+    CHECK(pinned == 1);
+    CHECK(unpinned == 0);
+    // Evicted past the bound: unpinned before it is freed.
+    { Tensor big = cache->empty({7 * static_cast<int64_t>(kMiB)}, DType::kUInt8); }
+    CHECK(unpinned == 1);
+  }
+  // A pinner that cannot pin leaves an ordinary buffer.
+  switchboard::set_host_pinner(
+      {[&](void*, size_t) { return false; }, [&](void*) { ++unpinned; }});
+  {
+    auto cache = HostBufferCache::create();
+    {
+      Tensor t =
+          cache->empty({static_cast<int64_t>(kMiB)}, DType::kUInt8, /*pinned=*/true);
+    }
+    CHECK(cache->pins() == 0);
+  }
+  CHECK(unpinned == 1);
+  switchboard::set_host_pinner({});
 }

@@ -64,6 +64,7 @@ int64_t copies() { return -1; }  // not counted on real GPUs
 
 constexpr int kFakeDevices = 2;
 std::atomic<int64_t> fake_copies{0};
+std::atomic<int64_t> fake_pins{0};
 
 // "Device" memory is host memory tagged with a CUDA device; copies are
 // memcpy. Allocation fails like cudaMalloc for a device that does not exist.
@@ -78,6 +79,11 @@ void install_fake_runtime() {
     if (p == nullptr) throw std::bad_alloc();
     return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
   });
+  set_host_pinner({[](void*, size_t) {
+                     ++fake_pins;
+                     return true;
+                   },
+                   [](void*) {}});
   set_device_copier([](const Tensor& dst, const Tensor& src) {
     REQUIRE(dst.nbytes() == src.nbytes());
     REQUIRE(!(dst.device().is_cpu() && src.device().is_cpu()));
@@ -363,5 +369,27 @@ TEST_CASE(
   // mapping closed.
   CHECK(fake_ipc->outboxes_alive == 0);
   CHECK(fake_ipc->inboxes_alive == 0);
+}
+
+TEST_CASE("staged CUDA tensors go through pinned buffers, pinned once and reused",
+          "[pipe][cuda]") {
+  Pair pair(-1, remote_device(), {"0", "0"});
+  const int64_t n = 1 << 20;  // 4 MiB
+  const int64_t before = fake_pins;
+  for (int k = 0; k < 4; ++k) {
+    const Tensor back = pair[0].rpc_sync<Tensor>(
+        "w1", "scale", pattern_on(n, static_cast<float>(k), Device::cuda(0)), 1.0);
+    CHECK(values_of(back)[n - 1] == static_cast<float>(k + n - 1));
+  }
+  // Each side pins its staging buffers for the first call (the request
+  // staged and received, the reply staged and received) and reuses them.
+  const int64_t pinned = fake_pins - before;
+  CHECK(pinned >= 2);
+  CHECK(pinned <= 8);
+  const int64_t after_first_four = fake_pins;
+  for (int k = 0; k < 4; ++k) {
+    (void)pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(n, 0, Device::cuda(0)), 1.0);
+  }
+  CHECK(fake_pins == after_first_four);
 }
 #endif
