@@ -58,6 +58,20 @@ std::shared_ptr<rpc::RpcBackendOptions> options_for(int rank) {
   return options;
 }
 
+// "w0" in this process and the child "w1", ready.
+struct ChildPair {
+  ChildPair() {
+    store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
+    w0.init_rpc("w0", "PIPE", 0, 2, options_for(0), store);
+    expect_line(child, "ready");
+  }
+  TcpStoreServer server;
+  Subprocess child =
+      sbtest::spawn_child("cuda_ipc_worker", {std::to_string(server.port())});
+  std::shared_ptr<TcpStore> store;
+  RpcContext w0;
+};
+
 }  // namespace
 
 // args: store port.
@@ -87,13 +101,9 @@ TEST_CASE(
     "CUDA tensors to a worker process of this host go by cuda_ipc and come back intact",
     "[pipe][cuda][cuda_ipc][gpu][multiprocess]") {
   if (skip_without_gpu()) return;
-  TcpStoreServer server;
-  Subprocess child =
-      sbtest::spawn_child("cuda_ipc_worker", {std::to_string(server.port())});
-  RpcContext w0;
-  auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
-  w0.init_rpc("w0", "PIPE", 0, 2, options_for(0), store);
-  expect_line(child, "ready");
+  ChildPair pair;
+  RpcContext& w0 = pair.w0;
+  Subprocess& child = pair.child;
   for (int64_t n : {int64_t{256} << 10, int64_t{16} << 20}) {  // 1 MiB, 64 MiB
     const Tensor t = pattern_on(n, 1);
     const Tensor back = w0.rpc_sync<Tensor>("w1", "scale", with_timeout(kGuard), t, 2.0);
@@ -116,13 +126,9 @@ TEST_CASE(
     "worker goes on",
     "[pipe][cuda][cuda_ipc][gpu][failure][multiprocess]") {
   if (skip_without_gpu()) return;
-  TcpStoreServer server;
-  Subprocess child =
-      sbtest::spawn_child("cuda_ipc_worker", {std::to_string(server.port())});
-  RpcContext w0;
-  auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
-  w0.init_rpc("w0", "PIPE", 0, 2, options_for(0), store);
-  expect_line(child, "ready");
+  ChildPair pair;
+  RpcContext& w0 = pair.w0;
+  Subprocess& child = pair.child;
   rpc::Future<int64_t> call =
       w0.rpc_async<int64_t>("w1", "hold", with_timeout(60s), pattern_on(1 << 20, 0));
   expect_line(child, "holding");

@@ -140,7 +140,8 @@ agents::PipeRpcBackendOptions& typed(
 //             that t arrived on `expect_device`;
 //   "where"   (Tensor t) -> t's device as a string;
 //   "mixed"   (Tensor cpu, Tensor cuda) -> the two devices, "cpu|cuda:N";
-//   "make"    (int64 n) -> iota on remote_device().
+//   "make"    (int64 n) -> iota on remote_device();
+//   "refuse"  (Tensor t) -> throws, naming t.
 // `cuda_ipc`: each worker's "cuda_ipc" option ("0", "1"; "" for the
 // default).
 struct Pair {
@@ -161,6 +162,9 @@ struct Pair {
       });
       c.register_function("make", [](int64_t n) { return iota_on(n, remote_device()); });
       c.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+      c.register_function("refuse", [](Tensor t) -> int64_t {
+        throw std::runtime_error(fmt::format("refused {}", t.describe()));
+      });
     }
     rethrow_first(on_threads(2, [&](int rank) {
       rpc::Extras extras{{"listen_address", "127.0.0.1"}, {"num_worker_threads", "4"}};
@@ -391,5 +395,125 @@ TEST_CASE("staged CUDA tensors go through pinned buffers, pinned once and reused
     (void)pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(n, 0, Device::cuda(0)), 1.0);
   }
   CHECK(fake_pins == after_first_four);
+}
+
+// ---- channel conformance: what every tensor channel promises ----------------
+//
+// Run over each channel a tensor can take between two workers of this
+// process: cpu (CPU tensors), cuda_staged (CUDA tensors with cuda_ipc off)
+// and cuda_ipc (the stand-in DeviceIpc). Tensors of every size arrive
+// intact both ways, several in one message; concurrent calls keep their
+// own bytes; a call whose handler throws gives back what its tensors held;
+// and the channel the counters show is the one configured.
+
+enum class Channel { kCpu, kStaged, kIpc };
+
+const char* channel_name(Channel c) {
+  return c == Channel::kCpu ? "cpu" : c == Channel::kStaged ? "cuda_staged" : "cuda_ipc";
+}
+
+struct ChannelPair {
+  explicit ChannelPair(Channel c)
+      : channel(c),
+        pair(-1, remote_device(),
+             c == Channel::kStaged ? std::vector<std::string>{"0", "0"}
+                                   : std::vector<std::string>{"", ""}) {}
+  Device device() const {
+    return channel == Channel::kCpu ? Device::cpu() : Device::cuda(0);
+  }
+  Channel channel;
+  Pair pair;
+};
+
+TEST_CASE(
+    "channel conformance: tensors of every size arrive intact both ways, several in "
+    "one message",
+    "[pipe][channel]") {
+  const Channel channel = GENERATE(Channel::kCpu, Channel::kStaged, Channel::kIpc);
+  INFO("channel " << channel_name(channel));
+  ChannelPair p(channel);
+  for (int64_t n :
+       {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{64} << 10, int64_t{4} << 20}) {
+    INFO(n << " floats");
+    const Tensor back =
+        p.pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(n, 7, p.device()), 2.0);
+    CHECK(back.device() == p.device());
+    const std::vector<float> got = values_of(back);
+    REQUIRE(got.size() == static_cast<size_t>(n));
+    bool same = true;
+    for (int64_t i = 0; i < n && same; i += 257) same = got[i] == 2.0f * (7.0f + i);
+    CHECK(same);
+    if (n > 0) CHECK(got.back() == 2.0f * (7.0f + static_cast<float>(n - 1)));
+  }
+  const Tensor cpu = pattern_on(3, 0, Device::cpu());
+  CHECK(p.pair[0].rpc_sync<std::string>("w1", "mixed", cpu,
+                                        pattern_on(1 << 20, 0, p.device())) ==
+        "cpu|" + (channel == Channel::kCpu ? std::string("cpu") : remote_device().str()));
+}
+
+TEST_CASE("channel conformance: concurrent calls keep their own bytes",
+          "[pipe][channel]") {
+  const Channel channel = GENERATE(Channel::kCpu, Channel::kStaged, Channel::kIpc);
+  INFO("channel " << channel_name(channel));
+  ChannelPair p(channel);
+  constexpr int kCalls = 24;
+  constexpr int64_t kN = 64 << 10;  // 256 KiB each
+  std::vector<rpc::Future<Tensor>> calls;
+  for (int k = 0; k < kCalls; ++k) {
+    calls.push_back(p.pair[0].rpc_async<Tensor>(
+        "w1", "scale", pattern_on(kN, static_cast<float>(k) * 100000.0f, p.device()),
+        1.0));
+  }
+  for (int k = 0; k < kCalls; ++k) {
+    const std::vector<float> got = values_of(calls[static_cast<size_t>(k)].value());
+    REQUIRE(got.size() == static_cast<size_t>(kN));
+    bool same = true;
+    for (int64_t i = 0; i < kN && same; i += 101) {
+      same = got[static_cast<size_t>(i)] ==
+             static_cast<float>(k) * 100000.0f + static_cast<float>(i);
+    }
+    CHECK(same);
+  }
+}
+
+TEST_CASE(
+    "channel conformance: a call whose handler throws gives back what its tensors held, "
+    "and the channel in use is the one configured",
+    "[pipe][channel]") {
+  const Channel channel = GENERATE(Channel::kCpu, Channel::kStaged, Channel::kIpc);
+  INFO("channel " << channel_name(channel));
+  const int made = fake_ipc->outboxes_made, fills = fake_ipc->fills;
+  const int64_t copies_before = fake_copies, pins_before = fake_pins;
+  {
+    ChannelPair p(channel);
+    for (int k = 0; k < 12; ++k) {
+      auto call = p.pair[0].rpc_async<int64_t>("w1", "refuse",
+                                               pattern_on(1 << 18, 0, p.device()));
+      CHECK_THROWS_WITH(call.value(), Catch::Contains("refused"));
+    }
+    // Nothing stayed held: more calls than outboxes still take the channel.
+    for (int k = 0; k < 12; ++k) {
+      const Tensor back = p.pair[0].rpc_sync<Tensor>(
+          "w1", "scale", pattern_on(1 << 18, 1, p.device()), 1.0);
+      CHECK(values_of(back)[5] == 6.0f);
+    }
+    switch (channel) {
+      case Channel::kCpu:
+        CHECK(fake_ipc->fills == fills);
+        CHECK(fake_copies == copies_before);  // no device copy at all
+        break;
+      case Channel::kStaged:
+        CHECK(fake_ipc->fills == fills);
+        CHECK(fake_pins > pins_before);
+        break;
+      case Channel::kIpc:
+        CHECK(fake_ipc->fills - fills ==
+              12 + 24);  // refused requests, requests and replies
+        CHECK(fake_ipc->outboxes_made - made == 2);  // one each way, never stuck
+        break;
+    }
+  }
+  CHECK(fake_ipc->outboxes_alive == 0);
+  CHECK(fake_ipc->inboxes_alive == 0);
 }
 #endif
