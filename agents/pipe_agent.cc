@@ -12,6 +12,7 @@
 
 #include "agents/pipe_address.h"
 #include "agents/pipe_agent_impl.h"
+#include "agents/pipe/channel/staging.h"
 #include "agents/pipe/host_key.h"
 #include "agents/pipe/transport/tcp/tcp_transport.h"
 #include "core/device_ipc.h"
@@ -45,23 +46,34 @@ Message copy_tensors(Message m, const std::vector<Device>& devices) {
   return m;
 }
 
-// Replaces tensor `i` of `m`, when on a CUDA device, with a CPU copy in a
-// pinned buffer of `buffers` (the copy runs at the bus's speed), which is
-// what travels (the frame's descriptors name the device the receiver puts
-// it on), and when a non-contiguous CPU tensor, with a contiguous copy. A
-// tensor that cannot be copied (no CUDA runtime linked, not contiguous)
+// Replaces tensor `i` of `m`, when on a CUDA device, with a CPU tensor in a
+// pinned buffer of `buffers` (copies run at the bus's speed), which is what
+// travels (the frame's descriptors name the device the receiver puts it
+// on), and when a non-contiguous CPU tensor, with a contiguous copy. A
+// large CUDA tensor is copied chunk by chunk as the connection sends it:
+// the source that does so is returned (null when the bytes are all there).
+// A tensor that cannot be copied (no CUDA runtime linked, not contiguous)
 // throws std::invalid_argument naming the target worker `to`.
-void stage_on_cpu(Message& m, size_t i, const std::string& to, HostBufferCache& buffers) {
+std::shared_ptr<pipe::ChunkedSource> stage_on_cpu(Message& m, size_t i, const std::string& to,
+                                                  HostBufferCache& buffers) {
   Tensor& t = m.tensors[i];
   if (t.device().is_cpu()) {
     if (!t.is_contiguous()) t = t.clone();  // contiguous is what travels
-    return;
+    return nullptr;
   }
   try {
     SB_REQUIRE(t.is_contiguous(), "{} is not contiguous", t.describe());
+    SB_REQUIRE(has_device_copier(),
+               "no device copier is registered (link //collective:cuda_allocator)");
     Tensor staged = buffers.empty(t.shape(), t.dtype(), /*pinned=*/true);
-    copy_bytes(staged, t);
+    std::shared_ptr<pipe::ChunkedSource> source;
+    if (t.nbytes() >= channel::DeviceStager::kMinBytes) {
+      source = std::make_shared<channel::DeviceStager>(t, staged);
+    } else {
+      copy_bytes(staged, t);
+    }
     t = std::move(staged);
+    return source;
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(
         fmt::format("rpc to \"{}\": tensor {} cannot be staged: {}", to, i, e.what()));
@@ -680,7 +692,10 @@ std::vector<pipe::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
         }
       }
     }
-    stage_on_cpu(m, i, peer_name, *buffers);
+    if (std::shared_ptr<pipe::ChunkedSource> source = stage_on_cpu(m, i, peer_name, *buffers)) {
+      routes.resize(m.tensors.size());
+      routes[i].source = std::move(source);
+    }
   }
   return routes;
 }

@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -108,9 +109,33 @@ enum class TensorChannel : uint8_t {
   kInline = 0,   // after the frame, on the connection
   kCudaIpc = 1,  // in the sender's exported device memory (pipe/channel/cuda_ipc.h)
 };
+
+// Bytes that become ready chunk by chunk while the connection sends them:
+// a CUDA tensor staged through a pinned host buffer
+// (pipe/channel/staging.h), so that copying the next chunk off the device
+// overlaps with sending the last one.
+//
+// Thread safety: ready() from any thread; advance() from one thread at a
+// time (the connection's writer that found the stream waiting on it).
+class ChunkedSource {
+ public:
+  virtual ~ChunkedSource() = default;
+  // The bytes in all; data() holds them once ready() == size().
+  virtual size_t size() const = 0;
+  // How many bytes from the start are ready at data().
+  virtual size_t ready() const = 0;
+  virtual const uint8_t* data() const = 0;
+  // Makes the next chunk ready; returns once it is. Throws what the copy
+  // throws (the connection then fails).
+  virtual void advance() = 0;
+};
+
 struct TensorRoute {
   TensorChannel channel = TensorChannel::kInline;
   uint64_t buffer = 0;  // kCudaIpc: the sender's outbox
+  // kInline, on the sending side only (never on the wire): the tensor's
+  // bytes come from here, chunk by chunk, rather than all at once.
+  std::shared_ptr<ChunkedSource> source;
   bool operator==(const TensorRoute&) const = default;
 };
 

@@ -15,6 +15,7 @@
 #include "agents/little_endian.h"
 #include "agents/pipe/channel/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
+#include "agents/pipe/channel/staging.h"
 #include "agents/pipe_connection.h"
 #include "common/error.h"
 #include "core/tensor.h"
@@ -247,4 +248,36 @@ TEST_CASE("the channel is chosen per device pair, with the reason",
   none.cuda_ipc = false;
   CHECK_THAT(choose(mine, none, Device::cuda(0), Device::cuda(0), big).why,
              Contains("the peer cannot share CUDA memory"));
+}
+
+TEST_CASE(
+    "a staged CUDA tensor is copied chunk by chunk, each copy making the next bytes "
+    "ready",
+    "[cuda_staged]") {
+  int copies = 0;
+  set_device_copier([&](const Tensor& dst, const Tensor& src) {
+    ++copies;
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  });
+  const Tensor device = device_tensor(int64_t{10} << 18, 3);  // 10 MiB of floats
+  const Tensor host = Tensor::empty({int64_t{10} << 18}, DType::kFloat32);
+  channel::DeviceStager stager(device, host, size_t{4} << 20);
+  CHECK(stager.size() == size_t{10} << 20);
+  CHECK(stager.ready() == 0);
+  stager.advance();
+  CHECK(stager.ready() == size_t{4} << 20);
+  stager.advance();
+  stager.advance();
+  CHECK(stager.ready() == size_t{10} << 20);
+  stager.advance();  // nothing left: no copy
+  CHECK(copies == 3);
+  CHECK(std::memcmp(stager.data(), device.data(), device.nbytes()) == 0);
+  // A copy that fails reaches the writer (which then fails the connection).
+  set_device_copier([](const Tensor&, const Tensor&) {
+    throw Error(ErrorCode::kFailedPrecondition, "fake copy failed");
+  });
+  channel::DeviceStager failing(device, host);
+  CHECK_THROWS_WITH(failing.advance(), Contains("fake copy failed"));
+  CHECK(failing.ready() == 0);
+  set_device_copier(nullptr);
 }

@@ -395,6 +395,15 @@ TEST_CASE("staged CUDA tensors go through pinned buffers, pinned once and reused
     (void)pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(n, 0, Device::cuda(0)), 1.0);
   }
   CHECK(fake_pins == after_first_four);
+  // A tensor of 8 MiB or more is copied off the device in 4 MiB chunks as
+  // the connection sends it: for 16 MiB, the request's 4 and the reply's 4,
+  // where staging at once would copy once each. The other six: this test's
+  // pattern and values_of, the handler's two, and the two placements.
+  const Tensor big = pattern_on(4 << 20, 0, Device::cuda(0));
+  const int64_t copies_before = fake_copies;
+  const Tensor back = pair[0].rpc_sync<Tensor>("w1", "scale", big, 1.0);
+  CHECK(values_of(back)[(4 << 20) - 1] == static_cast<float>((4 << 20) - 1));
+  CHECK(fake_copies - copies_before == 4 + 4 + 6 - 1);  // pattern_on ran before the count
 }
 
 // ---- channel conformance: what every tensor channel promises ----------------

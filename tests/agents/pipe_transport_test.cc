@@ -12,11 +12,15 @@
 // nobody listens on fails with ConnectionError; timers tick until told to
 // stop. Nothing here sleeps hoping for an order: every wait is on a
 // condition, bounded by kGuard.
+#include "agents/pipe_transport.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
@@ -24,10 +28,9 @@
 #include <string>
 #include <vector>
 
+#include "agents/pipe/transport/tcp/tcp_transport.h"
 #include "agents/pipe_connection.h"
 #include "agents/pipe_frame.h"
-#include "agents/pipe/transport/tcp/tcp_transport.h"
-#include "agents/pipe_transport.h"
 #include "common/error.h"
 #include "common/mutex.h"
 #include "core/tensor.h"
@@ -71,7 +74,8 @@ class Endpoint final : public ConnectionEvents {
   // Waits until `n` frames arrived; false after kGuard.
   bool wait_frames(size_t n) SB_EXCLUDES(mu_) {
     MutexLock lock(mu_);
-    return changed_.wait_for(mu_, kGuard, [&]() SB_REQUIRES(mu_) { return frames_.size() >= n; });
+    return changed_.wait_for(mu_, kGuard,
+                             [&]() SB_REQUIRES(mu_) { return frames_.size() >= n; });
   }
   // Waits until a connection ended; its reason, or "" after kGuard.
   std::string wait_failure() SB_EXCLUDES(mu_) {
@@ -128,7 +132,8 @@ class Pair {
     client->trusted = true;
     client->start_reading();
     MutexLock lock(mu_);
-    accepted_cv_.wait_for(mu_, kGuard, [&]() SB_REQUIRES(mu_) { return accepted_ != nullptr; });
+    accepted_cv_.wait_for(mu_, kGuard,
+                          [&]() SB_REQUIRES(mu_) { return accepted_ != nullptr; });
     server = accepted_;
   }
   ~Pair() {
@@ -168,7 +173,8 @@ class Pair {
   std::shared_ptr<Connection> accepted_ SB_GUARDED_BY(mu_);
 };
 
-Message request(uint64_t id, std::vector<uint8_t> payload, std::vector<Tensor> tensors = {}) {
+Message request(uint64_t id, std::vector<uint8_t> payload,
+                std::vector<Tensor> tensors = {}) {
   Message m;
   m.type = MessageType::kRequest;
   m.id = id;
@@ -207,9 +213,10 @@ int unused_port() {
 
 }  // namespace
 
-TEST_CASE("frames go out in the order queued and arrive intact, in both directions of one "
-          "connection",
-          "[pipe][transport]") {
+TEST_CASE(
+    "frames go out in the order queued and arrive intact, in both directions of one "
+    "connection",
+    "[pipe][transport]") {
   const Kind kind = any_kind();
   INFO(kind_name(kind));
   Pair pair(kind);
@@ -224,7 +231,8 @@ TEST_CASE("frames go out in the order queued and arrive intact, in both directio
       sent_tensors.push_back(pattern(1 + i * 100, static_cast<uint8_t>(i)));
       tensors.push_back(sent_tensors.back());
     }
-    const std::vector<uint8_t> payload(static_cast<size_t>(i % 50), static_cast<uint8_t>(i));
+    const std::vector<uint8_t> payload(static_cast<size_t>(i % 50),
+                                       static_cast<uint8_t>(i));
     REQUIRE(pair.client->enqueue(request(i, payload, tensors), {}, {}, i % 10 == 0));
     REQUIRE(pair.server->enqueue(request(1000 + i, payload), {}, {}, false));
   }
@@ -258,6 +266,66 @@ TEST_CASE("a tensor larger than any buffer or ring arrives intact", "[pipe][tran
   CHECK(same_bytes(got.message.tensors[0], big));
 }
 
+// Bytes made ready chunk by chunk from `pattern`, as a staged CUDA
+// tensor's are (agents/pipe/channel/staging.h); counts its advances.
+class PatternSource final : public pipe::ChunkedSource {
+ public:
+  PatternSource(Tensor pattern, size_t chunk)
+      : pattern_(std::move(pattern)),
+        host_(Tensor::zeros({static_cast<int64_t>(pattern_.nbytes())}, DType::kUInt8)),
+        chunk_(chunk) {}
+  size_t size() const override { return pattern_.nbytes(); }
+  size_t ready() const override { return ready_.load(); }
+  const uint8_t* data() const override {
+    return static_cast<const uint8_t*>(host_.data());
+  }
+  void advance() override {
+    const size_t at = ready_.load();
+    const size_t n = std::min(chunk_, size() - at);
+    std::memcpy(static_cast<uint8_t*>(host_.data()) + at,
+                static_cast<const uint8_t*>(pattern_.data()) + at, n);
+    ++advances;
+    ready_.store(at + n);
+  }
+  const Tensor& host() const { return host_; }
+  std::atomic<int> advances{0};
+
+ private:
+  const Tensor pattern_;
+  const Tensor host_;
+  const size_t chunk_;
+  std::atomic<size_t> ready_{0};
+};
+
+TEST_CASE(
+    "a tensor whose bytes become ready chunk by chunk arrives intact, and what was "
+    "queued after it waits for it",
+    "[pipe][transport]") {
+  const Kind kind = any_kind();
+  INFO(kind_name(kind));
+  Pair pair(kind);
+  REQUIRE(pair.server != nullptr);
+  const Tensor source_bytes = pattern(int64_t{10} << 20, 9);  // 10 MiB in 1 MiB chunks
+  auto source = std::make_shared<PatternSource>(source_bytes, size_t{1} << 20);
+  std::vector<pipe::TensorRoute> routes(2);
+  routes[1].source = source;
+  const Tensor before = pattern(5000, 1);
+  const bool send_now = GENERATE(false, true);
+  REQUIRE(pair.client->enqueue(request(1, {1}, {before, source->host()}), {}, routes,
+                               send_now));
+  for (int i = 2; i <= 4; ++i) {
+    REQUIRE(pair.client->enqueue(request(i, {static_cast<uint8_t>(i)}, {pattern(100, 2)}),
+                                 {}, {}, send_now));
+  }
+  REQUIRE(pair.server_events.wait_frames(4));
+  const std::vector<pipe::InboundFrame> got = pair.server_events.frames();
+  for (int i = 0; i < 4; ++i) CHECK(got[i].message.id == static_cast<uint64_t>(i + 1));
+  REQUIRE(got[0].message.tensors.size() == 2);
+  CHECK(same_bytes(got[0].message.tensors[0], before));
+  CHECK(same_bytes(got[0].message.tensors[1], source_bytes));
+  CHECK(source->advances == 10);
+}
+
 TEST_CASE("what was queued before close_after_flush arrives before the peer sees the end",
           "[pipe][transport]") {
   const Kind kind = any_kind();
@@ -266,7 +334,8 @@ TEST_CASE("what was queued before close_after_flush arrives before the peer sees
   REQUIRE(pair.server != nullptr);
   constexpr int kFrames = 50;
   for (int i = 0; i < kFrames; ++i) {
-    REQUIRE(pair.client->enqueue(request(i, std::vector<uint8_t>(1000, 1)), {}, {}, false));
+    REQUIRE(
+        pair.client->enqueue(request(i, std::vector<uint8_t>(1000, 1)), {}, {}, false));
   }
   pair.client->close_after_flush();
   CHECK(pair.client->wait_closed(std::chrono::steady_clock::now() + kGuard));
@@ -289,9 +358,10 @@ TEST_CASE("close_now on one side ends the other side's connection", "[pipe][tran
   CHECK_FALSE(pair.client_events.wait_failure().empty());
 }
 
-TEST_CASE("a connect to a port nobody listens on fails with ConnectionError, and timers tick "
-          "until told to stop",
-          "[pipe][transport]") {
+TEST_CASE(
+    "a connect to a port nobody listens on fails with ConnectionError, and timers tick "
+    "until told to stop",
+    "[pipe][transport]") {
   // A port bound a moment ago and closed: nobody listens there.
   const int port = unused_port();
   std::unique_ptr<PipeTransport> other;

@@ -10,8 +10,19 @@ void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& device
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     if (!routes.empty() && routes[i].channel != pipe::TensorChannel::kInline) continue;
     const Tensor& t = m.tensors[i];
-    if (t.nbytes() > 0) tensors_.push_back({bytes_.size(), t, 0});
+    if (t.nbytes() == 0) continue;
+    tensors_.push_back(
+        {bytes_.size(), t, 0, routes.empty() ? nullptr : routes[i].source});
   }
+}
+
+std::shared_ptr<pipe::ChunkedSource> FrameQueue::blocked() const {
+  if (tensors_.empty() || tensors_.front().offset > 0)
+    return nullptr;  // frame bytes first
+  const QueuedTensor& t = tensors_.front();
+  if (t.source == nullptr || t.sent < t.source->ready() || t.sent == t.size())
+    return nullptr;
+  return t.source;
 }
 
 void FrameQueue::append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
@@ -36,10 +47,10 @@ void FrameQueue::consume(size_t n) {
     n -= taken;
     if (n == 0 || finished == tensors_.size()) break;
     QueuedTensor& t = tensors_[finished];
-    const size_t take = std::min(n, t.tensor.nbytes() - t.sent);
+    const size_t take = std::min(n, t.size() - t.sent);
     t.sent += take;
     n -= take;
-    if (t.sent < t.tensor.nbytes()) break;
+    if (t.sent < t.size()) break;
     ++finished;
   }
   bytes_.erase(bytes_.begin(), bytes_.begin() + static_cast<std::ptrdiff_t>(at));

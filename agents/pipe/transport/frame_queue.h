@@ -4,6 +4,11 @@
 // Every stream transport writes from one: it appends frames, hands the
 // pieces to its stream in wire order, and drops what the stream took.
 //
+// A tensor routed with a pipe::ChunkedSource offers only the bytes its
+// source made ready so far, and nothing after it goes out before all of it
+// did: when the stream took everything offered and the queue waits on such
+// a source (blocked()), the writer calls its advance() and goes on.
+//
 // Ownership: the queue holds a reference to each queued tensor's storage
 // until its bytes went; the caller must not change those bytes meanwhile.
 // Thread safety: none; the owning connection guards it.
@@ -34,9 +39,13 @@ class FrameQueue {
   size_t size() const;
 
   // Calls emit(data, size) for each piece in wire order, skipping empty
-  // pieces and bytes already consumed.
+  // pieces and bytes already consumed, up to the first source whose bytes
+  // are not all ready (its ready part included).
   template <typename Emit>
   void for_each_piece(Emit&& emit) const;
+  // The source the queue waits on: everything before it went, and all of
+  // its ready bytes too; null when the queue has bytes to offer (or none).
+  std::shared_ptr<pipe::ChunkedSource> blocked() const;
   // Drops the first `n` bytes (n <= size()).
   void consume(size_t n);
 
@@ -56,6 +65,12 @@ class FrameQueue {
     size_t offset = 0;
     Tensor tensor;
     size_t sent = 0;
+    std::shared_ptr<pipe::ChunkedSource> source;  // null: every byte is ready
+    size_t size() const { return source ? source->size() : tensor.nbytes(); }
+    size_t available() const { return source ? source->ready() : tensor.nbytes(); }
+    const uint8_t* data() const {
+      return source ? source->data() : static_cast<const uint8_t*>(tensor.data());
+    }
   };
 
   std::vector<uint8_t> bytes_;
@@ -68,10 +83,9 @@ void FrameQueue::for_each_piece(Emit&& emit) const {
   for (const QueuedTensor& t : tensors_) {
     if (t.offset > at) emit(bytes_.data() + at, t.offset - at);
     at = t.offset;
-    if (t.sent < t.tensor.nbytes()) {
-      emit(static_cast<const uint8_t*>(t.tensor.data()) + t.sent,
-           t.tensor.nbytes() - t.sent);
-    }
+    const size_t available = t.available();
+    if (t.sent < available) emit(t.data() + t.sent, available - t.sent);
+    if (available < t.size()) return;  // nothing after it goes before all of it
   }
   if (at < bytes_.size()) emit(bytes_.data() + at, bytes_.size() - at);
 }

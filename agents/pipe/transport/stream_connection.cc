@@ -35,15 +35,18 @@ std::string StreamConnection::remote_address() const {
 }
 
 bool StreamConnection::enqueue(const Message& m, const std::vector<Device>& devices,
-                               const std::vector<pipe::TensorRoute>& routes, bool send_now) {
+                               const std::vector<pipe::TensorRoute>& routes,
+                               bool send_now) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
   enqueue_locked(m, devices, routes, send_now);
   return true;
 }
 
-void StreamConnection::enqueue_locked(const Message& m, const std::vector<Device>& devices,
-                                      const std::vector<pipe::TensorRoute>& routes, bool send_now) {
+void StreamConnection::enqueue_locked(const Message& m,
+                                      const std::vector<Device>& devices,
+                                      const std::vector<pipe::TensorRoute>& routes,
+                                      bool send_now) {
   queued_.append(m, devices, routes);
   if (send_now && !writing_ && sends_inline()) send_inline_locked();
   if (!queued_.empty()) kick_locked();
@@ -100,7 +103,10 @@ void StreamConnection::write_some() {
   {
     MutexLock lock(mu_);
     if (closed_) return;
-    if (queued_.empty()) {
+    // sending_ still holds what waits on a staged tensor's next chunk;
+    // what was queued meanwhile goes after it.
+    if (!sending_.empty()) {
+    } else if (queued_.empty()) {
       writing_ = false;
       if (!closing_ || !side_flushed_locked()) return;
       // Everything queued went: the close may go on.
@@ -116,14 +122,24 @@ void StreamConnection::write_some() {
     close_socket(/*graceful=*/true);
     return;
   }
+  if (std::shared_ptr<pipe::ChunkedSource> waiting = sending_.blocked()) {
+    // The next chunk is copied while the kernel still sends the last one.
+    try {
+      waiting->advance();
+    } catch (const std::exception& e) {
+      events_.connection_failed(shared_from_this(),
+                                fmt::format("staging a tensor failed: {}", e.what()));
+      return;
+    }
+  }
   buffers_.clear();
   sending_.for_each_piece(
       [&](const uint8_t* data, size_t size) { buffers_.emplace_back(data, size); });
   async_write(
       buffers_,
       asio::bind_executor(strand_, [self = shared_from_this()](
-                                       const boost::system::error_code& error, size_t) {
-        self->sending_.clear();
+                                       const boost::system::error_code& error, size_t n) {
+        if (!error) self->sending_.consume(n);
         if (error) {
           self->events_.connection_failed(self, "write failed: " + error.message());
           return;

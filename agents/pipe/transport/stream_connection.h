@@ -37,8 +37,8 @@ class StreamConnection : public Connection,
                          public std::enable_shared_from_this<StreamConnection> {
  public:
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               const std::vector<pipe::TensorRoute>& routes,
-               bool send_now) override SB_EXCLUDES(mu_);
+               const std::vector<pipe::TensorRoute>& routes, bool send_now) override
+      SB_EXCLUDES(mu_);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void start_reading() override;

@@ -162,6 +162,7 @@ void ShmLane::write_loop(const Alive& alive) {
   for (;;) {
     if (!alive->load()) return;
     bool flushed_while_closing = false;
+    std::shared_ptr<pipe::ChunkedSource> waiting;  // a staged tensor's next chunk
     {
       std::shared_ptr<Connection> self = carrier_.lane_connection();
       if (self == nullptr) return;
@@ -181,6 +182,16 @@ void ShmLane::write_loop(const Alive& alive) {
       }
       flushed_while_closing = queued_.empty() && closing_;
       if (queued_.empty() && !closing_) continue;
+      waiting = queued_.blocked();
+    }
+    if (waiting) {
+      try {
+        waiting->advance();  // outside the lock: callers may queue meanwhile
+      } catch (const std::exception& e) {
+        carrier_.lane_failed(fmt::format("staging a tensor failed: {}", e.what()));
+        return;
+      }
+      continue;
     }
     if (flushed_while_closing) {
       // Everything went: the pending close may go on.
