@@ -139,10 +139,24 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
                  "workers of this host go over TCP",
                  this->name);
   }
-  // Tensors bound for a CUDA device land in pinned buffers: the copy to the
-  // device then runs at the bus's speed.
-  tcp.allocate = [buffers = buffers](DType dtype, const Tensor::Shape& shape, Device device) {
-    return buffers->empty(shape, dtype, /*pinned=*/device.is_cuda());
+  // Tensors bound for a CUDA device land in pinned buffers, so that the
+  // copy to the device runs at the bus's speed; a large one is copied there
+  // chunk by chunk as its bytes arrive (channel::DeviceLanding), the rest
+  // once the frame is complete (place_tensors()).
+  tcp.allocate = [buffers = buffers, count = device_count](DType dtype,
+                                                           const Tensor::Shape& shape,
+                                                           Device device) {
+    Tensor host = buffers->empty(shape, dtype, /*pinned=*/device.is_cuda());
+    if (device.is_cuda() && device.index < count &&
+        host.nbytes() >= channel::DeviceStager::kMinBytes) {
+      return channel::DeviceLanding::receive_into(std::move(host), device);
+    }
+    return host;
+  };
+  tcp.progress = [](const Tensor& tensor, size_t filled) {
+    if (channel::DeviceLanding* landing = channel::DeviceLanding::of(tensor)) {
+      landing->arrived(filled);
+    }
   };
   transport = transport::make_tcp_transport(*this, std::move(tcp));
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
@@ -552,7 +566,11 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
                "CUDA device(s){}",
                name, i, peers.name_of(from), wire[i].str(), count,
                count == 0 ? " (a build without //collective:cuda_allocator, or no GPU)" : "");
-    m.tensors[i] = m.tensors[i].to(wire[i]);
+    if (channel::DeviceLanding* landing = channel::DeviceLanding::of(m.tensors[i])) {
+      m.tensors[i] = landing->finish();  // most of it is there already
+    } else {
+      m.tensors[i] = m.tensors[i].to(wire[i]);
+    }
   }
 }
 

@@ -355,6 +355,7 @@ void FrameReader::commit(size_t n) {
   try {
     if (offered_tensor_) {
       tensor_filled_ += n;
+      if (progress_ && n > 0) progress_(current_.message.tensors[tensor_index_], tensor_filled_);
       if (tensor_filled_ == tensor_size_ && !next_tensor()) finish_frame();
     } else {
       end_ += n;
@@ -562,6 +563,7 @@ bool FrameReader::fill_tensors_from_buffer() {
     std::memcpy(tensor_data_ + tensor_filled_, buffer_.data() + begin_, n);
     begin_ += n;
     tensor_filled_ += n;
+    if (progress_ && n > 0) progress_(current_.message.tensors[tensor_index_], tensor_filled_);
     if (tensor_filled_ == tensor_size_ && !next_tensor()) return true;
   }
   return false;

@@ -52,9 +52,9 @@
 #include <vector>
 
 #include "agents/tensor_descriptor.h"
-#include "core/tensor.h"
 #include "common/error.h"
 #include "core/message.h"
+#include "core/tensor.h"
 
 namespace switchboard::agents::pipe {
 
@@ -72,9 +72,9 @@ enum class FrameKind : uint8_t {
   kHello = 4,     // payload: the agent's hello (opaque here)
   kHeartbeat = 5,
   kGoodbye = 6,
-  kCancel = 7,    // no body; id: a request of the sender's it cancels
-  kLane = 8,      // payload: the same-host lane's negotiation (pipe/transport/shm/shm_lane.h)
-  kChannel = 9,   // payload: a tensor channel's message (pipe/channel/)
+  kCancel = 7,  // no body; id: a request of the sender's it cancels
+  kLane = 8,  // payload: the same-host lane's negotiation (pipe/transport/shm/shm_lane.h)
+  kChannel = 9,  // payload: a tensor channel's message (pipe/channel/)
 };
 
 // "request", "response", "error", "hello", "heartbeat", "goodbye", "cancel", "lane" (or
@@ -245,6 +245,11 @@ class FrameReader {
   // Default: Tensor::empty(shape, dtype) on the CPU whatever the device;
   // the descriptor's device is in InboundFrame::devices for the agent.
   using Allocate = std::function<Tensor(DType, const Tensor::Shape&, Device)>;
+  // Told, as a tensor's bytes arrive, how many from its start are in
+  // (`filled`), on the reading thread; it must not throw. For the agent's
+  // copies to a device that overlap with the receive
+  // (pipe/channel/staging.h).
+  using Progress = std::function<void(const Tensor& tensor, size_t filled)>;
 
   explicit FrameReader(FrameLimits limits = {}, Allocate allocate = nullptr);
   FrameReader(FrameReader&&) = default;
@@ -280,6 +285,8 @@ class FrameReader {
   // proved the job secret) applies to the frames after it. Once it returns
   // true it is not asked again. Null (the default): trusted from the start.
   void set_trust(std::function<bool()> trusted);
+  // Null (the default): nobody is told.
+  void set_progress(Progress progress) { progress_ = std::move(progress); }
 
   // True when bytes of a frame not yet complete have been received.
   bool mid_frame() const;
@@ -304,6 +311,7 @@ class FrameReader {
   FrameLimits limits_;
   Allocate allocate_;
   std::function<bool()> trusted_;  // null once trusted
+  Progress progress_;
   bool held_ = false;  // parse() stopped before a stranger's next frame
   // Received bytes: [begin_, end_) is not parsed yet.
   std::vector<uint8_t> buffer_;

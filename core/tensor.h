@@ -179,6 +179,8 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  // What keeps the bytes alive (what from_blob() was given).
+  const std::shared_ptr<void>& owner() const { return owner_; }
 
  private:
   std::shared_ptr<void> owner_;

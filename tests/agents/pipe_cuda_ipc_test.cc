@@ -281,3 +281,52 @@ TEST_CASE(
   CHECK(failing.ready() == 0);
   set_device_copier(nullptr);
 }
+
+TEST_CASE(
+    "a tensor bound for a CUDA device is copied there chunk by chunk as its bytes "
+    "arrive, the rest when all did",
+    "[cuda_staged]") {
+  int copies = 0;
+  set_device_copier([&](const Tensor& dst, const Tensor& src) {
+    ++copies;
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  });
+  const Tensor pattern =
+      device_tensor(int64_t{10} << 18, 5);  // 10 MiB of floats, the bytes to arrive
+  Tensor host = channel::DeviceLanding::receive_into(
+      Tensor::empty({int64_t{10} << 18}, DType::kFloat32), Device::cuda(1),
+      size_t{4} << 20);
+  channel::DeviceLanding* landing = channel::DeviceLanding::of(host);
+  REQUIRE(landing != nullptr);
+  CHECK(channel::DeviceLanding::of(Tensor::empty({4}, DType::kFloat32)) == nullptr);
+  CHECK(channel::DeviceLanding::of(Tensor()) == nullptr);
+  // The bytes arrive in pieces that do not fall on chunk boundaries.
+  size_t filled = 0;
+  for (size_t piece :
+       {size_t{3} << 20, size_t{2} << 20, size_t{4} << 20, size_t{1} << 20}) {
+    std::memcpy(static_cast<uint8_t*>(host.data()) + filled,
+                static_cast<const uint8_t*>(pattern.data()) + filled, piece);
+    filled += piece;
+    landing->arrived(filled);
+  }
+  CHECK(copies == 2);  // the two whole chunks: 0-4 and 4-8 MiB
+  const Tensor on_device = landing->finish();
+  CHECK(copies == 3);  // the last 2 MiB
+  CHECK(on_device.device() == Device::cuda(1));
+  CHECK(std::memcmp(on_device.data(), pattern.data(), pattern.nbytes()) == 0);
+
+  SECTION(
+      "a copy that fails on the way is made anew by finish(), which throws what it "
+      "throws") {
+    set_device_copier([](const Tensor&, const Tensor&) {
+      throw Error(ErrorCode::kFailedPrecondition, "fake copy failed");
+    });
+    Tensor again = channel::DeviceLanding::receive_into(
+        Tensor::empty({int64_t{10} << 18}, DType::kFloat32), Device::cuda(0),
+        size_t{4} << 20);
+    channel::DeviceLanding::of(again)->arrived(size_t{10} << 20);  // does not throw
+    CHECK_THROWS_WITH(channel::DeviceLanding::of(again)->finish(),
+                      Contains("fake copy failed"));
+  }
+  set_device_copier(nullptr);
+}

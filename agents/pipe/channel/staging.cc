@@ -32,4 +32,51 @@ void DeviceStager::advance() {
   ready_.store(at + n, std::memory_order_release);
 }
 
+Tensor DeviceLanding::receive_into(Tensor host, Device device, size_t chunk_bytes) {
+  void* data = host.data();
+  Tensor::Shape shape = host.shape();
+  const DType dtype = host.dtype();
+  std::shared_ptr<void> owner(new DeviceLanding(std::move(host), device, chunk_bytes),
+                              Deleter{});
+  return Tensor::from_blob(data, shape, dtype, Device::cpu(), std::move(owner));
+}
+
+DeviceLanding* DeviceLanding::of(const Tensor& tensor) {
+  if (!tensor.defined()) return nullptr;
+  const std::shared_ptr<void>& owner = tensor.storage()->owner();
+  if (std::get_deleter<Deleter>(owner) == nullptr) return nullptr;
+  return static_cast<DeviceLanding*>(owner.get());
+}
+
+void DeviceLanding::copy_to(size_t end) {
+  if (end <= copied_) return;
+  if (!device_tensor_.defined())
+    device_tensor_ = Tensor::empty(host_.shape(), host_.dtype(), device_);
+  auto* from = static_cast<uint8_t*>(host_.data()) + copied_;
+  auto* to = static_cast<uint8_t*>(device_tensor_.data()) + copied_;
+  const auto n = static_cast<int64_t>(end - copied_);
+  copy_bytes(Tensor::from_blob(to, {n}, DType::kUInt8, device_, nullptr),
+             Tensor::from_blob(from, {n}, DType::kUInt8, Device::cpu(), nullptr));
+  ++copies_;
+  copied_ = end;
+}
+
+void DeviceLanding::arrived(size_t filled) noexcept {
+  if (failed_) return;
+  const size_t whole = filled / chunk_ * chunk_;
+  try {
+    while (copied_ + chunk_ <= whole) copy_to(copied_ + chunk_);
+  } catch (...) {
+    failed_ = true;  // finish() copies anew, and throws what that throws
+  }
+}
+
+Tensor DeviceLanding::finish() {
+  if (failed_) return host_.to(device_);
+  copy_to(host_.nbytes());
+  if (!device_tensor_.defined())
+    device_tensor_ = Tensor::empty(host_.shape(), host_.dtype(), device_);
+  return device_tensor_;
+}
+
 }  // namespace switchboard::agents::channel

@@ -1,9 +1,15 @@
-// DeviceStager: a CUDA tensor on its way to another host (the cuda_staged
-// channel), copied into a pinned host buffer chunk by chunk as the
-// connection takes the bytes (a pipe::ChunkedSource): the connection's
-// writer copies the next chunk off the device while the kernel still sends
-// the last one, so the device-to-host copy and the send overlap instead of
-// following one another.
+// The cuda_staged channel's two ends, each overlapping its copy between
+// host and device with the connection's transfer instead of following it:
+//
+// DeviceStager: a CUDA tensor on its way to another worker, copied into a
+// pinned host buffer chunk by chunk as the connection takes the bytes (a
+// pipe::ChunkedSource): the connection's writer copies the next chunk off
+// the device while the kernel still sends the last one.
+//
+// DeviceLanding: a tensor bound for a CUDA device, received into a pinned
+// host buffer whose whole chunks are copied to the device as they arrive
+// (told by the frame reader's progress hook), so that only the last chunk
+// is left to copy once the frame is complete.
 //
 // The copies are the registered device copier's (synchronous, after the
 // work already queued on the device's default stream), on uint8 views of
@@ -13,9 +19,11 @@
 // time, ready() from any).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 
 #include "agents/pipe_frame.h"
 #include "core/tensor.h"
@@ -51,6 +59,48 @@ class DeviceStager final : public pipe::ChunkedSource {
   const size_t chunk_;
   std::atomic<size_t> ready_{0};
   std::atomic<size_t> copies_{0};
+};
+
+class DeviceLanding {
+ public:
+  // A CPU tensor over `host` (pinned for speed) to receive into, whose
+  // bytes go to a new tensor on `device` chunk by chunk as they arrive.
+  // The returned tensor's storage carries the landing.
+  static Tensor receive_into(Tensor host, Device device,
+                             size_t chunk_bytes = DeviceStager::kChunkBytes);
+  // The landing of a tensor receive_into() made; null for any other.
+  static DeviceLanding* of(const Tensor& tensor);
+
+  // `filled` bytes from the start arrived: copies the whole chunks among
+  // them not yet copied. On the reading thread; never throws (a failure,
+  // such as no memory on the device, is kept: finish() then copies anew).
+  void arrived(size_t filled) noexcept;
+  // Every byte arrived: copies what is left and returns the tensor on the
+  // device. After a failure in arrived(), copies the whole tensor anew
+  // (Tensor::to), which throws what a placement without landing would.
+  Tensor finish();
+
+  size_t copies() const { return copies_; }
+
+ private:
+  struct Deleter {
+    void operator()(void* landing) const { delete static_cast<DeviceLanding*>(landing); }
+  };
+  DeviceLanding(Tensor host, Device device, size_t chunk_bytes)
+      : host_(std::move(host)),
+        device_(device),
+        chunk_(std::max<size_t>(chunk_bytes, 1)) {}
+  // Copies bytes [copied_, end) to the device tensor (made on first use).
+  void copy_to(size_t end);
+
+  const Tensor host_;
+  const Device device_;
+  const size_t chunk_;
+  // Touched by the reading thread, then (the frame handed on) by the pool.
+  Tensor device_tensor_;
+  size_t copied_ = 0;
+  size_t copies_ = 0;
+  bool failed_ = false;
 };
 
 }  // namespace switchboard::agents::channel

@@ -16,13 +16,15 @@ using rpc::Message;
 
 StreamConnection::StreamConnection(ConnectionEvents& events, tcp::socket socket,
                                    const pipe::FrameLimits& limits,
-                                   pipe::FrameReader::Allocate allocate)
+                                   pipe::FrameReader::Allocate allocate,
+                                   pipe::FrameReader::Progress progress)
     : events_(events),
       strand_(asio::make_strand(socket.get_executor())),
       socket_(std::move(socket)),
       reader_(limits, std::move(allocate)) {
   // The reader belongs to this object: `this` outlives it.
   reader_.set_trust([this] { return trusted.load(); });
+  reader_.set_progress(std::move(progress));
   boost::system::error_code ignored;
   socket_.set_option(tcp::no_delay(true), ignored);
 }

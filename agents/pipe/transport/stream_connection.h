@@ -54,10 +54,12 @@ class StreamConnection : public Connection,
  protected:
   // Takes `socket` (connected; TCP_NODELAY is set here); reports to
   // `events`, which must outlive the connection; received tensors come from
-  // `allocate`, frames are checked against `limits` (and the stranger
-  // limits until `trusted`).
+  // `allocate` and their bytes' arrival is told to `progress` (may be
+  // null), frames are checked against `limits` (and the stranger limits
+  // until `trusted`).
   StreamConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
-                   const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate);
+                   const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
+                   pipe::FrameReader::Progress progress);
 
   using IoDone = std::function<void(const boost::system::error_code&, size_t)>;
   // The stream. Called on the strand, one write and one read at a time;

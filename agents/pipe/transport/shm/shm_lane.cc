@@ -19,12 +19,14 @@ constexpr std::chrono::microseconds kWait{500'000};
 }  // namespace
 
 ShmLane::ShmLane(LaneCarrier& carrier, size_t capacity, std::string off_reason,
-                 const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate)
+                 const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
+                 pipe::FrameReader::Progress progress)
     : carrier_(carrier),
       capacity_(capacity),
       off_reason_(std::move(off_reason)),
       limits_(limits),
-      allocate_(std::move(allocate)) {}
+      allocate_(std::move(allocate)),
+      progress_(std::move(progress)) {}
 
 ShmLane::~ShmLane() {
   alive_->store(false);
@@ -250,6 +252,7 @@ void ShmLane::socket_ended(std::string why) {
 void ShmLane::read_loop(const Alive& alive) {
   ShmRing& ring = *in_->ring;
   pipe::FrameReader reader(limits_, allocate_);
+  reader.set_progress(progress_);
   pipe::InboundFrame frame;
   for (;;) {
     if (!alive->load()) return;

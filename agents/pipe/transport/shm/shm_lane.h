@@ -81,7 +81,8 @@ class ShmLane {
   // Received tensors come from `allocate`, frames are checked against
   // `limits`. `carrier` must outlive the lane.
   ShmLane(LaneCarrier& carrier, size_t capacity, std::string off_reason,
-          const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate);
+          const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
+          pipe::FrameReader::Progress progress);
   // Stops the threads and joins them (detaches the one it runs on).
   ~ShmLane();
   ShmLane(const ShmLane&) = delete;
@@ -106,8 +107,8 @@ class ShmLane {
   bool out_active() const { return out_ring_.load() != nullptr; }
   // Queues a frame into the ring (after switch_out()); what does not fit
   // now goes from the writer thread.
-  void enqueue(const rpc::Message& m, const std::vector<Device>& devices, const std::vector<pipe::TensorRoute>& routes)
-      SB_EXCLUDES(mu_);
+  void enqueue(const rpc::Message& m, const std::vector<Device>& devices,
+               const std::vector<pipe::TensorRoute>& routes) SB_EXCLUDES(mu_);
   void enqueue_control(pipe::FrameKind kind, uint64_t id, const uint8_t* data,
                        size_t size) SB_EXCLUDES(mu_);
   // Whether everything queued went into the ring.
@@ -154,6 +155,7 @@ class ShmLane {
   const std::string off_reason_;
   const pipe::FrameLimits limits_;
   const pipe::FrameReader::Allocate allocate_;
+  const pipe::FrameReader::Progress progress_;
 
   mutable Mutex mu_;  // the outbound direction
   CondVar queued_cv_;

@@ -12,11 +12,12 @@ using rpc::Message;
 
 TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
                              const pipe::FrameLimits& limits,
-                             pipe::FrameReader::Allocate allocate, size_t lane_capacity)
-    : StreamConnection(events, std::move(socket), limits, allocate),
+                             pipe::FrameReader::Allocate allocate,
+                             pipe::FrameReader::Progress progress, size_t lane_capacity)
+    : StreamConnection(events, std::move(socket), limits, allocate, progress),
       lane_(std::make_unique<ShmLane>(static_cast<LaneCarrier&>(*this), lane_capacity,
                                       "this worker has it off", limits,
-                                      std::move(allocate))) {}
+                                      std::move(allocate), std::move(progress))) {}
 
 TcpConnection::~TcpConnection() {
   // Before anything of this object goes: the lane's threads call it.

@@ -30,12 +30,13 @@ class TcpConnection final : public StreamConnection, private LaneCarrier {
   // accepted).
   TcpConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
                 const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-                size_t lane_capacity);
+                pipe::FrameReader::Progress progress, size_t lane_capacity);
   // Stops the lane's threads (joins them, unless called on one).
   ~TcpConnection() override;
 
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               const std::vector<pipe::TensorRoute>& routes, bool send_now) override SB_EXCLUDES(mu_);
+               const std::vector<pipe::TensorRoute>& routes, bool send_now) override
+      SB_EXCLUDES(mu_);
   bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void close_after_flush() override SB_EXCLUDES(mu_);

@@ -209,9 +209,9 @@ class TcpTransport final : public PipeTransport {
 
  private:
   std::shared_ptr<TcpConnection> make_connection(tcp::socket socket) {
-    auto connection =
-        std::make_shared<TcpConnection>(events_, std::move(socket), options_.limits,
-                                        options_.allocate, options_.lane_capacity);
+    auto connection = std::make_shared<TcpConnection>(
+        events_, std::move(socket), options_.limits, options_.allocate, options_.progress,
+        options_.lane_capacity);
     if (options_.lane_capacity > 0) {
       MutexLock lock(made_mu_);
       std::erase_if(made_,
@@ -223,7 +223,7 @@ class TcpTransport final : public PipeTransport {
 
   std::shared_ptr<TlsConnection> make_tls_connection(tcp::socket socket) {
     return std::make_shared<TlsConnection>(events_, std::move(socket), options_.limits,
-                                           options_.allocate, tls_);
+                                           options_.allocate, options_.progress, tls_);
   }
 
   // Hands an accepted connection to the agent, after its TLS handshake

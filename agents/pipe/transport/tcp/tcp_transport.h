@@ -31,6 +31,7 @@ struct TcpTransportOptions {
   // Every connection's reader: frame limits and where received tensors go.
   pipe::FrameLimits limits;
   pipe::FrameReader::Allocate allocate;
+  pipe::FrameReader::Progress progress;  // may be null
   // The listener's port comes from this range when set (else the kernel
   // picks one).
   std::optional<PortRange> ports;

@@ -18,8 +18,10 @@ using asio::ip::tcp;
 TlsConnection::TlsConnection(ConnectionEvents& events, tcp::socket socket,
                              const pipe::FrameLimits& limits,
                              pipe::FrameReader::Allocate allocate,
+                             pipe::FrameReader::Progress progress,
                              std::shared_ptr<asio::ssl::context> context)
-    : StreamConnection(events, std::move(socket), limits, std::move(allocate)),
+    : StreamConnection(events, std::move(socket), limits, std::move(allocate),
+                       std::move(progress)),
       context_(std::move(context)),
       stream_(socket_, *context_) {}
 

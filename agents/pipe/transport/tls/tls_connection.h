@@ -28,6 +28,7 @@ class TlsConnection final : public StreamConnection {
   // connection of the transport).
   TlsConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
                 const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
+                pipe::FrameReader::Progress progress,
                 std::shared_ptr<boost::asio::ssl::context> context);
 
   // Once, before start_reading(): runs the handshake as the client or the
