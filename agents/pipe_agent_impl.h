@@ -45,6 +45,17 @@
 
 namespace switchboard::agents {
 
+// What this worker's channels can do (its announcement's), and its
+// cuda_ipc channel in `cuda_ipc` when it has one: a DeviceIpc registered,
+// CUDA devices, the option on (pipe_tensors.cc).
+ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOptions& options,
+                                    int device_count,
+                                    std::unique_ptr<channel::CudaIpcChannel>* cuda_ipc);
+// A self-send's message with its own copies of the tensors, each on
+// devices[i] (the device map's target) or, when `devices` is empty, on the
+// CPU (pipe_tensors.cc).
+rpc::Message copy_tensors(rpc::Message m, const std::vector<Device>& devices);
+
 struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
   Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name, int rank,
        std::optional<int> world_size, const PipeAgentOptions& options);
