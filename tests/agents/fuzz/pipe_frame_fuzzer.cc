@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "agents/pipe_frame.h"
-#include "tests/agents/fuzz/fuzz_check.h"
-#include "core/tensor.h"
 #include "core/message.h"
+#include "core/tensor.h"
+#include "tests/agents/fuzz/fuzz_check.h"
 
 using namespace switchboard;
 using namespace switchboard::agents::pipe;
@@ -40,7 +40,6 @@ using namespace switchboard::agents::pipe;
 namespace {
 
 using Bytes = std::vector<uint8_t>;
-
 
 FrameLimits small_limits() {
   FrameLimits limits;
@@ -100,6 +99,7 @@ Outcome read_stream(const uint8_t* data, size_t size, bool custom_allocator,
 }
 
 bool same_tensor(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();  // a channel's
   return a.dtype() == b.dtype() && a.shape() == b.shape() && a.device() == b.device() &&
          a.is_contiguous() && b.is_contiguous() && a.nbytes() == b.nbytes() &&
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
@@ -109,8 +109,17 @@ bool same_frame(const InboundFrame& a, const InboundFrame& b) {
   if (a.kind != b.kind || a.message.type != b.message.type ||
       a.message.id != b.message.id || a.message.function != b.message.function ||
       a.message.payload != b.message.payload || a.devices != b.devices ||
-      a.message.tensors.size() != b.message.tensors.size()) {
+      a.message.tensors.size() != b.message.tensors.size() ||
+      a.channel_tensors.size() != b.channel_tensors.size()) {
     return false;
+  }
+  for (size_t i = 0; i < a.channel_tensors.size(); ++i) {
+    const auto& x = a.channel_tensors[i];
+    const auto& y = b.channel_tensors[i];
+    if (x.index != y.index || x.dtype != y.dtype || x.shape != y.shape ||
+        !(x.route == y.route)) {
+      return false;
+    }
   }
   for (size_t i = 0; i < a.message.tensors.size(); ++i) {
     if (!same_tensor(a.message.tensors[i], b.message.tensors[i])) return false;
@@ -128,10 +137,21 @@ void append_wire(Bytes& out, const InboundFrame& f) {
   }
   FUZZ_CHECK(static_cast<uint8_t>(f.kind) == static_cast<uint8_t>(f.message.type));
   FUZZ_CHECK(f.devices.size() == f.message.tensors.size());
-  append_frame(out, f.message, f.devices);
-  for (const Tensor& t : f.message.tensors) {
-    const auto* p = static_cast<const uint8_t*>(t.data());
-    out.insert(out.end(), p, p + t.nbytes());
+  // A tensor a channel carries is undefined in the frame: it is encoded
+  // again as a stand-in of its dtype and shape, routed, with no bytes.
+  rpc::Message m = f.message;
+  std::vector<TensorRoute> routes;
+  if (!f.channel_tensors.empty()) routes.resize(m.tensors.size());
+  for (const InboundFrame::ChannelTensor& c : f.channel_tensors) {
+    FUZZ_CHECK(c.index < m.tensors.size() && !m.tensors[c.index].defined());
+    m.tensors[c.index] = Tensor::empty(c.shape, c.dtype);
+    routes[c.index] = c.route;
+  }
+  append_frame(out, m, f.devices, routes);
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    if (!routes.empty() && routes[i].channel != TensorChannel::kInline) continue;
+    const auto* p = static_cast<const uint8_t*>(m.tensors[i].data());
+    out.insert(out.end(), p, p + m.tensors[i].nbytes());
   }
 }
 
@@ -189,7 +209,22 @@ std::vector<Bytes> pipe_frame_fuzz_seeds() {
   append_control_frame(control, FrameKind::kGoodbye, 2);
   const Bytes lane = {1, '/', 's', 'w', 'i', 't', 'c', 'h'};
   append_control_frame(control, FrameKind::kLane, 0, lane.data(), lane.size());
+  const Bytes release = {2, 7, 0, 0, 0, 0, 0, 0, 0};
+  append_control_frame(control, FrameKind::kChannel, 0, release.data(), release.size());
   seeds.push_back(control);
+
+  // A response whose second tensor waits in the sender's outbox 7.
+  Bytes routed = {0x02};
+  {
+    const rpc::Message m =
+        message(MessageType::kResponse, 9, "", {0x01},
+                {pattern(DType::kFloat32, {3}, 1), pattern(DType::kInt64, {2, 2}, 2)});
+    append_frame(routed, m, {Device::cpu(), Device::cuda(0)},
+                 {TensorRoute{}, TensorRoute{TensorChannel::kCudaIpc, 7, nullptr}});
+    const auto* p = static_cast<const uint8_t*>(m.tensors[0].data());
+    routed.insert(routed.end(), p, p + m.tensors[0].nbytes());
+  }
+  seeds.push_back(routed);
 
   Bytes request = {0x01};
   append_message(request, message(MessageType::kRequest, 7, "add", {0x92, 0x01, 0x02}));
