@@ -103,6 +103,26 @@ void FunctionRegistry::add_interceptor(ServerInterceptor interceptor) {
   interceptors_ = std::move(next);
 }
 
+void FunctionRegistry::register_raw_function(std::string name, RawFunction f) {
+  SB_REQUIRE(f != nullptr, "register_raw_function(\"{}\"): an empty function", name);
+  add(std::move(name), [f = std::move(f)](const Message& request,
+                                          const std::string& worker) -> Future<Message> {
+    const uint64_t id = request.id;
+    return f(request).then([id, worker](const Future<Message>& done) {
+      try {
+        Message response = done.value();
+        response.type = MessageType::kResponse;
+        response.id = id;
+        response.function.clear();
+        response.timeout_ms = 0;
+        return response;
+      } catch (...) {
+        return detail::make_error_response(id, worker, std::current_exception());
+      }
+    });
+  });
+}
+
 Future<Message> FunctionRegistry::call(const Message& request,
                                        const WorkerInfo& from) const {
   std::shared_ptr<const Handler> handler;

@@ -78,6 +78,21 @@ class FunctionRegistry {
   // Whether `name` was registered inline.
   bool runs_inline(std::string_view name) const SB_EXCLUDES(mutex_);
 
+  // The backend kit's server side: a function that takes its request as it
+  // came (payload and tensors undecoded) and answers with a response of its
+  // own making, for adapters that carry another framework's messages over
+  // Switchboard (a torch RpcAgent whose payloads are pickles). The caller
+  // sends with RpcContext::send() and gets the response's payload and
+  // tensors as they were. The function runs like any other: on the pool,
+  // in the call's context (current_call(): caller, deadline, cancellation),
+  // behind the interceptors; it may return a pending Future. The registry
+  // makes its result the response (type kResponse, the request's id, no
+  // function); when it throws or its future fails, the caller gets a kError
+  // response instead (decode_remote_error: core/remote_error.h). Throws as
+  // register_function().
+  using RawFunction = std::function<Future<Message>(const Message& request)>;
+  void register_raw_function(std::string name, RawFunction f) SB_EXCLUDES(mutex_);
+
   // Adds an interceptor every later call passes first (rpc/call_context.h).
   void add_interceptor(ServerInterceptor interceptor) SB_EXCLUDES(mutex_);
 

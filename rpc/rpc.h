@@ -129,6 +129,12 @@ class RpcContext {
   void register_inline_function(std::string name, F&& f) {
     functions_->register_inline_function(std::move(name), std::forward<F>(f));
   }
+  // The backend kit: a function that serves requests as they came and makes
+  // its own response (FunctionRegistry::register_raw_function); callers
+  // reach it with send().
+  void register_raw_function(std::string name, FunctionRegistry::RawFunction f) {
+    functions_->register_raw_function(std::move(name), std::move(f));
+  }
   const FunctionRegistry& functions() const { return *functions_; }
   // Adds a server interceptor (rpc/call_context.h): every call this worker
   // serves from now on passes it before its function runs. Kept across
@@ -218,7 +224,11 @@ class RpcContext {
 
   // Sends an encoded request (type kRequest, function and payload set);
   // `timeout` nullopt means options.rpc_timeout. What rpc_async uses;
-  // throws and fails as rpc_async.
+  // throws and fails as rpc_async, but completes with the response as it
+  // came: kResponse, or kError for a remote failure (decode_remote_error()
+  // in core/remote_error.h makes it a RemoteError). With
+  // register_raw_function(), the backend kit for adapters that carry
+  // another framework's messages.
   Future<Message> send(const WorkerRef& to, Message request,
                        std::optional<std::chrono::milliseconds> timeout);
 
@@ -276,6 +286,9 @@ void register_function(std::string name, F&& f) {
 template <typename F>
 void register_inline_function(std::string name, F&& f) {
   RpcContext::global().register_inline_function(std::move(name), std::forward<F>(f));
+}
+inline void register_raw_function(std::string name, FunctionRegistry::RawFunction f) {
+  RpcContext::global().register_raw_function(std::move(name), std::move(f));
 }
 
 inline void add_server_interceptor(ServerInterceptor interceptor) {

@@ -342,3 +342,72 @@ TEST_CASE("functions can be registered while other threads call",
   CHECK(!failed);
   CHECK(registry.functions().size() == 201);
 }
+
+TEST_CASE("a raw function serves the request as it came and its answer becomes the response",
+          "[rpc][registry]") {
+  FunctionRegistry registry("w1");
+  std::string seen_caller;
+  registry.register_raw_function("raw", [&](const Message& req) {
+    seen_caller = current_call() != nullptr ? current_call()->caller.name : "";
+    Message answer;
+    answer.type = MessageType::kRequest;  // made right by the registry
+    answer.id = 7;
+    answer.function = "ignored";
+    answer.payload.assign(req.payload.rbegin(), req.payload.rend());
+    answer.tensors = req.tensors;
+    return Future<Message>::ready(std::move(answer));
+  });
+  Message in;
+  in.type = MessageType::kRequest;
+  in.id = 42;
+  in.function = "raw";
+  in.payload = {1, 2, 3};
+  in.tensors = {Tensor::from_vector(std::vector<float>{1, 2})};
+  Future<Message> out = registry.call(in, kCaller);
+  REQUIRE(out.done());
+  const Message response = out.value();
+  CHECK(response.type == MessageType::kResponse);
+  CHECK(response.id == 42);
+  CHECK(response.function.empty());
+  CHECK(response.payload == std::vector<uint8_t>{3, 2, 1});
+  REQUIRE(response.tensors.size() == 1);
+  CHECK(response.tensors[0].data() == in.tensors[0].data());  // not copied
+  CHECK(seen_caller == "caller");
+
+  SECTION("a pending answer completes the response later") {
+    auto promise = std::make_shared<Promise<Message>>();
+    registry.register_raw_function("later", [promise](const Message&) {
+      return promise->get_future();
+    });
+    in.function = "later";
+    Future<Message> pending = registry.call(in, kCaller);
+    CHECK_FALSE(pending.done());
+    Message answer;
+    answer.payload = {9};
+    promise->set_value(std::move(answer));
+    REQUIRE(pending.done());
+    CHECK(pending.value().type == MessageType::kResponse);
+    CHECK(pending.value().id == 42);
+    CHECK(pending.value().payload == std::vector<uint8_t>{9});
+  }
+  SECTION("a throw, or a failed answer, is an error response naming the worker") {
+    registry.register_raw_function(
+        "throws", [](const Message&) -> Future<Message> { throw sbtest::QuotaExceeded("no room"); });
+    registry.register_raw_function("fails", [](const Message&) {
+      return Future<Message>::failed(std::make_exception_ptr(std::runtime_error("later, no")));
+    });
+    in.function = "throws";
+    RemoteError thrown = remote_error(registry.call(in, kCaller).value());
+    CHECK(thrown.worker() == "w1");
+    CHECK(thrown.remote_message() == "no room");
+    in.function = "fails";
+    CHECK(remote_error(registry.call(in, kCaller).value()).remote_message() == "later, no");
+  }
+  SECTION("names are checked as for typed functions") {
+    CHECK_THROWS_AS(registry.register_raw_function("raw", [](const Message& m) {
+      return Future<Message>::ready(m);
+    }),
+                    RegistryError);
+    CHECK_THROWS_AS(registry.register_raw_function("empty", nullptr), std::invalid_argument);
+  }
+}

@@ -693,3 +693,42 @@ TEST_CASE("get_metrics counts a timed-out call as a timeout, without a latency",
             "switchboard_rpc_calls_failed_total{function=\"block\",kind=\"timeout\"}") == 1);
   gate->open();
 }
+
+TEST_CASE("a raw function's response comes back to send() as it was made, tensors included",
+          "[rpc]") {
+  auto cluster = std::make_unique<Cluster>(
+      2,
+      [](int rank, RpcContext& self) {
+        register_common(rank, self, std::make_shared<Gate>(kGuard));
+        self.register_raw_function("raw_reverse", [](const rpc::Message& request) {
+          rpc::Message answer;
+          answer.payload.assign(request.payload.rbegin(), request.payload.rend());
+          for (const Tensor& t : request.tensors) answer.tensors.push_back(t.clone());
+          const rpc::CallContext* call = rpc::current_call();
+          const std::string caller = call != nullptr ? call->caller.name : "";
+          answer.payload.insert(answer.payload.end(), caller.begin(), caller.end());
+          return Future<rpc::Message>::ready(std::move(answer));
+        });
+        self.register_raw_function("raw_fail", [](const rpc::Message&) -> Future<rpc::Message> {
+          throw std::runtime_error("not this one");
+        });
+      },
+      make_options(30s));
+  RpcContext& w0 = (*cluster)[0];
+  rpc::Message request;
+  request.type = rpc::MessageType::kRequest;
+  request.function = "raw_reverse";
+  request.payload = {1, 2, 3};
+  request.tensors = {Tensor::from_vector(std::vector<float>{4, 5, 6})};
+  const rpc::Message response = w0.send("w1", request, std::nullopt).value();
+  CHECK(response.type == rpc::MessageType::kResponse);
+  CHECK(response.payload == std::vector<uint8_t>{3, 2, 1, 'w', '0'});
+  REQUIRE(response.tensors.size() == 1);
+  CHECK(response.tensors[0].to_vector<float>() == std::vector<float>{4, 5, 6});
+  request.function = "raw_fail";
+  const rpc::Message failed = w0.send("w1", request, std::nullopt).value();
+  REQUIRE(failed.type == rpc::MessageType::kError);
+  const rpc::RemoteError error = rpc::decode_remote_error(failed);
+  CHECK(error.worker() == "w1");
+  CHECK(error.remote_message() == "not this one");
+}
