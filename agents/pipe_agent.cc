@@ -355,21 +355,12 @@ void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request,
   const bool placed = std::any_of(request.devices.begin(), request.devices.end(),
                                   [](const Device& d) { return !d.is_cpu(); });
   if (placed) {
-    pipe::InboundFrame routes;  // the frame's devices and channel tensors
-    routes.devices = std::move(request.devices);
-    routes.channel_tensors = std::move(request.channel_tensors);
-    r.prepare = [weak, from, connection = std::move(connection),
-                 routes = std::move(routes)](Message& m) mutable {
-      auto self = weak.lock();
-      if (self == nullptr) return;
-      routes.message = std::move(m);
-      try {
-        self->receive_tensors(routes, connection, from);
-      } catch (...) {
-        m = std::move(routes.message);
-        throw;
-      }
-      m = std::move(routes.message);
+    // Destroyed with the request, run or not: what it still holds goes back.
+    auto unfetched = std::make_shared<Unfetched>(weak, std::move(connection),
+                                                 std::move(request.channel_tensors));
+    r.prepare = [weak, from, devices = std::move(request.devices),
+                 unfetched = std::move(unfetched)](Message& m) {
+      if (auto self = weak.lock()) self->receive_tensors(m, devices, *unfetched, from);
     };
   }
   r.reply = rpc::CallTable::reply_via(weak, &Impl::deliver_reply, from);

@@ -98,11 +98,27 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   void deliver_reply(int to, rpc::Message reply);
   void complete(pipe::InboundFrame response, std::shared_ptr<Connection> connection);
   void complete_now(rpc::Message response);
-  // Brings the tensors of `frame` that a channel carries (from
-  // `connection`), then moves every tensor to the device its descriptor
-  // named; on the pool.
-  void receive_tensors(pipe::InboundFrame& frame, const std::shared_ptr<Connection>& connection,
-                       int from) const;
+  // The tensors of a received frame that a channel carries, until they are
+  // fetched: those still here when it goes (the request was refused or
+  // cancelled before it ran, the response came after its call ended, the
+  // pool was gone) go back to their sender, whose outboxes they hold.
+  struct Unfetched {
+    Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<Connection> connection,
+              std::vector<pipe::InboundFrame::ChannelTensor> tensors)
+        : impl(std::move(impl)), connection(std::move(connection)), tensors(std::move(tensors)) {}
+    // One owner: a copy would give the outboxes back twice.
+    Unfetched(const Unfetched&) = delete;
+    Unfetched& operator=(const Unfetched&) = delete;
+    ~Unfetched();
+    std::weak_ptr<Impl> impl;
+    std::shared_ptr<Connection> connection;
+    std::vector<pipe::InboundFrame::ChannelTensor> tensors;
+  };
+  // Brings the tensors of `m` that a channel carries (`unfetched`, which is
+  // empty afterwards), then moves every tensor to the device `devices`
+  // names; on the pool.
+  void receive_tensors(rpc::Message& m, const std::vector<Device>& devices,
+                       Unfetched& unfetched, int from) const;
   void place_tensors(rpc::Message& m, const std::vector<Device>& wire, int from) const;
   // Chooses each tensor's channel to `to` (over `connection`): the
   // cuda_ipc ones go into outboxes, every other CUDA tensor is staged on

@@ -101,19 +101,16 @@ void PipeAgent::Impl::complete(pipe::InboundFrame response,
     complete_now(std::move(response.message));
     return;
   }
+  // Destroyed with `place`, run or not: what it still holds goes back.
+  auto unfetched = std::make_shared<Unfetched>(weak_from_this(), std::move(connection),
+                                               std::move(response.channel_tensors));
   auto place = [self = shared_from_this(), response = std::move(response),
-                connection = std::move(connection)]() mutable {
+                unfetched = std::move(unfetched)]() mutable {
     const uint64_t id = response.message.id;
     const std::optional<int> from = self->calls.destination(id);
-    if (!from) {
-      // Timed out or cancelled: the outboxes go back to the sender all the same.
-      if (self->cuda_ipc) {
-        for (const auto& t : response.channel_tensors) self->cuda_ipc->release(*connection, t);
-      }
-      return;
-    }
+    if (!from) return;  // timed out or cancelled
     try {
-      self->receive_tensors(response, connection, *from);
+      self->receive_tensors(response.message, response.devices, *unfetched, *from);
     } catch (...) {
       self->calls.fail(id, std::current_exception());
       return;
@@ -127,25 +124,32 @@ void PipeAgent::Impl::complete(pipe::InboundFrame response,
   }
 }
 
-void PipeAgent::Impl::receive_tensors(pipe::InboundFrame& frame,
-                                      const std::shared_ptr<Connection>& connection,
-                                      int from) const {
-  Message& m = frame.message;
+PipeAgent::Impl::Unfetched::~Unfetched() {
+  if (tensors.empty() || connection == nullptr) return;
+  if (std::shared_ptr<Impl> self = impl.lock(); self && self->cuda_ipc) {
+    for (const auto& t : tensors) self->cuda_ipc->release(*connection, t);
+  }
+}
+
+void PipeAgent::Impl::receive_tensors(Message& m, const std::vector<Device>& devices,
+                                      Unfetched& unfetched, int from) const {
   std::exception_ptr failure;
-  for (const auto& t : frame.channel_tensors) {
+  std::vector<pipe::InboundFrame::ChannelTensor> tensors;
+  tensors.swap(unfetched.tensors);  // each is fetched or released below
+  for (const auto& t : tensors) {
     // Every outbox goes back to the sender, also after a failure.
     try {
       if (!failure) {
-        m.tensors[t.index] = cuda_ipc->fetch(*connection, t, frame.devices[t.index]);
+        m.tensors[t.index] = cuda_ipc->fetch(*unfetched.connection, t, devices[t.index]);
       } else {
-        cuda_ipc->release(*connection, t);
+        cuda_ipc->release(*unfetched.connection, t);
       }
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
   }
   if (failure) std::rethrow_exception(failure);
-  place_tensors(m, frame.devices, from);
+  place_tensors(m, devices, from);
 }
 
 // Moves each tensor of `m` (received on the CPU) to the device its

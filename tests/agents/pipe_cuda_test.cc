@@ -145,8 +145,10 @@ agents::PipeRpcBackendOptions& typed(
 // `cuda_ipc`: each worker's "cuda_ipc" option ("0", "1"; "" for the
 // default).
 struct Pair {
+  // `w1_extras`: more of w1's options; `more` registers more functions.
   explicit Pair(int w1_device_count = -1, Device w0_target = remote_device(),
-                std::vector<std::string> cuda_ipc = {"", ""}) {
+                std::vector<std::string> cuda_ipc = {"", ""}, rpc::Extras w1_extras = {},
+                const std::function<void(RpcContext&)>& more = nullptr) {
     auto store = std::make_shared<HashStore>();
     for (int rank = 0; rank < 2; ++rank) {
       contexts.push_back(std::make_unique<RpcContext>());
@@ -162,6 +164,7 @@ struct Pair {
       });
       c.register_function("make", [](int64_t n) { return iota_on(n, remote_device()); });
       c.register_function("add", [](int64_t a, int64_t b) { return a + b; });
+      if (more) more(c);
       c.register_function("refuse", [](Tensor t) -> int64_t {
         throw std::runtime_error(fmt::format("refused {}", t.describe()));
       });
@@ -172,6 +175,9 @@ struct Pair {
         extras["device_count"] = std::to_string(w1_device_count);
       }
       if (!cuda_ipc[rank].empty()) extras["cuda_ipc"] = cuda_ipc[rank];
+      if (rank == 1) {
+        for (const auto& [key, value] : w1_extras) extras[key] = value;
+      }
       auto options = rpc::construct_rpc_backend_options(rpc::backend_type("PIPE"), 30s,
                                                         "env://", extras);
       if (rank == 0) typed(options).set_device_map("w1", {{"cuda:0", w0_target.str()}});
@@ -527,5 +533,40 @@ TEST_CASE(
   }
   CHECK(fake_ipc->outboxes_alive == 0);
   CHECK(fake_ipc->inboxes_alive == 0);
+}
+
+TEST_CASE("a request refused before it ran gives back the outboxes its tensors held",
+          "[pipe][cuda][cuda_ipc]") {
+  auto gate = std::make_shared<testing::Gate>(kGuard);
+  Pair pair(-1, remote_device(), {"", ""}, {{"max_requests_per_peer", "1"}},
+            [gate](RpcContext& c) {
+              c.register_function("gated", [gate](Tensor t) {
+                gate->pass();
+                return t.numel();
+              });
+            });
+  // One request takes w1's only place for w0 and waits there.
+  auto held =
+      pair[0].rpc_async<int64_t>("w1", "gated", pattern_on(1 << 18, 0, Device::cuda(0)));
+  REQUIRE(gate->wait_arrived(1));
+  // Six more are refused at once by the per-caller limit, each with its
+  // tensor in one of w0's four outboxes.
+  for (int k = 0; k < 6; ++k) {
+    auto refused = pair[0].rpc_async<Tensor>(
+        "w1", "scale", pattern_on(1 << 18, 1, Device::cuda(0)), 1.0);
+    CHECK_THROWS_WITH(refused.value(), Catch::Contains("max_requests_per_peer"));
+  }
+  gate->open();
+  CHECK(held.value() == 1 << 18);
+  // Their outboxes came back: the next calls still go by cuda_ipc, each
+  // filling an outbox with its request and one with its reply (a held
+  // outbox would leave the requests staged).
+  const int fills = fake_ipc->fills;
+  for (int k = 0; k < 6; ++k) {
+    const Tensor back = pair[0].rpc_sync<Tensor>(
+        "w1", "scale", pattern_on(1 << 18, 2, Device::cuda(0)), 1.0);
+    CHECK(values_of(back)[7] == 9.0f);
+  }
+  CHECK(fake_ipc->fills - fills == 12);
 }
 #endif
