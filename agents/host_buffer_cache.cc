@@ -9,7 +9,8 @@ namespace switchboard::agents {
 
 namespace {
 
-constexpr size_t kAlignment = 64;
+// Whole pages: what page-locking (cudaHostRegister) works on.
+constexpr size_t kAlignment = 4096;
 
 size_t round_up(size_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
 

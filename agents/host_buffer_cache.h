@@ -48,9 +48,10 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   HostBufferCache(const HostBufferCache&) = delete;
   HostBufferCache& operator=(const HostBufferCache&) = delete;
 
-  // A contiguous CPU tensor of `shape` and `dtype` (64-byte aligned). Below
-  // min_bytes it is Tensor::empty's; at or above, its storage is a cached
-  // buffer when one fits, else a new one that returns here when freed.
+  // A contiguous CPU tensor of `shape` and `dtype`. Below min_bytes it is
+  // Tensor::empty's; at or above, its storage is a cached buffer when one
+  // fits, else a new one (page-aligned, a whole number of pages) that
+  // returns here when freed.
   // Throws what Tensor::empty throws (std::invalid_argument for a bad
   // shape, std::bad_alloc).
   // With `pinned`, the buffer is pinned (see above) when it can be.
