@@ -28,6 +28,8 @@ class FakeDeviceIpc final : public switchboard::DeviceIpc {
 
   std::atomic<int> outboxes_made{0}, outboxes_alive{0}, fills{0}, opens{0},
       inboxes_alive{0}, drains{0};
+  // Makes make_outbox() fail as cudaMalloc does when the device is full.
+  std::atomic<bool> out_of_memory{false};
 
   std::string device_uuid(int device) override {
     return fmt::format("GPU-fake-{}", device);
@@ -36,6 +38,12 @@ class FakeDeviceIpc final : public switchboard::DeviceIpc {
 
   std::unique_ptr<Outbox> make_outbox(switchboard::Device device,
                                       size_t capacity) override {
+    if (out_of_memory) {
+      throw switchboard::Error(
+          switchboard::ErrorCode::kResourceExhausted,
+          fmt::format("fake cudaMalloc of {} bytes on {}: out of memory", capacity,
+                      device.str()));
+    }
     if (!device.is_cuda() || device.index >= devices_) {
       throw switchboard::Error(
           switchboard::ErrorCode::kFailedPrecondition,

@@ -153,6 +153,30 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "an outbox dropped for a larger one is unmapped by the receiver even when the larger "
+    "one cannot be made",
+    "[cuda_ipc]") {
+  Link link;
+  const auto a = link.sender.send(link.out, device_tensor(100, 0));
+  const auto b = link.sender.send(link.out, device_tensor(100, 0));
+  REQUIRE(a);
+  REQUIRE(b);
+  link.out.deliver(link.receiver, link.in);
+  link.receiver.check(link.in, frame_for(a->buffer, 100));  // a is known there
+  link.sender.on_frame(link.out, op(2, a->buffer));         // and released
+  link.ipc->out_of_memory = true;
+  CHECK_THROWS_WITH(link.sender.send(link.out, device_tensor(1 << 19, 0)),
+                    Contains("out of memory"));
+  REQUIRE(link.out.sent.size() == 1);
+  CHECK(link.out.sent[0] == op(3, a->buffer));
+  link.out.deliver(link.receiver, link.in);
+  CHECK_THROWS_WITH(link.receiver.check(link.in, frame_for(a->buffer, 100)),
+                    Contains("never exported"));
+  link.ipc->out_of_memory = false;
+  CHECK(link.sender.send(link.out, device_tensor(1 << 19, 0)));  // room again
+}
+
+TEST_CASE(
     "a hostile peer's channel messages and routes are protocol errors naming the outbox",
     "[cuda_ipc]") {
   Link link;

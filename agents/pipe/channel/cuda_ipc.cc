@@ -79,6 +79,8 @@ std::optional<pipe::TensorRoute> CudaIpcChannel::send(Connection& connection,
       pc.outboxes[id] = Outbox{id, nullptr, true};  // reserved while it is made
     }
   }
+  // Dropped here, whatever comes of the new one: the receiver unmaps it.
+  if (dropped) send_frame(connection, encode(kDrop, *dropped));
   try {
     if (box == nullptr) {
       const size_t capacity = std::min(options_.max_outbox_bytes,
@@ -95,7 +97,6 @@ std::optional<pipe::TensorRoute> CudaIpcChannel::send(Connection& connection,
         pc->second.outboxes[id].box = made;
       }
       box = std::move(made);
-      if (dropped) send_frame(connection, encode(kDrop, *dropped));
       std::vector<uint8_t> out(kExportSize, 0);
       out[0] = kExport;
       store_le<uint64_t>(out.data() + 1, id);
