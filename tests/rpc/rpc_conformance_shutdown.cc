@@ -8,6 +8,8 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -129,6 +131,17 @@ TEST_CASE("graceful shutdown is bounded by its own timeout, not by rpc_timeout",
 
 namespace {
 
+// How many threads of this process are named `name` (/proc/self/task).
+int threads_named(const std::string& name) {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    if (std::getline(comm, line) && line == name) ++n;
+  }
+  return n;
+}
+
 // Runs shutdown(graceful, bound) of `context` on a thread of its own;
 // reports whether it returned while the test still holds a handler, and
 // what it threw.
@@ -191,4 +204,8 @@ TEST_CASE("shutdown returns within its bound while a handler that ignores its "
     REQUIRE(seen.wait_for(kGuard));
     CHECK(seen.value());
   }
+  // The handlers' threads were left to finish on their own: they do, once
+  // let go, and nothing of theirs outlives them (a test that ended first
+  // would leave them running into the process's exit).
+  CHECK(testing::eventually([] { return threads_named("sb-rpc-pool") == 0; }));
 }
