@@ -84,11 +84,13 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
     }
     return host;
   };
-  tcp.progress = [](const Tensor& tensor, size_t filled) {
-    if (channel::DeviceLanding* landing = channel::DeviceLanding::of(tensor)) {
-      landing->arrived(filled);
-    }
-  };
+  if (device_count > 0) {  // without CUDA devices nothing lands: no hook on the reads
+    tcp.progress = [](const Tensor& tensor, size_t filled) {
+      if (channel::DeviceLanding* landing = channel::DeviceLanding::of(tensor)) {
+        landing->arrived(filled);
+      }
+    };
+  }
   transport = transport::make_tcp_transport(*this, std::move(tcp));
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
   // A call cancelled by its future: the callee is told with a cancel frame.

@@ -30,12 +30,6 @@ void FrameQueue::append_control(pipe::FrameKind kind, uint64_t id, const uint8_t
   pipe::append_control_frame(bytes_, kind, id, payload, size);
 }
 
-size_t FrameQueue::size() const {
-  size_t n = 0;
-  for_each_piece([&](const uint8_t*, size_t size) { n += size; });
-  return n;
-}
-
 void FrameQueue::consume(size_t n) {
   size_t at = 0;        // frame bytes fully sent
   size_t finished = 0;  // tensors fully sent

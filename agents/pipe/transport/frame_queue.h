@@ -35,8 +35,6 @@ class FrameQueue {
                       size_t size);
 
   bool empty() const { return bytes_.empty() && tensors_.empty(); }
-  // Bytes still to go (frame bytes and tensor bytes).
-  size_t size() const;
 
   // Calls emit(data, size) for each piece in wire order, skipping empty
   // pieces and bytes already consumed, up to the first source whose bytes
