@@ -50,8 +50,9 @@ Tensor pattern_on(int64_t n, float first) {
   return Tensor::from_vector(values, {n}).to(Device::cuda(0));
 }
 
-// The child: "w1" on cuda:0, serving "scale" (t * k on t's device) and
-// "hold" (says "holding", then waits on a gate nobody opens).
+// The child: "w1" on cuda:0, serving "scale" (t * k on t's device), "hold"
+// (says "holding", then waits on a gate nobody opens) and "stop" (after
+// which it shuts down gracefully, joining "w0"'s graceful shutdown).
 std::shared_ptr<rpc::RpcBackendOptions> options_for(int rank) {
   auto options = pipe_options({{"heartbeat_timeout_ms", "0"}});
   typed(options).set_device_map(rank == 0 ? "w1" : "w0", {{"cuda:0", "cuda:0"}});
@@ -79,6 +80,7 @@ SB_CHILD_MAIN(cuda_ipc_worker) {
   auto store = std::make_shared<TcpStore>(
       "127.0.0.1", static_cast<uint16_t>(std::stoi(args.at(0))), client_options());
   auto never = std::make_shared<Gate>(kGuard);
+  auto stop = std::make_shared<Gate>(kGuard);
   RpcContext context;
   context.register_function("scale", [](Tensor t, double k) {
     std::vector<float> v = t.to(Device::cpu()).to_vector<float>();
@@ -90,10 +92,14 @@ SB_CHILD_MAIN(cuda_ipc_worker) {
     never->pass();
     return t.numel();
   });
+  context.register_function("stop", [stop] {
+    stop->open();
+    return 0;
+  });
   context.init_rpc("w1", "PIPE", 1, 2, options_for(1), store);
   say("ready");
-  never->pass();
-  context.shutdown(false);
+  if (!stop->pass()) return 1;
+  context.shutdown(true, kGuard);
   return 0;
 }
 
@@ -116,9 +122,11 @@ TEST_CASE(
     }
     CHECK(same);
   }
+  // Both shut down gracefully: the group's join, then every outbox freed
+  // and unmapped as the connection closes.
+  CHECK(w0.rpc_sync<int>("w1", "stop", with_timeout(kGuard)) == 0);
   w0.shutdown(true, kGuard);
-  child.kill(SIGKILL);
-  child.wait();
+  CHECK(child.wait() == 0);
 }
 
 TEST_CASE(
