@@ -1,5 +1,6 @@
 #include "agents/host_buffer_cache.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <utility>
@@ -38,7 +39,10 @@ void HostBufferCache::release(const Buffer& buffer) {
 
 Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype, bool pinned) {
   const size_t nbytes = static_cast<size_t>(Tensor::numel_of(shape)) * dtype_size(dtype);
-  if (nbytes < min_bytes_) return Tensor::empty(shape, dtype);
+  if (nbytes < min_bytes_ && !pinned) return Tensor::empty(shape, dtype);
+  // What the buffer must hold: small pinned ones are all one size, so that
+  // any of them serves any small tensor.
+  const size_t want = pinned ? std::max(nbytes, kMinPinnedBytes) : nbytes;
   Buffer buffer{nullptr, 0};
   {
     MutexLock lock(mu_);
@@ -46,7 +50,7 @@ Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype, bool pinn
     // to be warm); for a pinned one, a pinned buffer first.
     auto take = [&](bool want_pinned) SB_REQUIRES(mu_) {
       for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
-        if (it->capacity >= nbytes && it->capacity / 2 <= nbytes &&
+        if (it->capacity >= want && it->capacity / 2 <= want &&
             (!want_pinned || it->pinned)) {
           buffer = *it;
           cached_ -= it->capacity;
@@ -60,7 +64,7 @@ Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype, bool pinn
     if (!(pinned && take(true))) take(false);
   }
   if (buffer.data == nullptr) {
-    buffer.capacity = round_up(nbytes);
+    buffer.capacity = round_up(std::max<size_t>(want, 1));  // never a 0-byte buffer
     buffer.data = std::aligned_alloc(kAlignment, buffer.capacity);
     if (buffer.data == nullptr) throw std::bad_alloc();
   }

@@ -40,6 +40,7 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
  public:
   static constexpr size_t kDefaultMinBytes = size_t{1} << 20;
   static constexpr size_t kDefaultMaxCachedBytes = size_t{256} << 20;
+  static constexpr size_t kMinPinnedBytes = size_t{32} << 10;
 
   static std::shared_ptr<HostBufferCache> create(
       size_t max_cached_bytes = kDefaultMaxCachedBytes,
@@ -54,7 +55,10 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   // returns here when freed.
   // Throws what Tensor::empty throws (std::invalid_argument for a bad
   // shape, std::bad_alloc).
-  // With `pinned`, the buffer is pinned (see above) when it can be.
+  // With `pinned`, the buffer is pinned (see above) when it can be, and is
+  // a cached one whatever its size, of at least kMinPinnedBytes: pinning
+  // costs far more than a copy of a small tensor, so a pinned buffer is
+  // kept once made, and any small one serves any small tensor.
   Tensor empty(const Tensor::Shape& shape, DType dtype, bool pinned = false)
       SB_EXCLUDES(mu_);
 

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string_view>
@@ -73,14 +74,43 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   // Tensors bound for a CUDA device land in pinned buffers, so that the
   // copy to the device runs at the bus's speed; a large one is copied there
   // chunk by chunk as its bytes arrive (channel::DeviceLanding), the rest
-  // once the frame is complete (place_tensors()).
-  tcp.allocate = [buffers = buffers, count = device_count](DType dtype,
-                                                           const Tensor::Shape& shape,
-                                                           Device device) {
+  // once the frame is complete (place_tensors()); a small one lands in a
+  // padded buffer copied whole (DeviceLanding::kMinCopyBytes says why).
+  // Padding is bounded (kMaxPaddedBytes live at once), so that a frame of
+  // many tiny tensors cannot make this worker pin 32 KiB for each byte.
+  tcp.allocate = [buffers = buffers, count = device_count,
+                  padded_live = std::make_shared<std::atomic<size_t>>(0)](
+                     DType dtype, const Tensor::Shape& shape, Device device) {
+    using channel::DeviceLanding;
+    constexpr size_t kSpan = DeviceLanding::kMinCopyBytes;
+    constexpr size_t kMaxPaddedBytes = size_t{64} << 20;
+    const bool lands = device.is_cuda() && device.index < count;
+    if (lands && static_cast<size_t>(Tensor::numel_of(shape)) * dtype_size(dtype) < kSpan) {
+      // Counts kSpan from here until the buffer is given back.
+      struct Hold {
+        explicit Hold(std::shared_ptr<std::atomic<size_t>> counter)
+            : live(std::move(counter)) {}
+        ~Hold() { live->fetch_sub(kSpan); }
+        Hold(const Hold&) = delete;
+        Hold& operator=(const Hold&) = delete;
+        std::shared_ptr<std::atomic<size_t>> live;
+        Tensor buffer;
+      };
+      if (padded_live->fetch_add(kSpan) < kMaxPaddedBytes) {
+        auto hold = std::make_shared<Hold>(padded_live);
+        hold->buffer =
+            buffers->empty({static_cast<int64_t>(kSpan)}, DType::kUInt8, /*pinned=*/true);
+        void* data = hold->buffer.data();
+        return DeviceLanding::receive_padded(
+            Tensor::from_blob(data, {static_cast<int64_t>(kSpan)}, DType::kUInt8,
+                              Device::cpu(), std::move(hold)),
+            shape, dtype, device);
+      }
+      padded_live->fetch_sub(kSpan);  // past the bound: lands unpadded
+    }
     Tensor host = buffers->empty(shape, dtype, /*pinned=*/device.is_cuda());
-    if (device.is_cuda() && device.index < count &&
-        host.nbytes() >= channel::DeviceStager::kMinBytes) {
-      return channel::DeviceLanding::receive_into(std::move(host), device);
+    if (lands && host.nbytes() >= channel::DeviceStager::kMinBytes) {
+      return DeviceLanding::receive_into(std::move(host), device);
     }
     return host;
   };

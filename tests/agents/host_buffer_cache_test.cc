@@ -166,3 +166,44 @@ TEST_CASE(
   CHECK(unpinned == 1);
   switchboard::set_host_pinner({});
 }
+
+TEST_CASE(
+    "a pinned buffer below min_bytes is cached all the same, so that it is pinned once "
+    "and reused",
+    "[buffer_cache]") {
+  int pinned = 0;
+  switchboard::set_host_pinner({[&](void*, size_t) {
+                                  ++pinned;
+                                  return true;
+                                },
+                                [&](void*) {}});
+  {
+    auto cache = HostBufferCache::create(8 * kMiB);
+    void* first = nullptr;
+    {
+      Tensor t = cache->empty({32 << 10}, DType::kUInt8, /*pinned=*/true);
+      first = t.data();
+      CHECK(reinterpret_cast<uintptr_t>(first) % 4096 == 0);
+    }
+    CHECK(cache->cached_bytes() == 32 << 10);
+    for (int i = 0; i < 3; ++i) {
+      Tensor again = cache->empty({32 << 10}, DType::kUInt8, /*pinned=*/true);
+      CHECK(again.data() == first);
+    }
+    CHECK(pinned == 1);
+    CHECK(cache->reuses() == 3);
+    static_assert(HostBufferCache::kMinPinnedBytes == 32 << 10);
+    // An empty pinned tensor is a real (one-page) buffer too.
+    CHECK(cache->empty({0}, DType::kUInt8, /*pinned=*/true).nbytes() == 0);
+    // Any small pinned request takes the same buffer (all are kMinPinnedBytes).
+    for (int64_t n : {int64_t{1}, int64_t{4096}, int64_t{20000}}) {
+      CHECK(cache->empty({n}, DType::kUInt8, /*pinned=*/true).data() == first);
+    }
+    CHECK(pinned == 1);
+    // Unpinned requests below min_bytes are still not cached.
+    const size_t before = cache->cached_bytes();
+    { Tensor small = cache->empty({4096}, DType::kUInt8); }
+    CHECK(cache->cached_bytes() == before);
+  }
+  switchboard::set_host_pinner({});
+}

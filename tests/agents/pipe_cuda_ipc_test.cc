@@ -259,7 +259,7 @@ TEST_CASE("the channel is chosen per device pair, with the reason",
   CHECK(std::string(choose(mine, peer, Device::cuda(0), Device::cpu(), big).name) ==
         "cuda_staged");
   CHECK_THAT(choose(mine, peer, Device::cuda(0), Device::cuda(0), 100).why,
-             Contains("under the 65536 bytes"));
+             Contains("under the 524288 bytes"));
   ChannelDescriptor far = peer;
   far.host_key = "host B";
   CHECK_THAT(choose(mine, far, Device::cuda(0), Device::cuda(0), big).why,
@@ -303,6 +303,41 @@ TEST_CASE(
   channel::DeviceStager failing(device, host);
   CHECK_THROWS_WITH(failing.advance(), Contains("fake copy failed"));
   CHECK(failing.ready() == 0);
+  set_device_copier(nullptr);
+}
+
+TEST_CASE(
+    "a small tensor bound for a CUDA device lands in a padded buffer copied whole in "
+    "one copy of kMinCopyBytes",
+    "[cuda_staged]") {
+  std::vector<size_t> copied;
+  set_device_copier([&](const Tensor& dst, const Tensor& src) {
+    copied.push_back(src.nbytes());
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+  });
+  constexpr size_t kSpan = channel::DeviceLanding::kMinCopyBytes;
+  const Tensor pattern = device_tensor(1000, 7);  // 4000 bytes of floats
+  Tensor host = channel::DeviceLanding::receive_padded(
+      Tensor::empty({static_cast<int64_t>(kSpan)}, DType::kUInt8), {10, 100},
+      DType::kFloat32, Device::cuda(1));
+  CHECK(host.device() == Device::cpu());
+  CHECK(host.shape() == Tensor::Shape{10, 100});
+  std::memcpy(host.data(), pattern.data(), pattern.nbytes());
+  channel::DeviceLanding* landing = channel::DeviceLanding::of(host);
+  REQUIRE(landing != nullptr);
+  landing->arrived(pattern.nbytes());
+  CHECK(copied.empty());  // nothing before the frame is complete
+  const Tensor on_device = landing->finish();
+  CHECK(copied == std::vector<size_t>{kSpan});
+  CHECK(on_device.device() == Device::cuda(1));
+  CHECK(on_device.dtype() == DType::kFloat32);
+  CHECK(on_device.shape() == Tensor::Shape{10, 100});
+  CHECK(on_device.storage()->nbytes() >= pattern.nbytes());
+  CHECK(std::memcmp(on_device.data(), pattern.data(), pattern.nbytes()) == 0);
+  CHECK_THROWS_WITH(channel::DeviceLanding::receive_padded(
+                        Tensor::empty({16}, DType::kUInt8), {5}, DType::kFloat32,
+                        Device::cuda(0)),
+                    Contains("cannot hold"));
   set_device_copier(nullptr);
 }
 

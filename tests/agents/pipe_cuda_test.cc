@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
+#include "agents/pipe/channel/staging.h"
 #include "common/error.h"
 #include "core/remote_error.h"
 #include "core/tensor.h"
@@ -65,6 +66,9 @@ int64_t copies() { return -1; }  // not counted on real GPUs
 constexpr int kFakeDevices = 2;
 std::atomic<int64_t> fake_copies{0};
 std::atomic<int64_t> fake_pins{0};
+// Copies from the host onto a device of fewer bytes than DeviceLanding's
+// kMinCopyBytes (each costs a GPU context switch on a real one).
+std::atomic<int64_t> fake_small_h2d{0};
 
 // "Device" memory is host memory tagged with a CUDA device; copies are
 // memcpy. Allocation fails like cudaMalloc for a device that does not exist.
@@ -88,6 +92,9 @@ void install_fake_runtime() {
     REQUIRE(dst.nbytes() == src.nbytes());
     REQUIRE(!(dst.device().is_cpu() && src.device().is_cpu()));
     ++fake_copies;
+    if (src.device().is_cpu() &&
+        src.nbytes() < agents::channel::DeviceLanding::kMinCopyBytes)
+      ++fake_small_h2d;
     if (src.nbytes() > 0) std::memcpy(dst.data(), src.data(), src.nbytes());
   });
 }
@@ -355,7 +362,7 @@ TEST_CASE(
   {
     Pair pair;
     constexpr int kCalls = 32;
-    constexpr int64_t kN = 32 << 10;  // 128 KiB each
+    constexpr int64_t kN = 256 << 10;  // 1 MiB each (cuda_ipc from 512 KiB)
     std::vector<rpc::Future<Tensor>> calls;
     for (int k = 0; k < kCalls; ++k) {
       calls.push_back(pair[0].rpc_async<Tensor>(
@@ -379,6 +386,32 @@ TEST_CASE(
   // mapping closed.
   CHECK(fake_ipc->outboxes_alive == 0);
   CHECK(fake_ipc->inboxes_alive == 0);
+}
+
+TEST_CASE(
+    "small CUDA tensors land on the device in one padded copy from a pinned buffer, "
+    "pinned once",
+    "[pipe][cuda]") {
+  Pair pair;  // cuda_ipc on: these are under its threshold, so staged
+  const int64_t small_before = fake_small_h2d, pins_before = fake_pins;
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{4000}, int64_t{8191}}) {
+    const Tensor back =
+        pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(n, 2, Device::cuda(0)), 2.0);
+    CHECK(back.device() == Device::cuda(0));
+    REQUIRE(back.numel() == n);
+    const std::vector<float> got = values_of(back);
+    for (int64_t i = 0; i < n; i += 997) CHECK(got[static_cast<size_t>(i)] == 2 * (2.0f + i));
+    if (n > 0) CHECK(got.back() == 2 * (2.0f + static_cast<float>(n - 1)));
+  }
+  // Received request and reply each land padded: no small copy onto a
+  // device but the test's own (pattern_on, the handler's result).
+  CHECK(fake_small_h2d - small_before == 2 * 5);
+  // The padded buffers are pinned once each side and reused.
+  const int64_t pins_after_first = fake_pins;
+  CHECK(pins_after_first - pins_before <= 8);
+  for (int k = 0; k < 8; ++k)
+    (void)pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(100, 0, Device::cuda(0)), 1.0);
+  CHECK(fake_pins == pins_after_first);
 }
 
 TEST_CASE("staged CUDA tensors go through pinned buffers, pinned once and reused",
@@ -475,7 +508,7 @@ TEST_CASE("channel conformance: concurrent calls keep their own bytes",
   INFO("channel " << channel_name(channel));
   ChannelPair p(channel);
   constexpr int kCalls = 24;
-  constexpr int64_t kN = 64 << 10;  // 256 KiB each
+  constexpr int64_t kN = 128 << 10;  // 512 KiB each: cuda_ipc's smallest
   std::vector<rpc::Future<Tensor>> calls;
   for (int k = 0; k < kCalls; ++k) {
     calls.push_back(p.pair[0].rpc_async<Tensor>(

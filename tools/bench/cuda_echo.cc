@@ -5,12 +5,15 @@
 // (tools/bench/torch_cuda_echo.py).
 //
 //   cuda_echo [--quick]                  measures, prints name=value lines
+//   cuda_echo --only MODE SIZE [CALLS]   one mode and size only (e.g. `staged
+//                                        4KiB`): with tools/bench:
+//                                        cuda_api_timer, where its time goes
 //   cuda_echo --serve PORT MODE          the child ("w1", serving "echo")
 //
 // Three modes, each a fresh pair of workers: `ipc` (the defaults: tensors
 // of 64 KiB and more take the cuda_ipc channel), `staged` (cuda_ipc off:
 // through host memory and the connection) and `cpu` (CPU tensors). For
-// each size (4 KiB, 1 MiB, 64 MiB, 256 MiB of int32) "w0" here calls "echo"
+// each size (4 KiB to 256 MiB of int32) "w0" here calls "echo"
 // (which returns its tensor) in a loop after a warm-up and prints
 //   pipe_cuda_echo_<size>_p50_us   (ipc), pipe_cuda_staged_echo_*,
 //   pipe_cpu_echo_*                 the round trip's median, and
@@ -48,7 +51,8 @@ struct Size {
 };
 
 const std::vector<Size> kSizes = {
-    {"4KiB", 4 << 10, 2000}, {"1MiB", 1 << 20, 300}, {"64MiB", 64 << 20, 30},
+    {"4KiB", 4 << 10, 2000},   {"64KiB", 64 << 10, 1000}, {"256KiB", 256 << 10, 500},
+    {"1MiB", 1 << 20, 300},    {"4MiB", 4 << 20, 100},    {"64MiB", 64 << 20, 30},
     {"256MiB", 256 << 20, 10}};
 
 std::shared_ptr<rpc::RpcBackendOptions> options_for(const std::string& mode, int rank) {
@@ -72,8 +76,10 @@ int serve(uint16_t port, const std::string& mode) {
   return 0;
 }
 
+// `only_size` (a kSizes name) measures that size alone, `calls` times when
+// positive.
 void measure(const std::string& argv0, const std::string& mode, const std::string& prefix,
-             bool quick) {
+             bool quick, const std::string& only_size = "", int only_calls = 0) {
   TcpStoreServer server;
   bench::ChildProcess child(
       {argv0, "--serve", std::to_string(server.port()), mode});
@@ -82,7 +88,9 @@ void measure(const std::string& argv0, const std::string& mode, const std::strin
   w0.init_rpc("w0", "PIPE", 0, 2, options_for(mode, 0), store);
   const Device device = mode == "cpu" ? Device::cpu() : Device::cuda(0);
   for (const Size& size : kSizes) {
-    const int calls = quick ? std::max(3, size.calls / 10) : size.calls;
+    if (!only_size.empty() && only_size != size.name) continue;
+    int calls = quick ? std::max(3, size.calls / 10) : size.calls;
+    if (only_calls > 0) calls = only_calls;
     const Tensor cpu = Tensor::zeros({size.bytes / 4}, DType::kInt32);
     const Tensor t = device.is_cpu() ? cpu : cpu.to(device);
     for (int i = 0; i < std::min(calls, 5); ++i) (void)w0.rpc_sync<Tensor>("w1", "echo", t);
@@ -115,6 +123,14 @@ int main(int argc, char** argv) {
   try {
     if (args.size() == 3 && args[0] == "--serve") {
       return serve(static_cast<uint16_t>(std::stoi(args[1])), args[2]);
+    }
+    if (args.size() >= 3 && args[0] == "--only") {
+      const std::string& mode = args[1];
+      const std::string prefix = mode == "ipc"      ? "pipe_cuda_echo"
+                                 : mode == "staged" ? "pipe_cuda_staged_echo"
+                                                    : "pipe_cpu_echo";
+      measure(argv[0], mode, prefix, false, args[2], args.size() > 3 ? std::stoi(args[3]) : 0);
+      return 0;
     }
     const bool quick = std::find(args.begin(), args.end(), "--quick") != args.end();
     fmt::print("# cuda_echo: PIPE, two processes on one host, echo of int32 tensors\n");

@@ -23,9 +23,13 @@
 
 namespace switchboard::agents::channel {
 
-// Smaller CUDA tensors take the staged path: copying a few KiB through the
-// host costs less than the outbox's round trip.
-inline constexpr size_t kCudaIpcMinBytes = 64 * 1024;
+// Smaller CUDA tensors take the staged path. Each cuda_ipc transfer runs a
+// copy on the device in each of the two processes, and on a GPU shared by
+// two processes the second waits for the GPU to switch between them: an
+// echo round trip took about 500 us at any size up to 4 MiB on an H100,
+// where staged it took 240 us at 64 KiB, 400 us at 256 KiB and 820 us at
+// 1 MiB (tools/bench:cuda_echo, both in one run).
+inline constexpr size_t kCudaIpcMinBytes = 512 * 1024;
 
 struct Choice {
   pipe::TensorChannel channel = pipe::TensorChannel::kInline;

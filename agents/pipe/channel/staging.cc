@@ -36,9 +36,27 @@ Tensor DeviceLanding::receive_into(Tensor host, Device device, size_t chunk_byte
   void* data = host.data();
   Tensor::Shape shape = host.shape();
   const DType dtype = host.dtype();
-  std::shared_ptr<void> owner(new DeviceLanding(std::move(host), device, chunk_bytes),
-                              Deleter{});
+  std::shared_ptr<void> owner(
+      new DeviceLanding(std::move(host), shape, dtype, device, chunk_bytes), Deleter{});
   return Tensor::from_blob(data, shape, dtype, Device::cpu(), std::move(owner));
+}
+
+Tensor DeviceLanding::receive_padded(Tensor padded, const Tensor::Shape& shape, DType dtype,
+                                     Device device) {
+  const size_t nbytes = static_cast<size_t>(Tensor::numel_of(shape)) * dtype_size(dtype);
+  SB_REQUIRE(padded.device().is_cpu() && padded.is_contiguous() && padded.nbytes() >= nbytes,
+             "DeviceLanding: {} cannot hold a {} tensor of shape {}", padded.describe(),
+             dtype_name(dtype), shape_str(shape));
+  void* data = padded.data();
+  const size_t span = padded.nbytes();
+  // One chunk larger than the buffer: nothing is copied before finish().
+  std::shared_ptr<void> owner(
+      new DeviceLanding(std::move(padded), shape, dtype, device, span + 1), Deleter{});
+  return Tensor::from_blob(data, shape, dtype, Device::cpu(), std::move(owner));
+}
+
+Tensor DeviceLanding::view_of(const Tensor& bytes, Device device) const {
+  return Tensor::from_blob(bytes.data(), shape_, dtype_, device, bytes.storage());
 }
 
 DeviceLanding* DeviceLanding::of(const Tensor& tensor) {
@@ -72,11 +90,13 @@ void DeviceLanding::arrived(size_t filled) noexcept {
 }
 
 Tensor DeviceLanding::finish() {
-  if (failed_) return host_.to(device_);
+  if (failed_) return view_of(host_, Device::cpu()).to(device_);
   copy_to(host_.nbytes());
   if (!device_tensor_.defined())
     device_tensor_ = Tensor::empty(host_.shape(), host_.dtype(), device_);
-  return device_tensor_;
+  if (device_tensor_.shape() == shape_ && device_tensor_.dtype() == dtype_)
+    return device_tensor_;
+  return view_of(device_tensor_, device_);
 }
 
 }  // namespace switchboard::agents::channel

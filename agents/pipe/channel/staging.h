@@ -9,7 +9,9 @@
 // DeviceLanding: a tensor bound for a CUDA device, received into a pinned
 // host buffer whose whole chunks are copied to the device as they arrive
 // (told by the frame reader's progress hook), so that only the last chunk
-// is left to copy once the frame is complete.
+// is left to copy once the frame is complete. A small tensor is received
+// into a pinned buffer of kMinCopyBytes and copied whole, padding and all,
+// into a device block as large (see kMinCopyBytes).
 //
 // The copies are the registered device copier's (synchronous, after the
 // work already queued on the device's default stream), on uint8 views of
@@ -63,11 +65,26 @@ class DeviceStager final : public pipe::ChunkedSource {
 
 class DeviceLanding {
  public:
+  // The fewest bytes a copy to the device moves. Measured on an H100
+  // (tools/bench:cuda_copy_latency, two processes taking turns on the GPU,
+  // as the two ends of a round trip do): a host-to-device copy of 16 KiB
+  // or less waited about 145 us for the GPU to switch to this process,
+  // from pinned or pageable memory alike; one of 32 KiB or more from
+  // pinned memory took about 10 us. So a smaller tensor lands padded.
+  static constexpr size_t kMinCopyBytes = size_t{32} << 10;
+
   // A CPU tensor over `host` (pinned for speed) to receive into, whose
   // bytes go to a new tensor on `device` chunk by chunk as they arrive.
   // The returned tensor's storage carries the landing.
   static Tensor receive_into(Tensor host, Device device,
                              size_t chunk_bytes = DeviceStager::kChunkBytes);
+  // A CPU tensor of `shape` and `dtype` over the start of `padded` (a
+  // contiguous CPU buffer, pinned for speed, of at least the tensor's
+  // bytes) to receive into; finish() copies all of `padded` to a device
+  // block as large, of which the tensor on `device` is a view. Throws
+  // std::invalid_argument when `padded` is too small.
+  static Tensor receive_padded(Tensor padded, const Tensor::Shape& shape, DType dtype,
+                               Device device);
   // The landing of a tensor receive_into() made; null for any other.
   static DeviceLanding* of(const Tensor& tensor);
 
@@ -86,14 +103,23 @@ class DeviceLanding {
   struct Deleter {
     void operator()(void* landing) const { delete static_cast<DeviceLanding*>(landing); }
   };
-  DeviceLanding(Tensor host, Device device, size_t chunk_bytes)
+  DeviceLanding(Tensor host, Tensor::Shape shape, DType dtype, Device device,
+                size_t chunk_bytes)
       : host_(std::move(host)),
+        shape_(std::move(shape)),
+        dtype_(dtype),
         device_(device),
         chunk_(std::max<size_t>(chunk_bytes, 1)) {}
-  // Copies bytes [copied_, end) to the device tensor (made on first use).
+  // Copies bytes [copied_, end) to the device tensor (made on first use,
+  // as large as host_).
   void copy_to(size_t end);
+  // The received tensor: shape_ and dtype_ over the start of `bytes`.
+  Tensor view_of(const Tensor& bytes, Device device) const;
 
+  // What the bytes arrive in: the tensor itself, or a padded buffer.
   const Tensor host_;
+  const Tensor::Shape shape_;
+  const DType dtype_;
   const Device device_;
   const size_t chunk_;
   // Touched by the reading thread, then (the frame handed on) by the pool.
