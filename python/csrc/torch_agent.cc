@@ -1,0 +1,306 @@
+#include "python/csrc/torch_agent.h"
+
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/distributed/rpc/message.h>
+
+#include <stdexcept>
+#include <utility>
+
+#include "agents/builtin_backends.h"
+#include "agents/pipe_address.h"
+#include "common/auth.h"
+#include "common/error.h"
+#include "python/csrc/torch_message.h"
+#include "python/csrc/torch_store.h"
+#include "rpc/backend_registry.h"
+
+namespace switchboard::torch_rpc {
+
+namespace trpc = torch::distributed::rpc;
+
+namespace {
+
+using Milliseconds = std::chrono::milliseconds;
+
+Milliseconds to_ms(float seconds) {
+  return Milliseconds(static_cast<int64_t>(static_cast<double>(seconds) * 1000.0));
+}
+
+bool is_loopback(const std::string& address) {
+  in_addr v4{};
+  if (inet_pton(AF_INET, address.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, address.c_str(), &v6) == 1) {
+    return IN6_IS_ADDR_LOOPBACK(&v6);
+  }
+  return false;
+}
+
+// PIPE's options from the torch-side configuration; resolves the listen
+// address and applies the security rule (torch_agent.h).
+std::shared_ptr<rpc::RpcBackendOptions> pipe_options(const AgentConfig& config) {
+  rpc::Extras extras{{"num_worker_threads", std::to_string(config.num_worker_threads)}};
+  if (config.heartbeat_interval_ms > 0)
+    extras["heartbeat_interval_ms"] = std::to_string(config.heartbeat_interval_ms);
+  if (config.heartbeat_timeout_ms >= 0)
+    extras["heartbeat_timeout_ms"] = std::to_string(config.heartbeat_timeout_ms);
+  if (config.shm) extras["shm"] = *config.shm ? "1" : "0";
+  if (!config.tls_cert_file.empty() || !config.tls_key_file.empty() ||
+      !config.tls_ca_file.empty()) {
+    extras["tls_cert_file"] = config.tls_cert_file;
+    extras["tls_key_file"] = config.tls_key_file;
+    extras["tls_ca_file"] = config.tls_ca_file;
+  }
+  const std::string address =
+      agents::resolve_listen_address(config.listen_address, config.store_host);
+  extras["listen_address"] = address;
+  // file:// and tcp:// are torch's: the rendezvous runs through the store
+  // torch made, so Switchboard's own init_method is not used.
+  auto options = rpc::construct_rpc_backend_options(
+      rpc::backend_type("PIPE"), to_ms(config.rpc_timeout_seconds), "env://", extras);
+  auto& pipe = dynamic_cast<agents::PipeRpcBackendOptions&>(*options);
+  pipe.secret = config.secret_file.empty()
+                    ? Secret::from_environment()
+                    : std::make_shared<const Secret>(Secret::from_file(config.secret_file));
+  if (!pipe.secret && !is_loopback(address) && !config.insecure) {
+    throw std::invalid_argument(fmt::format(
+        "SWITCHBOARD backend: worker \"{}\" would listen on {}, beyond loopback, without a "
+        "job secret: torch RPC payloads are pickles, so anyone who can reach that address "
+        "could run code in this process. Give a secret (secret_file=..., or "
+        "SWITCHBOARD_SECRET_FILE), listen on loopback (listen_address=\"127.0.0.1\"), or "
+        "pass insecure=True to accept the risk",
+        config.name, address));
+  }
+  for (const auto& [worker, map] : config.device_maps) {
+    std::vector<std::pair<std::string, std::string>> pairs(map.begin(), map.end());
+    pipe.set_device_map(worker, pairs);
+  }
+  if (!config.devices.empty()) pipe.set_devices(config.devices);
+  return options;
+}
+
+// The text of a Switchboard call's failure as torch users expect it.
+std::string failure_text(std::exception_ptr error, const std::string& to, Milliseconds timeout) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const TimeoutError& e) {
+    return fmt::format(
+        "RPC ran for more than set timeout ({} ms) and will now be marked with an error "
+        "(to \"{}\": {})",
+        timeout.count(), to, e.what());
+  } catch (const std::exception& e) {
+    return fmt::format("RPC to \"{}\" failed: {}", to, e.what());
+  } catch (...) {
+    return fmt::format("RPC to \"{}\" failed", to);
+  }
+}
+
+}  // namespace
+
+SwitchboardAgent::SwitchboardAgent(const c10::intrusive_ptr<c10d::Store>& store,
+                                   AgentConfig config,
+                                   std::unique_ptr<trpc::RequestCallback> callback)
+    : RpcAgent(trpc::WorkerInfo(config.name, static_cast<int64_t>(config.rank)),
+               std::move(callback),
+               to_ms(config.rpc_timeout_seconds)),
+      config_(std::move(config)),
+      store_(store) {
+  context_.register_raw_function(kTorchFunction, [this](const rpc::Message& request) {
+    return serve(request);
+  });
+  context_.on_join([this](const rpc::WorkerInfo& info) { remember(info); });
+  context_.on_leave([this](const rpc::WorkerInfo& info) { forget(info.name); });
+  context_.init_rpc(config_.name, "PIPE", config_.rank,
+                    config_.world_size ? config_.world_size : std::optional<int>(rpc::kDynamicGroup),
+                    pipe_options(config_), std::make_shared<TorchStore>(store));
+  for (const rpc::WorkerInfo& info : context_.get_worker_infos()) remember(info);
+}
+
+SwitchboardAgent::~SwitchboardAgent() {
+  try {
+    if (context_.initialized()) context_.shutdown(false);
+  } catch (const std::exception& e) {
+    spdlog::warn("SWITCHBOARD agent \"{}\": shutdown at destruction: {}", config_.name,
+                 e.what());
+  }
+}
+
+void SwitchboardAgent::remember(const rpc::WorkerInfo& info) {
+  MutexLock lock(mu_);
+  infos_.try_emplace(info.name, info.name, static_cast<int64_t>(info.id));
+  members_[info.name] = true;
+  names_by_id_[info.id] = info.name;
+}
+
+void SwitchboardAgent::forget(const std::string& name) {
+  MutexLock lock(mu_);
+  members_[name] = false;
+}
+
+const trpc::WorkerInfo& SwitchboardAgent::getWorkerInfo(const std::string& name) const {
+  MutexLock lock(mu_);
+  auto it = infos_.find(name);
+  TORCH_CHECK(it != infos_.end(), "Unknown destination worker ", name);
+  return it->second;
+}
+
+const trpc::WorkerInfo& SwitchboardAgent::getWorkerInfo(trpc::worker_id_t id) const {
+  MutexLock lock(mu_);
+  auto it = names_by_id_.find(id);
+  TORCH_CHECK(it != names_by_id_.end(), "Unknown destination worker ", id);
+  return infos_.at(it->second);
+}
+
+std::vector<trpc::WorkerInfo> SwitchboardAgent::getWorkerInfos() const {
+  MutexLock lock(mu_);
+  std::vector<trpc::WorkerInfo> out;
+  for (const auto& [id, name] : names_by_id_) {
+    auto member = members_.find(name);
+    if (member != members_.end() && member->second) out.push_back(infos_.at(name));
+  }
+  return out;
+}
+
+void SwitchboardAgent::startImpl() { started_.set_value(); }
+
+rpc::Future<rpc::Message> SwitchboardAgent::serve(const rpc::Message& request) {
+  if (!started_.get_future().done()) {
+    // Before start(): the request waits for it (RpcAgent's contract).
+    return started_.get_future().then(
+        [this, request](const rpc::Future<void>&) { return serve(request); });
+  }
+  const int64_t id = static_cast<int64_t>(request.id);
+  c10::intrusive_ptr<trpc::Message> message = decode(request, id);
+  ++server_active_;
+  rpc::Promise<rpc::Message> reply;
+  c10::intrusive_ptr<trpc::JitFuture> done;
+  try {
+    done = (*cb_)(*message, {});
+  } catch (...) {
+    --server_active_;
+    throw;
+  }
+  done->addCallback([this, reply, id](trpc::JitFuture& future) {
+    --server_active_;
+    try {
+      c10::intrusive_ptr<trpc::Message> response =
+          future.hasError()
+              ? trpc::createExceptionResponse(future.tryRetrieveErrorMessage(), id)
+              : future.value().toCustomClass<trpc::Message>();
+      reply.set_value(encode(*response, rpc::MessageType::kResponse));
+    } catch (...) {
+      reply.set_error(std::current_exception());
+    }
+  });
+  return reply.get_future();
+}
+
+c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
+    const trpc::WorkerInfo& to, c10::intrusive_ptr<trpc::Message> message,
+    float rpc_timeout_seconds, const trpc::DeviceMap& /*device_map*/) {
+  auto future = c10::make_intrusive<trpc::JitFuture>(at::AnyClassType::get(), getDevices());
+  const Milliseconds timeout = rpc_timeout_seconds == trpc::kUnsetRpcTimeout
+                                   ? rpcTimeout_.load()
+                                   : to_ms(rpc_timeout_seconds);
+  try {
+    TORCH_CHECK(message->isRequest(), "SWITCHBOARD agent \"", config_.name,
+                "\" sends requests only; got message type ", message->type());
+    TORCH_CHECK(!stopped_.load(), "SWITCHBOARD agent \"", config_.name,
+                "\" is shut down: cannot send to \"", to.name_, "\"");
+    rpc::Message request = encode(*message, rpc::MessageType::kRequest);
+    request.function = kTorchFunction;
+    rpc::Future<rpc::Message> reply = context_.send(to.name_, std::move(request), timeout);
+    ++client_active_;
+    reply.add_callback([this, future, name = to.name_, timeout](
+                           const rpc::Future<rpc::Message>& r) {
+      --client_active_;
+      if (std::exception_ptr error = r.error()) {
+        future->setError(
+            std::make_exception_ptr(std::runtime_error(failure_text(error, name, timeout))));
+        return;
+      }
+      try {
+        const rpc::Message& response = r.value();
+        if (response.type == rpc::MessageType::kError) {
+          throw std::runtime_error(fmt::format(
+              "\"{}\" could not serve the torch message: {}", name,
+              std::string(response.payload.begin(), response.payload.end())));
+        }
+        c10::intrusive_ptr<trpc::Message> m = decode(response, static_cast<int64_t>(response.id));
+        if (m->type() == trpc::MessageType::EXCEPTION) {
+          future->setError(std::make_exception_ptr(
+              std::runtime_error(std::string(m->payload().begin(), m->payload().end()))));
+        } else {
+          future->markCompleted(c10::IValue(m));
+        }
+      } catch (const std::exception& e) {
+        future->setError(std::make_exception_ptr(std::runtime_error(
+            fmt::format("RPC to \"{}\": a bad response: {}", name, e.what()))));
+      }
+    });
+  } catch (const std::exception& e) {
+    future->setError(std::make_exception_ptr(std::runtime_error(e.what())));
+  }
+  return future;
+}
+
+void SwitchboardAgent::join(bool shutdown, float timeout) {
+  const std::optional<Milliseconds> bound =
+      timeout > 0 ? std::optional<Milliseconds>(to_ms(timeout)) : std::nullopt;
+  if (shutdown) {
+    stopped_ = true;
+    if (context_.initialized()) context_.shutdown(true, bound);
+    return;
+  }
+  TORCH_CHECK(is_static_group(), "SWITCHBOARD agent \"", config_.name,
+              "\": join(shutdown=False) needs a static group");
+  // This worker's calls first, then every worker's arrival.
+  while (client_active_.load() > 0) std::this_thread::sleep_for(Milliseconds(1));
+  TorchStore store(store_);
+  const std::string key =
+      fmt::format("switchboard/torch_rpc/join/{}", join_rounds_.fetch_add(1));
+  const int64_t arrived = store.add(key, 1);
+  if (arrived == *config_.world_size) store.set(key + "/all", Bytes{1});
+  store.wait({key + "/all"}, bound.value_or(Store::kNoTimeout));
+}
+
+void SwitchboardAgent::shutdownImpl() {
+  stopped_ = true;
+  if (context_.initialized()) context_.shutdown(false);
+}
+
+void SwitchboardAgent::addGilWaitTime(std::chrono::microseconds wait) {
+  MutexLock lock(mu_);
+  ++gil_waits_;
+  gil_wait_total_ += wait;
+}
+
+std::unordered_map<std::string, std::string> SwitchboardAgent::getMetrics() {
+  std::unordered_map<std::string, std::string> metrics;
+  metrics["agent.num_pending_requests"] = std::to_string(server_active_.load());
+  metrics["agent.thread_pool_size"] = std::to_string(config_.num_worker_threads);
+  metrics["agent.client_active_calls"] = std::to_string(client_active_.load());
+  metrics["agent.server_active_calls"] = std::to_string(server_active_.load());
+  metrics["agent.server_active_async_calls"] = "0";
+  if (isGILProfilingEnabled()) {
+    MutexLock lock(mu_);
+    metrics["agent.gil_average_wait_time_us"] =
+        std::to_string(gil_waits_ == 0 ? 0 : gil_wait_total_.count() / gil_waits_);
+  }
+  if (context_.initialized()) {
+    try {
+      for (const auto& [key, value] : context_.get_metrics()) {
+        metrics["switchboard." + key] = fmt::format("{}", value);
+      }
+    } catch (const Error&) {
+      // shut down meanwhile: torch's keys only
+    }
+  }
+  return metrics;
+}
+
+}  // namespace switchboard::torch_rpc

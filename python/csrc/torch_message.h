@@ -1,0 +1,44 @@
+// How a torch RPC Message travels inside a Switchboard message: the codec
+// between torch::distributed::rpc::Message (type, id, pickled payload,
+// tensors) and rpc::Message (payload bytes, Switchboard tensors).
+//
+// Layout of the Switchboard payload (little-endian):
+//   u8  version (1)
+//   i32 torch's MessageType
+//   u32 tensor count n (equal to the Switchboard message's tensor count)
+//   n times: i8 the tensor's c10::ScalarType, u8 ndim (at most 64),
+//            i64 sizes[ndim] (the tensor is contiguous)
+//   torch's payload, to the end
+// Each tensor travels as a flat uint8 Switchboard tensor over the torch
+// tensor's own bytes (no copy for a contiguous CPU or CUDA tensor; others
+// are made contiguous first), and comes back as a torch tensor over the
+// received bytes (no copy): any dtype torch has crosses, and PIPE moves
+// the bytes (the same-host lane, device maps and CUDA channels included).
+//
+// Errors: encode() throws std::invalid_argument for a tensor Switchboard
+// cannot carry (a sparse or quantized one, a device other than CPU and
+// CUDA), naming it. decode() throws std::invalid_argument naming what is
+// wrong with bytes from the network (version, counts, a dtype, sizes that
+// do not match the bytes that came), never reading out of bounds.
+//
+// Thread safety: stateless.
+#pragma once
+
+#include <torch/csrc/distributed/rpc/message.h>
+
+#include "core/message.h"
+
+namespace switchboard::torch_rpc {
+
+inline constexpr uint8_t kCodecVersion = 1;
+inline constexpr uint8_t kMaxDims = 64;
+
+// `m`'s type, payload and tensors as a Switchboard message of `type`
+// (its id, function and timeout left for the caller).
+rpc::Message encode(const torch::distributed::rpc::Message& m, rpc::MessageType type);
+
+// The torch message `m` carries, with id `id`.
+c10::intrusive_ptr<torch::distributed::rpc::Message> decode(const rpc::Message& m,
+                                                            int64_t id);
+
+}  // namespace switchboard::torch_rpc

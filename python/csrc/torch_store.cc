@@ -1,0 +1,76 @@
+#include "python/csrc/torch_store.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+#include "common/check.h"
+#include "common/error.h"
+
+namespace switchboard::torch_rpc {
+
+namespace {
+
+std::string joined(const std::vector<std::string>& keys) {
+  return fmt::format("{}", fmt::join(keys, ", "));
+}
+
+// Runs `f`, turning torch's errors into Switchboard's (see the header).
+template <typename F>
+auto translated(const char* what, const std::string& keys, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    if (message.find("imeout") != std::string::npos ||
+        message.find("timed out") != std::string::npos) {
+      throw TimeoutError(fmt::format("torch store {} of [{}] timed out: {}", what, keys, message));
+    }
+    throw Error(ErrorCode::kUnavailable,
+                fmt::format("torch store {} of [{}] failed: {}", what, keys, message));
+  }
+}
+
+}  // namespace
+
+TorchStore::TorchStore(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {
+  SB_REQUIRE(store_, "TorchStore: no store");
+  set_timeout(store_->getTimeout());
+}
+
+void TorchStore::set(const std::string& key, const Bytes& value) {
+  translated("set", key, [&] { store_->set(key, value); });
+}
+
+Bytes TorchStore::get(const std::string& key) {
+  return translated("get", key, [&] { return store_->get(key); });
+}
+
+int64_t TorchStore::add(const std::string& key, int64_t delta) {
+  return translated("add", key, [&] { return store_->add(key, delta); });
+}
+
+Bytes TorchStore::compare_set(const std::string& key, const Bytes& expected,
+                              const Bytes& desired) {
+  return translated("compare_set", key,
+                    [&] { return store_->compareSet(key, expected, desired); });
+}
+
+void TorchStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
+  translated("wait", joined(keys), [&] { store_->wait(keys, timeout); });
+}
+
+bool TorchStore::check(const std::vector<std::string>& keys) {
+  return translated("check", joined(keys), [&] { return store_->check(keys); });
+}
+
+bool TorchStore::delete_key(const std::string& key) {
+  return translated("delete", key, [&] { return store_->deleteKey(key); });
+}
+
+int64_t TorchStore::num_keys() {
+  return translated("num_keys", "", [&] { return store_->getNumKeys(); });
+}
+
+}  // namespace switchboard::torch_rpc

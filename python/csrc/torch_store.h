@@ -1,0 +1,42 @@
+// TorchStore: Switchboard's Store interface over a torch c10d::Store, so
+// that a worker started by torch.distributed.rpc meets its group through
+// the store torch made from init_method (tcp://, file://, env://), as
+// TensorPipe does.
+//
+// Errors: torch's store throws c10::Error; a wait or get that ran out of
+// time becomes TimeoutError naming the keys, anything else Error
+// (kUnavailable) with torch's message.
+//
+// Thread safety: as the wrapped store (c10d's stores are thread-safe).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+#include <vector>
+
+#include "store/store.h"
+
+namespace switchboard::torch_rpc {
+
+class TorchStore final : public Store {
+ public:
+  explicit TorchStore(c10::intrusive_ptr<c10d::Store> store);
+
+  using Store::set;
+  using Store::wait;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected,
+                    const Bytes& desired) override;
+  void wait(const std::vector<std::string>& keys, Timeout timeout) override;
+  bool check(const std::vector<std::string>& keys) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys() override;
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace switchboard::torch_rpc

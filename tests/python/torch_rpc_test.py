@@ -1,0 +1,176 @@
+"""switchboard.torch_rpc as a user runs it: PyTorch 1.13's torch.distributed.rpc
+with backend=BackendType.SWITCHBOARD, workers in processes of their own on
+127.0.0.1.
+
+Run by tests/python/run_python_test.sh (PYTHONPATH: the built package); prints
+a Catch2-style summary line ("test cases: N | P passed | F failed") that
+tools/test counts.
+"""
+
+import os
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+import torch.distributed.rpc as rpc
+import torch.multiprocessing as mp
+
+import switchboard.torch_rpc as sbt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from summary import run_and_summarize  # noqa: E402
+
+
+def _options(init, **extra):
+    extra.setdefault("listen_address", "127.0.0.1")
+    extra.setdefault("rpc_timeout", 30)
+    return sbt.SwitchboardRpcBackendOptions(init_method=init, **extra)
+
+
+def square(x):
+    return x * x
+
+
+def slow(seconds):
+    time.sleep(seconds)
+    return seconds
+
+
+def fail(text):
+    raise ValueError(text)
+
+
+def echo(x):
+    return x
+
+
+# ---- worker bodies (run in spawned processes; each raises on a mismatch) ----
+
+def _calls_worker(rank, world, init):
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                 backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=_options(init))
+    other = f"w{(rank + 1) % world}"
+    assert rpc.rpc_sync(other, torch.add, args=(torch.ones(2), 3)).tolist() == [4.0, 4.0]
+    assert rpc.rpc_async(other, square, args=(torch.arange(4.0),)).wait().tolist() == [0, 1, 4, 9]
+    rref = rpc.remote(other, torch.mul, args=(torch.ones(3), 5))
+    assert rref.owner().name == other
+    assert rref.to_here().tolist() == [5.0, 5.0, 5.0]
+    # A remote exception comes back as the exception it was.
+    try:
+        rpc.rpc_sync(other, fail, args=("boom",))
+        raise AssertionError("no exception")
+    except ValueError as e:
+        assert "boom" in str(e), str(e)
+    # Every dtype and layout torch pickles into a message arrives exact.
+    tensors = [
+        torch.randn(3, 4, dtype=torch.float16),
+        torch.randn(5, dtype=torch.bfloat16),
+        torch.randn(2, 2, dtype=torch.complex64),
+        torch.tensor([True, False, True]),
+        torch.arange(10, dtype=torch.int64).reshape(2, 5).t(),  # not contiguous
+        torch.arange(100, dtype=torch.uint8)[10:20],  # a view into a larger storage
+        torch.empty(0, 3),
+        torch.tensor(7.5, dtype=torch.float64),  # zero dimensions
+    ]
+    back = rpc.rpc_sync(other, echo, args=(tensors,))
+    assert len(back) == len(tensors)
+    for sent, got in zip(tensors, back):
+        assert sent.dtype == got.dtype and sent.shape == got.shape, (sent, got)
+        assert torch.equal(sent, got), (sent, got)
+    assert [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()] == [
+        f"w{i}" for i in range(world)]
+    rpc.shutdown()
+
+
+def _timeout_worker(rank, world, init):
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                 backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=_options(init))
+    if rank == 0:
+        try:
+            rpc.rpc_sync("w1", slow, args=(3,), timeout=0.5)
+            raise AssertionError("no timeout")
+        except RuntimeError as e:
+            assert "RPC ran for more than set timeout" in str(e), str(e)
+        # The worker is fine afterwards.
+        assert rpc.rpc_sync("w1", square, args=(torch.tensor(3.0),)).item() == 9.0
+    rpc.shutdown()
+
+
+def _secret_worker(rank, world, init, secret_file):
+    rpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                 backend=rpc.BackendType.SWITCHBOARD,
+                 rpc_backend_options=_options(init, secret_file=secret_file))
+    other = f"w{(rank + 1) % world}"
+    assert rpc.rpc_sync(other, torch.add, args=(torch.ones(1), 1)).item() == 2.0
+    metrics = rpc.api._get_current_rpc_agent().get_debug_info()
+    assert int(metrics["agent.thread_pool_size"]) == rpc.constants.DEFAULT_NUM_WORKER_THREADS
+    rpc.shutdown()
+
+
+def _spawn(fn, *args, world=2):
+    with tempfile.TemporaryDirectory() as tmp:
+        init = "file://" + os.path.join(tmp, "rendezvous")
+        mp.spawn(fn, args=(world, init) + args, nprocs=world, join=True)
+
+
+class TorchRpcOnSwitchboard(unittest.TestCase):
+    def test_registered_and_options_constructed_as_for_tensorpipe(self):
+        backend = rpc.backend_registry.BackendType["SWITCHBOARD"]
+        self.assertIs(rpc.BackendType.SWITCHBOARD, backend)
+        options = rpc.backend_registry.construct_rpc_backend_options(
+            backend, init_method="tcp://127.0.0.1:1", rpc_timeout=7, num_worker_threads=3,
+            secret_file="/nonexistent")
+        self.assertIsInstance(options, sbt.SwitchboardRpcBackendOptions)
+        self.assertIsInstance(options, rpc.RpcBackendOptions)
+        self.assertEqual((options.rpc_timeout, options.init_method, options.num_worker_threads),
+                         (7, "tcp://127.0.0.1:1", 3))
+        options.set_device_map("w1", {"cuda:0": "cuda:1"})
+        self.assertEqual(options.device_maps["w1"], {torch.device("cuda:0"): torch.device("cuda:1")})
+        with self.assertRaisesRegex(ValueError, "one-to-one"):
+            options.set_device_map("w1", {"cuda:2": "cuda:1"})
+        # TensorPipe is still the default, and still type-checks.
+        self.assertIn("TENSORPIPE", rpc.BackendType.__members__)
+
+    def test_calls_rrefs_errors_and_every_dtype_between_two_workers(self):
+        _spawn(_calls_worker)
+
+    def test_a_timeout_fails_the_call_with_tensorpipes_words_and_the_worker_goes_on(self):
+        _spawn(_timeout_worker)
+
+    def test_workers_with_the_job_secret_talk(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "secret")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+                f.write(os.urandom(32))
+            _spawn(_secret_worker, path)
+
+    def test_listening_beyond_loopback_without_a_secret_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            init = "file://" + os.path.join(tmp, "rendezvous")
+            options = _options(init, listen_address="198.18.0.1")  # refused before it binds
+            saved = os.environ.pop("SWITCHBOARD_SECRET_FILE", None)
+            try:
+                with self.assertRaisesRegex(Exception, "beyond loopback, without a job secret"):
+                    rpc.init_rpc("w0", rank=0, world_size=1,
+                                 backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=options)
+            finally:
+                if saved is not None:
+                    os.environ["SWITCHBOARD_SECRET_FILE"] = saved
+            self.assertFalse(rpc.api._is_current_rpc_agent_set())
+
+    def test_a_group_of_one_calls_itself(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            init = "file://" + os.path.join(tmp, "rendezvous")
+            rpc.init_rpc("solo", rank=0, world_size=1, backend=rpc.BackendType.SWITCHBOARD,
+                         rpc_backend_options=_options(init))
+            try:
+                self.assertEqual(rpc.rpc_sync("solo", square, args=(torch.tensor(4.0),)).item(), 16.0)
+                self.assertEqual(rpc.remote("solo", torch.add, args=(1, 2)).to_here(), 3)
+            finally:
+                rpc.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(run_and_summarize(unittest.defaultTestLoader.loadTestsFromTestCase(TorchRpcOnSwitchboard)))
