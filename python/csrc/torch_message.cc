@@ -64,7 +64,9 @@ Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
   }
   // The bytes stay the torch tensor's: its storage lives as long as the
   // Switchboard tensor over it.
-  auto held = std::make_shared<at::Tensor>(tensor.contiguous());
+  // detach(): the bytes, not the autograd graph (requires_grad travels as a
+  // flag).
+  auto held = std::make_shared<at::Tensor>(tensor.detach().contiguous());
   const auto nbytes = static_cast<int64_t>(held->nbytes());
   void* data = nbytes == 0 ? nullptr : held->data_ptr();
   return Tensor::from_blob(data, {nbytes}, DType::kUInt8, device, std::move(held));
@@ -106,6 +108,7 @@ rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
           "torch message: tensor {} has {} dimensions, more than {}", i, t.dim(), kMaxDims));
     }
     put<int8_t>(out.payload, static_cast<int8_t>(t.scalar_type()));
+    put<uint8_t>(out.payload, t.requires_grad() ? kRequiresGrad : 0);
     put<uint8_t>(out.payload, static_cast<uint8_t>(t.dim()));
     for (int64_t size : t.sizes()) put<int64_t>(out.payload, size);
     out.tensors.push_back(to_switchboard(t, i));
@@ -138,6 +141,11 @@ c10::intrusive_ptr<trpc::Message> decode(const rpc::Message& m, int64_t id) {
                       static_cast<int>(raw_dtype)));
     }
     const auto dtype = static_cast<c10::ScalarType>(raw_dtype);
+    const auto flags = in.take<uint8_t>("flags");
+    if ((flags & ~kRequiresGrad) != 0) {
+      throw std::invalid_argument(
+          fmt::format("torch message: tensor {} has unknown flags {:#x}", i, flags));
+    }
     const auto ndim = in.take<uint8_t>("dimension count");
     if (ndim > kMaxDims) {
       throw std::invalid_argument(fmt::format(
@@ -169,6 +177,9 @@ c10::intrusive_ptr<trpc::Message> decode(const rpc::Message& m, int64_t id) {
           t.describe()));
     }
     tensors.push_back(to_torch(t, dtype, sizes));
+    // What torch's own pickle of the tensor list keeps: distributed autograd
+    // attaches its RecvRpcBackward to the received tensors that need grad.
+    if ((flags & kRequiresGrad) != 0) tensors.back().set_requires_grad(true);
   }
   std::vector<char> payload(m.payload.begin() + static_cast<std::ptrdiff_t>(in.at()),
                             m.payload.end());

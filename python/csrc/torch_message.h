@@ -6,8 +6,8 @@
 //   u8  version (1)
 //   i32 torch's MessageType
 //   u32 tensor count n (equal to the Switchboard message's tensor count)
-//   n times: i8 the tensor's c10::ScalarType, u8 ndim (at most 64),
-//            i64 sizes[ndim] (the tensor is contiguous)
+//   n times: i8 the tensor's c10::ScalarType, u8 flags (kRequiresGrad),
+//            u8 ndim (at most 64), i64 sizes[ndim] (the tensor is contiguous)
 //   torch's payload, to the end
 // Each tensor travels as a flat uint8 Switchboard tensor over the torch
 // tensor's own bytes (no copy for a contiguous CPU or CUDA tensor; others
@@ -32,6 +32,8 @@ namespace switchboard::torch_rpc {
 
 inline constexpr uint8_t kCodecVersion = 1;
 inline constexpr uint8_t kMaxDims = 64;
+// The tensor needs grad (distributed autograd's received tensors do).
+inline constexpr uint8_t kRequiresGrad = 0x01;
 
 // `m`'s type, payload and tensors as a Switchboard message of `type`
 // (its id, function and timeout left for the caller).

@@ -18,6 +18,7 @@ security rule: a worker refuses to listen beyond loopback without the job
 secret unless ``insecure=True``.
 """
 
+import functools
 import urllib.parse
 
 import torch
@@ -185,6 +186,25 @@ def _init_backend_handler(store, name, rank, world_size, rpc_backend_options):
     return agent
 
 
+_torch_shutdown = api.shutdown
+
+
+@functools.wraps(_torch_shutdown)
+def _shutdown(graceful=True, timeout=rpc_constants.DEFAULT_SHUTDOWN_TIMEOUT):
+    """torch's rpc.shutdown, except for a worker of a dynamic SWITCHBOARD group,
+    whose graceful shutdown leaves the group while the others go on (torch's
+    own path would wait for every worker it saw at init, as in a static
+    group: it knows dynamic groups of TensorPipe agents only)."""
+    agent = api._get_current_rpc_agent() if api._is_current_rpc_agent_set() else None
+    if graceful and isinstance(agent, _C.SwitchboardAgent) and not agent.is_static_group:
+        try:
+            agent.join(shutdown=True, timeout=timeout)
+        finally:
+            api._finalize_shutdown()
+        return
+    return _torch_shutdown(graceful, timeout)
+
+
 if not backend_registry.backend_registered(BACKEND_NAME):
     backend_registry.register_backend(
         BACKEND_NAME,
@@ -195,3 +215,5 @@ if not backend_registry.backend_registered(BACKEND_NAME):
     # still holds the old one (whose TENSORPIPE init_rpc's default would
     # then fail its own type check), so it gets the new one too.
     rpc.BackendType = backend_registry.BackendType
+    api.shutdown = _shutdown
+    rpc.shutdown = _shutdown

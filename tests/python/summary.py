@@ -7,8 +7,11 @@ import sys
 import unittest
 
 
-def run_and_summarize(suite, stream=sys.stdout):
-    result = unittest.TextTestRunner(stream=stream, verbosity=2).run(suite)
+def run_and_summarize(suite, stream=sys.stdout, result_class=None):
+    runner = unittest.TextTestRunner(stream=stream, verbosity=2)
+    if result_class is not None:
+        runner.resultclass = result_class
+    result = runner.run(suite)
     for test, reason in result.skipped:
         print(f"skipped: {test.id()}: {reason}", file=stream)
     failed = len(result.failures) + len(result.errors) + len(result.unexpectedSuccesses)

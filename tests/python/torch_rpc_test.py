@@ -109,6 +109,51 @@ def _secret_worker(rank, world, init, secret_file):
     rpc.shutdown()
 
 
+def _wait_until(condition, what, seconds=60):
+    """Polls `condition` (a worker's view that changes on its own thread)
+    until it holds; fails naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def _names():
+    return sorted(w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos())
+
+
+def _dynamic_worker(rank, init, events):
+    w0_up, w1_called, w0_saw_w1, w1_left = events
+    options = _options(init)
+    if rank == 0:
+        rpc.init_rpc("w0", rank=0, backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=options)
+        assert not rpc.api._get_current_rpc_agent().is_static_group
+        w0_up.set()
+        assert w1_called.wait(60)
+        _wait_until(lambda: _names() == ["w0", "w1"], "w0 to see w1 join")
+        w0_saw_w1.set()
+        assert w1_left.wait(60)
+        _wait_until(lambda: _names() == ["w0"], "w0 to see w1 leave")
+        rpc.shutdown()
+    else:
+        assert w0_up.wait(60)
+        rpc.init_rpc("w1", rank=1, backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=options)
+        assert _names() == ["w0", "w1"], _names()
+        assert rpc.rpc_sync("w0", torch.add, args=(torch.ones(2), 2)).tolist() == [3.0, 3.0]
+        w1_called.set()
+        assert w0_saw_w1.wait(60)
+        rpc.shutdown()  # leaves; w0 goes on
+        w1_left.set()
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _spawn(fn, *args, world=2):
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rendezvous")
@@ -159,6 +204,12 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
                 if saved is not None:
                     os.environ["SWITCHBOARD_SECRET_FILE"] = saved
             self.assertFalse(rpc.api._is_current_rpc_agent_set())
+
+    def test_a_dynamic_group_without_world_size_is_joined_and_left_while_the_other_runs(self):
+        ctx = mp.get_context("spawn")
+        events = tuple(ctx.Event() for _ in range(4))
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        mp.spawn(_dynamic_worker, args=(init, events), nprocs=2, join=True)
 
     def test_a_group_of_one_calls_itself(self):
         with tempfile.TemporaryDirectory() as tmp:

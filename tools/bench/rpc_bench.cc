@@ -436,8 +436,10 @@ std::optional<Figures> run_ours(const Backend& backend, bool quick, const Placem
 }
 
 // PyTorch's side; nullopt with `why_not` set when PyTorch cannot start.
+// `extra`: more arguments for torch_rpc.py (its --backend, --pythonpath).
 std::optional<Figures> run_torch(const std::string& script, const Counts& counts,
-                                 std::string& why_not, std::string& version) {
+                                 std::string& why_not, std::string& version,
+                                 const std::vector<std::string>& extra = {}) {
   if (::access(kPython, X_OK) != 0) {
     why_not = fmt::format("no {}", kPython);
     return std::nullopt;
@@ -453,6 +455,7 @@ std::optional<Figures> run_torch(const std::string& script, const Counts& counts
   for (const Echo& echo : counts.echoes) {
     argv.push_back(fmt::format("--echo={}:{}:{}", echo.bytes, echo.warmup, echo.iters));
   }
+  argv.insert(argv.end(), extra.begin(), extra.end());
   std::unique_ptr<ChildProcess> launcher;
   uint16_t port = 0;
   try {
@@ -578,6 +581,31 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
     print_value("torch_version", version);
     print_side("torch", *torch);
   });
+  // PyTorch's API over Switchboard's torch backend (python/switchboard).
+  std::optional<Figures> torch_sb;
+  if (!hosts && (only.empty() || only == "torch_switchboard")) {
+    ok &= run_side("torch_switchboard", [&] {
+      std::string why_not, version;
+      std::string package;
+      try {
+        const std::string init = find_runfile(argv0, "python/pkg/switchboard/__init__.py",
+                                              "SB_TORCH_RPC_PACKAGE");
+        package = std::filesystem::path(init).parent_path().parent_path().string();
+      } catch (const std::exception& e) {
+        fmt::print("torch_switchboard: skipped ({})\n", e.what());
+        return;
+      }
+      progress("rpc: PyTorch's RPC over the SWITCHBOARD backend (/usr/bin/python3)");
+      torch_sb = run_torch(script, counts, why_not, version,
+                           {"--backend=switchboard", "--pythonpath=" + package});
+      if (!torch_sb) {
+        fmt::print("torch_switchboard: skipped ({})\n", why_not);
+        return;
+      }
+      print_side("torch_switchboard", *torch_sb);
+    });
+  }
+  if (torch_sb) compare_torch_backends(*torch_sb, torch);
   const Figures* plain_pipe = nullptr;
   for (const auto& [backend, figures] : ours) {
     // TLS has no same-host lane: its cost is against PIPE over TCP.
@@ -673,7 +701,8 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
       "rpc",
       "rpc_sync/rpc_async/echo of PIPE and PROCESS_GROUP vs raw TCP and PyTorch's");
   cli::set_synopsis(
-      *sub, "bench rpc [--quick] [--only pipe_shm|pipe_tcp|pipe_tls|process_group|torch] [--hosts]");
+      *sub, "bench rpc [--quick] [--only pipe_shm|pipe_tcp|pipe_tls|process_group|torch|"
+      "torch_switchboard] [--hosts]");
   sub->add_flag("--quick", flags->quick, "smaller counts: a smoke run of a few seconds");
   sub->add_flag("--hosts", flags->hosts,
                 "measure between two network namespaces over a veth link instead of on "
@@ -681,6 +710,7 @@ Subcommand add_rpc_bench(CLI::App& bench, const std::string& argv0) {
   std::vector<std::string> sides;
   for (const Backend& backend : kBackends) sides.push_back(backend.prefix);
   sides.push_back("torch");
+  sides.push_back("torch_switchboard");
   sub->add_option("--only", flags->only,
                   "after the TCP baseline, run this side only (for profiling one)")
       ->type_name("SIDE")

@@ -95,6 +95,36 @@ void compare_lane(const Figures& shm, const Figures& tcp, const Figures* pipe_tc
   }
 }
 
+// torch.distributed.rpc over SWITCHBOARD against TENSORPIPE (issue 25): a
+// round trip at most 0.3x, async calls at least 3x, a 1 MiB echo at least
+// 2x and a 64 MiB echo at least 3x.
+void compare_torch_backends(const Figures& switchboard, const std::optional<Figures>& tensorpipe) {
+  struct Target {
+    const char* figure;
+    const char* name;
+    bool lower_is_better;
+    double factor;
+  };
+  static constexpr Target kTargets[] = {
+      {"rtt_us_p50", "torch_switchboard_rtt_p50_le_0.3x_tensorpipe", true, 0.3},
+      {"async_calls_per_s", "torch_switchboard_async_ge_3x_tensorpipe", false, 3},
+      {"echo_1MiB_GBps", "torch_switchboard_echo_1MiB_ge_2x_tensorpipe", false, 2},
+      {"echo_64MiB_GBps", "torch_switchboard_echo_64MiB_ge_3x_tensorpipe", false, 3},
+  };
+  if (!tensorpipe) {
+    for (const Target& t : kTargets) print_value(std::string("target_") + t.name, "unknown");
+    return;
+  }
+  for (const Figure& figure : kFigures) {
+    print_number(fmt::format("torch_switchboard_vs_tensorpipe_{}", figure.name),
+                 switchboard.at(figure.name) / tensorpipe->at(figure.name), 3);
+  }
+  for (const Target& t : kTargets) {
+    const double ours = switchboard.at(t.figure), theirs = tensorpipe->at(t.figure);
+    print_target(t.name, t.lower_is_better ? ours <= t.factor * theirs : ours >= t.factor * theirs);
+  }
+}
+
 // Ratios and targets of one of our backends.
 void compare(const std::string& prefix, const std::string& label, const Figures& ours,
              const Figures& tcp, const std::optional<Figures>& torch) {

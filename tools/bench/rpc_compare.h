@@ -27,5 +27,8 @@ void compare_tls(const std::string& prefix, const std::string& label, const Figu
 // not measured) and torch.
 void compare_lane(const Figures& shm, const Figures& tcp, const Figures* pipe_tcp,
                   const std::optional<Figures>& torch);
+// PyTorch's API on both sides: over the SWITCHBOARD backend against
+// TENSORPIPE (`tensorpipe`; nullopt: not measured), and issue 25's targets.
+void compare_torch_backends(const Figures& switchboard, const std::optional<Figures>& tensorpipe);
 
 }  // namespace switchboard::bench

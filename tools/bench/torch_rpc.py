@@ -1,9 +1,12 @@
-"""PyTorch's RPC (TensorPipe backend), the baseline of `bench rpc`.
+"""PyTorch's RPC, the baseline of `bench rpc`: over its TensorPipe backend, or
+over Switchboard's (--backend switchboard: PyTorch's API on both sides, the
+package switchboard.torch_rpc found on --pythonpath).
 
 Launcher mode (what the bench starts):
 
     torch_rpc.py --rtt-warmup N --rtt-calls N --window N --seconds S
                  --echo BYTES:WARMUP:ITERS [--echo ...]
+                 [--backend tensorpipe|switchboard] [--pythonpath DIR]
 
 starts a torch.distributed.TCPStore master on an ephemeral port of
 127.0.0.1, prints `port=N` (which also tells the bench that torch imports)
@@ -12,8 +15,8 @@ and --port N. The workers rendezvous through the launcher's store the way
 torchelastic's workers use their agent's: with TORCHELASTIC_USE_AGENT_STORE
 set, init_method "tcp://127.0.0.1:N" makes every rank a client of that store
 (otherwise rank 0 would start its own store on that port, and the port would
-have to be guessed free). Backend: TensorPipe, num_worker_threads=16,
-TP_SOCKET_IFNAME=lo.
+have to be guessed free). Backend: TensorPipe (TP_SOCKET_IFNAME=lo) or
+SWITCHBOARD (listen_address 127.0.0.1, no secret), num_worker_threads=16.
 
 The server serves noop() and echo(tensor); the client measures exactly what
 the bench's own client measures, with the same counts and statistics (see
@@ -65,6 +68,9 @@ def parse_args():
     parser.add_argument("--window", type=int, required=True)
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--echo", type=parse_echo, action="append", required=True)
+    parser.add_argument("--backend", choices=("tensorpipe", "switchboard"), default="tensorpipe")
+    parser.add_argument("--pythonpath", default="",
+                        help="where switchboard.torch_rpc is (bazel-bin/python/pkg)")
     parser.add_argument("--role", choices=("server", "client"),
                         help="internal: run as this worker")
     parser.add_argument("--port", type=int, help="internal: the launcher's store")
@@ -171,10 +177,20 @@ def run_worker(args):
                           timeout=STORE_TIMEOUT)
     role = args.role
     try:
-        options = rpc.TensorPipeRpcBackendOptions(
-            num_worker_threads=16, rpc_timeout=RPC_TIMEOUT_S,
-            init_method=f"tcp://{HOST}:{args.port}")
-        rpc.init_rpc(role, backend=rpc.BackendType.TENSORPIPE,
+        if args.backend == "switchboard":
+            if args.pythonpath:
+                sys.path.insert(0, args.pythonpath)
+            import switchboard.torch_rpc as sbt
+            options = sbt.SwitchboardRpcBackendOptions(
+                num_worker_threads=16, rpc_timeout=RPC_TIMEOUT_S,
+                init_method=f"tcp://{HOST}:{args.port}", listen_address=HOST)
+            backend = rpc.BackendType.SWITCHBOARD
+        else:
+            options = rpc.TensorPipeRpcBackendOptions(
+                num_worker_threads=16, rpc_timeout=RPC_TIMEOUT_S,
+                init_method=f"tcp://{HOST}:{args.port}")
+            backend = rpc.BackendType.TENSORPIPE
+        rpc.init_rpc(role, backend=backend,
                      rank=0 if role == "server" else 1, world_size=2,
                      rpc_backend_options=options)
         results = measure_client(args, rpc, torch) if role == "client" else ""

@@ -1,0 +1,123 @@
+// The torch message codec (python/csrc/torch_message.h): what goes out comes
+// back the same, and bytes from the network that do not add up are refused
+// with a reason, never read out of bounds.
+#include <ATen/ATen.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "python/csrc/torch_message.h"
+
+using namespace switchboard;
+using Catch::Matchers::Contains;
+namespace trpc = torch::distributed::rpc;
+
+namespace {
+
+c10::intrusive_ptr<trpc::Message> sample() {
+  std::vector<char> payload = {'p', 'i', 'c', 'k', 'l', 'e'};
+  at::Tensor grad = at::ones({2, 3}, at::kFloat);
+  grad.set_requires_grad(true);
+  std::vector<at::Tensor> tensors = {
+      at::arange(12, at::kLong).reshape({3, 4}).t(),  // not contiguous
+      grad,
+      at::empty({0, 5}, at::kDouble),
+      at::scalar_tensor(2.5, at::kBFloat16),
+  };
+  return c10::make_intrusive<trpc::Message>(std::move(payload), std::move(tensors),
+                                            trpc::MessageType::PYTHON_CALL, 0);
+}
+
+// The header's bytes after the version, type and count (9 bytes).
+constexpr size_t kFirstTensor = 1 + 4 + 4;
+
+}  // namespace
+
+TEST_CASE("a torch message crosses the codec with its type, payload and tensors",
+          "[torch_rpc][codec]") {
+  const auto original = sample();
+  const rpc::Message wire = torch_rpc::encode(*original, rpc::MessageType::kRequest);
+  CHECK(wire.type == rpc::MessageType::kRequest);
+  REQUIRE(wire.tensors.size() == 4);
+  for (const Tensor& t : wire.tensors) CHECK(t.dtype() == DType::kUInt8);
+  const auto back = torch_rpc::decode(wire, 42);
+  CHECK(back->id() == 42);
+  CHECK(back->type() == trpc::MessageType::PYTHON_CALL);
+  CHECK(std::string(back->payload().begin(), back->payload().end()) == "pickle");
+  REQUIRE(back->tensors().size() == 4);
+  for (size_t i = 0; i < 4; ++i) {
+    const at::Tensor& a = original->tensors()[i];
+    const at::Tensor& b = back->tensors()[i];
+    CHECK(a.scalar_type() == b.scalar_type());
+    CHECK(a.sizes() == b.sizes());
+    CHECK(at::equal(a, b));
+    CHECK(a.requires_grad() == b.requires_grad());
+  }
+}
+
+TEST_CASE("bytes from the network that do not add up are refused with the reason",
+          "[torch_rpc][codec][hostile]") {
+  const rpc::Message good = torch_rpc::encode(*sample(), rpc::MessageType::kRequest);
+  auto refused = [](const rpc::Message& m, const std::string& why) {
+    CHECK_THROWS_WITH(torch_rpc::decode(m, 1), Contains(why));
+  };
+  SECTION("every truncation of the header") {
+    // The header of the first tensor ends after its sizes (2 dims).
+    for (size_t n = 0; n < kFirstTensor + 3 + 16; ++n) {
+      rpc::Message m = good;
+      m.payload.resize(n);
+      CHECK_THROWS_AS(torch_rpc::decode(m, 1), std::invalid_argument);
+    }
+  }
+  SECTION("another version") {
+    rpc::Message m = good;
+    m.payload[0] = 9;
+    refused(m, "codec version 9");
+  }
+  SECTION("a tensor count that is not what came") {
+    rpc::Message m = good;
+    m.tensors.pop_back();
+    refused(m, "names 4 tensors, 3 came");
+  }
+  SECTION("a dtype torch does not have") {
+    rpc::Message m = good;
+    m.payload[kFirstTensor] = 120;
+    refused(m, "dtype 120");
+  }
+  SECTION("unknown flags") {
+    rpc::Message m = good;
+    m.payload[kFirstTensor + 1] = 0x40;
+    refused(m, "unknown flags");
+  }
+  SECTION("too many dimensions") {
+    rpc::Message m = good;
+    m.payload[kFirstTensor + 2] = 65;
+    refused(m, "65 dimensions");
+  }
+  SECTION("sizes that ask for more bytes than came, overflow included") {
+    rpc::Message m = good;
+    const int64_t huge = std::numeric_limits<int64_t>::max();
+    std::memcpy(m.payload.data() + kFirstTensor + 3, &huge, sizeof huge);
+    refused(m, "bytes, but 96 came");
+    const int64_t negative = -1;
+    std::memcpy(m.payload.data() + kFirstTensor + 3, &negative, sizeof negative);
+    refused(m, "negative size");
+  }
+  SECTION("a tensor that is not flat bytes") {
+    rpc::Message m = good;
+    m.tensors[0] = Tensor::zeros({24}, DType::kFloat32);
+    refused(m, "96 bytes");
+  }
+}
+
+TEST_CASE("tensors Switchboard cannot carry are refused at encode, naming them",
+          "[torch_rpc][codec]") {
+  std::vector<at::Tensor> tensors = {at::ones({2}), at::ones({3, 3}).to_sparse()};
+  auto m = c10::make_intrusive<trpc::Message>(std::vector<char>{}, std::move(tensors),
+                                              trpc::MessageType::PYTHON_CALL, 0);
+  CHECK_THROWS_WITH(torch_rpc::encode(*m, rpc::MessageType::kRequest),
+                    Contains("tensor 1") && Contains("sparse"));
+}
