@@ -114,9 +114,21 @@ SwitchboardAgent::SwitchboardAgent(const c10::intrusive_ptr<c10d::Store>& store,
   });
   context_.on_join([this](const rpc::WorkerInfo& info) { remember(info); });
   context_.on_leave([this](const rpc::WorkerInfo& info) { forget(info.name); });
-  context_.init_rpc(config_.name, "PIPE", config_.rank,
-                    config_.world_size ? config_.world_size : std::optional<int>(rpc::kDynamicGroup),
-                    pipe_options(config_), std::make_shared<TorchStore>(store));
+  // torch's agents fail init with RuntimeError (and say "is not unique"
+  // of a name taken twice): so do we, keeping Switchboard's own words.
+  try {
+    context_.init_rpc(
+        config_.name, "PIPE", config_.rank,
+        config_.world_size ? config_.world_size : std::optional<int>(rpc::kDynamicGroup),
+        pipe_options(config_), std::make_shared<TorchStore>(store));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    if (what.find("must be unique") != std::string::npos) {
+      throw std::runtime_error(fmt::format(
+          "SWITCHBOARD agent \"{}\": the worker name is not unique: {}", config_.name, what));
+    }
+    throw std::runtime_error(fmt::format("SWITCHBOARD agent \"{}\": {}", config_.name, what));
+  }
   for (const rpc::WorkerInfo& info : context_.get_worker_infos()) remember(info);
 }
 

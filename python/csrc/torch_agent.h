@@ -17,15 +17,15 @@
 // join and leave while the others run; getWorkerInfos() follows them).
 //
 // Security: torch's payloads are pickles, so a peer that can send a
-// request can run code here. The constructor refuses (std::invalid_argument)
-// to listen on an address beyond loopback without the job secret, unless
+// request can run code here. The constructor refuses to listen on an address beyond loopback without the job secret, unless
 // the configuration says `insecure` (docs/torch_rpc.md, "Security").
 //
 // Errors: send() never throws; its future fails with a RuntimeError whose
 // text names the worker and what failed ("RPC ran for more than set
 // timeout (N ms)" for a timeout, as TensorPipe says it). The constructor
-// throws what init_rpc throws (a duplicate name, a rendezvous that timed
-// out, a bad option).
+// throws std::runtime_error (RuntimeError in Python, as torch's agents) with
+// init_rpc's reason: a name taken twice ("is not unique", TensorPipe's
+// words), a rendezvous that timed out, a bad option, the security rule.
 //
 // Thread safety: every member function is thread-safe; the GIL is never
 // taken by this class (torch's callback takes it where it runs Python).

@@ -47,6 +47,40 @@ class Reader {
   size_t at_ = 0;
 };
 
+// The elements a view with these sizes and (non-negative) strides spans,
+// from its first to its last; 0 when it has none. Overflow: max.
+uint64_t span_elements(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  uint64_t last = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return 0;
+    const auto reach = static_cast<unsigned __int128>(sizes[d] - 1) *
+                       static_cast<uint64_t>(strides[d]);
+    if (reach > std::numeric_limits<uint64_t>::max() - last)
+      return std::numeric_limits<uint64_t>::max();
+    last += static_cast<uint64_t>(reach);
+  }
+  return last == std::numeric_limits<uint64_t>::max() ? last : last + 1;
+}
+
+uint64_t span_bytes(const at::Tensor& t) {
+  return span_elements(t.sizes(), t.strides()) * t.element_size();
+}
+
+// What travels of `tensor`: itself, unless its span is 8 KiB or more and
+// at least twice its elements, then a compact copy (torch's own rule for
+// views of larger storages); detached (the bytes, not the autograd graph:
+// requires_grad travels as a flag).
+at::Tensor travelling(const at::Tensor& tensor) {
+  constexpr uint64_t kMinRecopyBytes = 8 * 1024;
+  at::Tensor t = tensor.detach();
+  const uint64_t useful = static_cast<uint64_t>(t.numel()) * t.element_size();
+  const uint64_t span = span_bytes(t);
+  if (!t.is_contiguous() && span >= kMinRecopyBytes && span >= 2 * useful) {
+    t = t.contiguous();
+  }
+  return t;
+}
+
 Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
   if (tensor.is_sparse() || tensor.is_quantized() || tensor.is_mkldnn()) {
     throw std::invalid_argument(fmt::format(
@@ -64,16 +98,17 @@ Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
   }
   // The bytes stay the torch tensor's: its storage lives as long as the
   // Switchboard tensor over it.
-  // detach(): the bytes, not the autograd graph (requires_grad travels as a
-  // flag).
-  auto held = std::make_shared<at::Tensor>(tensor.detach().contiguous());
-  const auto nbytes = static_cast<int64_t>(held->nbytes());
+  // The bytes the view spans, from its first element, strides kept (as
+  // torch's own pickle keeps them); a view that spans much more than its
+  // elements (a column of a large matrix) goes as a compact copy.
+  auto held = std::make_shared<at::Tensor>(tensor);
+  const auto nbytes = static_cast<int64_t>(span_bytes(*held));
   void* data = nbytes == 0 ? nullptr : held->data_ptr();
   return Tensor::from_blob(data, {nbytes}, DType::kUInt8, device, std::move(held));
 }
 
 at::Tensor to_torch(const Tensor& tensor, c10::ScalarType dtype,
-                    const std::vector<int64_t>& sizes) {
+                    const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
   const c10::Device device = tensor.device().is_cuda()
                                  ? c10::Device(c10::DeviceType::CUDA,
                                                static_cast<c10::DeviceIndex>(tensor.device().index))
@@ -82,7 +117,8 @@ at::Tensor to_torch(const Tensor& tensor, c10::ScalarType dtype,
   if (tensor.nbytes() == 0) return at::empty(sizes, options);
   // Holds the received bytes for as long as torch's tensor lives.
   return at::from_blob(
-      tensor.data(), sizes, [held = tensor](void*) mutable { held = Tensor(); }, options);
+      tensor.data(), sizes, strides, [held = tensor](void*) mutable { held = Tensor(); },
+      options);
 }
 
 }  // namespace
@@ -102,15 +138,19 @@ rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
   put<uint32_t>(out.payload, static_cast<uint32_t>(tensors.size()));
   out.tensors.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const at::Tensor& t = tensors[i];
+    if (tensors[i].is_sparse() || tensors[i].is_quantized() || tensors[i].is_mkldnn()) {
+      out.tensors.push_back(to_switchboard(tensors[i], i));  // throws, naming it
+    }
+    const at::Tensor t = travelling(tensors[i]);
     if (t.dim() > kMaxDims) {
       throw std::invalid_argument(fmt::format(
           "torch message: tensor {} has {} dimensions, more than {}", i, t.dim(), kMaxDims));
     }
     put<int8_t>(out.payload, static_cast<int8_t>(t.scalar_type()));
-    put<uint8_t>(out.payload, t.requires_grad() ? kRequiresGrad : 0);
+    put<uint8_t>(out.payload, tensors[i].requires_grad() ? kRequiresGrad : 0);
     put<uint8_t>(out.payload, static_cast<uint8_t>(t.dim()));
     for (int64_t size : t.sizes()) put<int64_t>(out.payload, size);
+    for (int64_t stride : t.strides()) put<int64_t>(out.payload, stride);
     out.tensors.push_back(to_switchboard(t, i));
   }
   out.payload.insert(out.payload.end(), payload.begin(), payload.end());
@@ -151,32 +191,37 @@ c10::intrusive_ptr<trpc::Message> decode(const rpc::Message& m, int64_t id) {
       throw std::invalid_argument(fmt::format(
           "torch message: tensor {} has {} dimensions, more than {}", i, ndim, kMaxDims));
     }
-    std::vector<int64_t> sizes(ndim);
-    // The element count, checked against the bytes that came: no overflow.
-    uint64_t bytes = c10::elementSize(dtype);
-    bool zero = false;
+    std::vector<int64_t> sizes(ndim), strides(ndim);
     for (auto& size : sizes) {
       size = in.take<int64_t>("sizes");
       if (size < 0) {
         throw std::invalid_argument(
             fmt::format("torch message: tensor {} has a negative size {}", i, size));
       }
-      if (size == 0) zero = true;
-      if (!zero && bytes > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(size))
-        bytes = std::numeric_limits<uint64_t>::max();
-      else if (!zero)
-        bytes *= static_cast<uint64_t>(size);
     }
-    if (zero) bytes = 0;
+    for (auto& stride : strides) {
+      stride = in.take<int64_t>("strides");
+      if (stride < 0) {
+        throw std::invalid_argument(
+            fmt::format("torch message: tensor {} has a negative stride {}", i, stride));
+      }
+    }
+    // The bytes the view spans, checked against the bytes that came: no
+    // overflow (max stands for "more than any message").
+    const uint64_t elements = span_elements(sizes, strides);
+    const uint64_t bytes = elements > std::numeric_limits<uint64_t>::max() / 16
+                               ? std::numeric_limits<uint64_t>::max()
+                               : elements * c10::elementSize(dtype);
     const Tensor& t = m.tensors[i];
     if (!t.defined() || t.dtype() != DType::kUInt8 || t.dim() != 1 ||
         static_cast<uint64_t>(t.nbytes()) != bytes || !t.is_contiguous()) {
       throw std::invalid_argument(fmt::format(
-          "torch message: tensor {} is {} of shape [{}]: {} bytes, but {} came ({})", i,
-          c10::toString(dtype), fmt::join(sizes, ", "), bytes, t.defined() ? t.nbytes() : 0,
-          t.describe()));
+          "torch message: tensor {} is {} of shape [{}] and strides [{}]: {} bytes, but {} "
+          "came ({})",
+          i, c10::toString(dtype), fmt::join(sizes, ", "), fmt::join(strides, ", "), bytes,
+          t.defined() ? t.nbytes() : 0, t.describe()));
     }
-    tensors.push_back(to_torch(t, dtype, sizes));
+    tensors.push_back(to_torch(t, dtype, sizes, strides));
     // What torch's own pickle of the tensor list keeps: distributed autograd
     // attaches its RecvRpcBackward to the received tensors that need grad.
     if ((flags & kRequiresGrad) != 0) tensors.back().set_requires_grad(true);

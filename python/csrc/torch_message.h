@@ -7,13 +7,16 @@
 //   i32 torch's MessageType
 //   u32 tensor count n (equal to the Switchboard message's tensor count)
 //   n times: i8 the tensor's c10::ScalarType, u8 flags (kRequiresGrad),
-//            u8 ndim (at most 64), i64 sizes[ndim] (the tensor is contiguous)
+//            u8 ndim (at most 64), i64 sizes[ndim], i64 strides[ndim]
 //   torch's payload, to the end
 // Each tensor travels as a flat uint8 Switchboard tensor over the torch
-// tensor's own bytes (no copy for a contiguous CPU or CUDA tensor; others
-// are made contiguous first), and comes back as a torch tensor over the
-// received bytes (no copy): any dtype torch has crosses, and PIPE moves
-// the bytes (the same-host lane, device maps and CUDA channels included).
+// tensor's own bytes, from its first element to its last (no copy; a view
+// that spans 8 KiB or more and at least twice its elements goes as a
+// compact copy, as torch's own rule does), and
+// comes back as a torch tensor over the received bytes with the same sizes
+// and strides (no copy): any dtype torch has crosses, layouts are kept as
+// torch's own pickle keeps them, and PIPE moves the bytes (the same-host
+// lane, device maps and CUDA channels included).
 //
 // Errors: encode() throws std::invalid_argument for a tensor Switchboard
 // cannot carry (a sparse or quantized one, a device other than CPU and

@@ -53,6 +53,7 @@ TEST_CASE("a torch message crosses the codec with its type, payload and tensors"
     const at::Tensor& b = back->tensors()[i];
     CHECK(a.scalar_type() == b.scalar_type());
     CHECK(a.sizes() == b.sizes());
+    CHECK(a.strides() == b.strides());  // the transposed one stays transposed
     CHECK(at::equal(a, b));
     CHECK(a.requires_grad() == b.requires_grad());
   }
@@ -65,8 +66,9 @@ TEST_CASE("bytes from the network that do not add up are refused with the reason
     CHECK_THROWS_WITH(torch_rpc::decode(m, 1), Contains(why));
   };
   SECTION("every truncation of the header") {
-    // The header of the first tensor ends after its sizes (2 dims).
-    for (size_t n = 0; n < kFirstTensor + 3 + 16; ++n) {
+    // The header of the first tensor ends after its sizes and strides (2
+    // dims each).
+    for (size_t n = 0; n < kFirstTensor + 3 + 32; ++n) {
       rpc::Message m = good;
       m.payload.resize(n);
       CHECK_THROWS_AS(torch_rpc::decode(m, 1), std::invalid_argument);
@@ -106,11 +108,37 @@ TEST_CASE("bytes from the network that do not add up are refused with the reason
     std::memcpy(m.payload.data() + kFirstTensor + 3, &negative, sizeof negative);
     refused(m, "negative size");
   }
+  SECTION("strides that reach past the bytes that came, or back") {
+    rpc::Message m = good;
+    const int64_t far = int64_t{1} << 40;
+    std::memcpy(m.payload.data() + kFirstTensor + 3 + 16, &far, sizeof far);
+    refused(m, "bytes, but 96 came");
+    const int64_t negative = -4;
+    std::memcpy(m.payload.data() + kFirstTensor + 3 + 16, &negative, sizeof negative);
+    refused(m, "negative stride");
+  }
   SECTION("a tensor that is not flat bytes") {
     rpc::Message m = good;
     m.tensors[0] = Tensor::zeros({24}, DType::kFloat32);
     refused(m, "96 bytes");
   }
+}
+
+TEST_CASE("a view that spans much more than its elements goes as a compact copy",
+          "[torch_rpc][codec]") {
+  const at::Tensor big = at::arange(10000, at::kFloat).reshape({100, 100});
+  const at::Tensor column = big.select(1, 7);  // stride 100: 100 elements over 9901
+  const at::Tensor expanded = at::ones({1}).expand({50});  // stride 0: all one element
+  auto m = c10::make_intrusive<trpc::Message>(std::vector<char>{},
+                                              std::vector<at::Tensor>{column, expanded},
+                                              trpc::MessageType::PYTHON_CALL, 0);
+  const rpc::Message wire = torch_rpc::encode(*m, rpc::MessageType::kRequest);
+  CHECK(wire.tensors[0].nbytes() == 100 * sizeof(float));
+  CHECK(wire.tensors[1].nbytes() == sizeof(float));
+  const auto back = torch_rpc::decode(wire, 0);
+  CHECK(at::equal(back->tensors()[0], column));
+  CHECK(at::equal(back->tensors()[1], expanded));
+  CHECK(back->tensors()[1].stride(0) == 0);
 }
 
 TEST_CASE("tensors Switchboard cannot carry are refused at encode, naming them",
