@@ -229,7 +229,10 @@ c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
     ++client_active_;
     reply.add_callback([this, future, name = to.name_, timeout](
                            const rpc::Future<rpc::Message>& r) {
-      --client_active_;
+      if (--client_active_ == 0) {
+        MutexLock lock(calls_mu_);
+        calls_done_.notify_all();
+      }
       if (std::exception_ptr error = r.error()) {
         future->setError(
             std::make_exception_ptr(std::runtime_error(failure_text(error, name, timeout))));
@@ -271,7 +274,10 @@ void SwitchboardAgent::join(bool shutdown, float timeout) {
   TORCH_CHECK(is_static_group(), "SWITCHBOARD agent \"", config_.name,
               "\": join(shutdown=False) needs a static group");
   // This worker's calls first, then every worker's arrival.
-  while (client_active_.load() > 0) std::this_thread::sleep_for(Milliseconds(1));
+  {
+    MutexLock lock(calls_mu_);
+    calls_done_.wait(calls_mu_, [&] { return client_active_.load() == 0; });
+  }
   TorchStore store(store_);
   const std::string key =
       fmt::format("switchboard/torch_rpc/join/{}", join_rounds_.fetch_add(1));

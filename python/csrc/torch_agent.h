@@ -119,7 +119,10 @@ class SwitchboardAgent final : public torch::distributed::rpc::RpcAgent {
   const c10::intrusive_ptr<c10d::Store> store_;
   rpc::RpcContext context_;
   rpc::Promise<void> started_;
+  // Calls this worker made that have not completed (join() waits for none).
   std::atomic<int64_t> client_active_{0};
+  Mutex calls_mu_;
+  CondVar calls_done_;
   std::atomic<int64_t> server_active_{0};
   std::atomic<int64_t> join_rounds_{0};
   std::atomic<bool> stopped_{false};
