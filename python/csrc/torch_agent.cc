@@ -183,21 +183,24 @@ rpc::Future<rpc::Message> SwitchboardAgent::serve(const rpc::Message& request) {
   if (!started_.get_future().done()) {
     // Before start(): the request waits for it (RpcAgent's contract).
     return started_.get_future().then(
-        [this, request](const rpc::Future<void>&) { return serve(request); });
+        [this, request](const rpc::Future<void>& started) {
+          if (std::exception_ptr error = started.error()) std::rethrow_exception(error);
+          return serve(request);
+        });
   }
   const int64_t id = static_cast<int64_t>(request.id);
   c10::intrusive_ptr<trpc::Message> message = decode(request, id);
-  ++server_active_;
+  ++activity_->server;
   rpc::Promise<rpc::Message> reply;
   c10::intrusive_ptr<trpc::JitFuture> done;
   try {
     done = (*cb_)(*message, {});
   } catch (...) {
-    --server_active_;
+    --activity_->server;
     throw;
   }
-  done->addCallback([this, reply, id](trpc::JitFuture& future) {
-    --server_active_;
+  done->addCallback([activity = activity_, reply, id](trpc::JitFuture& future) {
+    --activity->server;
     try {
       c10::intrusive_ptr<trpc::Message> response =
           future.hasError()
@@ -226,13 +229,10 @@ c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
     rpc::Message request = encode(*message, rpc::MessageType::kRequest);
     request.function = kTorchFunction;
     rpc::Future<rpc::Message> reply = context_.send(to.name_, std::move(request), timeout);
-    ++client_active_;
-    reply.add_callback([this, future, name = to.name_, timeout](
+    ++activity_->client;
+    reply.add_callback([activity = activity_, future, name = to.name_, timeout](
                            const rpc::Future<rpc::Message>& r) {
-      if (--client_active_ == 0) {
-        MutexLock lock(calls_mu_);
-        calls_done_.notify_all();
-      }
+      activity->call_ended();
       if (std::exception_ptr error = r.error()) {
         future->setError(
             std::make_exception_ptr(std::runtime_error(failure_text(error, name, timeout))));
@@ -275,8 +275,9 @@ void SwitchboardAgent::join(bool shutdown, float timeout) {
               "\": join(shutdown=False) needs a static group");
   // This worker's calls first, then every worker's arrival.
   {
-    MutexLock lock(calls_mu_);
-    calls_done_.wait(calls_mu_, [&] { return client_active_.load() == 0; });
+    Activity& a = *activity_;
+    MutexLock lock(a.mu);
+    a.calls_done.wait(a.mu, [&] { return a.client.load() == 0; });
   }
   TorchStore store(store_);
   const std::string key =
@@ -299,10 +300,10 @@ void SwitchboardAgent::addGilWaitTime(std::chrono::microseconds wait) {
 
 std::unordered_map<std::string, std::string> SwitchboardAgent::getMetrics() {
   std::unordered_map<std::string, std::string> metrics;
-  metrics["agent.num_pending_requests"] = std::to_string(server_active_.load());
+  metrics["agent.num_pending_requests"] = std::to_string(activity_->server.load());
   metrics["agent.thread_pool_size"] = std::to_string(config_.num_worker_threads);
-  metrics["agent.client_active_calls"] = std::to_string(client_active_.load());
-  metrics["agent.server_active_calls"] = std::to_string(server_active_.load());
+  metrics["agent.client_active_calls"] = std::to_string(activity_->client.load());
+  metrics["agent.server_active_calls"] = std::to_string(activity_->server.load());
   metrics["agent.server_active_async_calls"] = "0";
   if (isGILProfilingEnabled()) {
     MutexLock lock(mu_);

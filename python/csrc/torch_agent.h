@@ -117,13 +117,27 @@ class SwitchboardAgent final : public torch::distributed::rpc::RpcAgent {
 
   const AgentConfig config_;
   const c10::intrusive_ptr<c10d::Store> store_;
-  rpc::RpcContext context_;
+  // Set by start(); declared before context_, so that it outlives it.
   rpc::Promise<void> started_;
-  // Calls this worker made that have not completed (join() waits for none).
-  std::atomic<int64_t> client_active_{0};
-  Mutex calls_mu_;
-  CondVar calls_done_;
-  std::atomic<int64_t> server_active_{0};
+  rpc::RpcContext context_;
+  // What the callbacks of calls and requests count; shared with them, so
+  // that one that runs after the agent is gone (a handler past shutdown's
+  // bound) touches live memory.
+  struct Activity {
+    // Calls this worker made that have not completed (join() waits for
+    // none), and requests it serves.
+    std::atomic<int64_t> client{0};
+    std::atomic<int64_t> server{0};
+    Mutex mu;
+    CondVar calls_done;
+    void call_ended() {
+      if (--client == 0) {
+        MutexLock lock(mu);
+        calls_done.notify_all();
+      }
+    }
+  };
+  const std::shared_ptr<Activity> activity_ = std::make_shared<Activity>();
   std::atomic<int64_t> join_rounds_{0};
   std::atomic<bool> stopped_{false};
 
