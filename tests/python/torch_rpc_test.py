@@ -154,6 +154,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _tls_worker(rank, world, init, cert_dir):
+    name = f"w{rank}"
+    rpc.init_rpc(name, rank=rank, world_size=world, backend=rpc.BackendType.SWITCHBOARD,
+                 rpc_backend_options=_options(
+                     init, tls_cert_file=os.path.join(cert_dir, name + ".pem"),
+                     tls_key_file=os.path.join(cert_dir, name + ".key"),
+                     tls_ca_file=os.path.join(cert_dir, "ca.pem")))
+    other = f"w{(rank + 1) % world}"
+    t = torch.arange(1 << 18, dtype=torch.float32)  # 1 MiB through TLS
+    assert torch.equal(rpc.rpc_sync(other, echo, args=(t,)), t)
+    rpc.shutdown()
+
+
 def _spawn(fn, *args, world=2):
     with tempfile.TemporaryDirectory() as tmp:
         init = "file://" + os.path.join(tmp, "rendezvous")
@@ -190,6 +203,16 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
             with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
                 f.write(os.urandom(32))
             _spawn(_secret_worker, path)
+
+    def test_workers_with_tls_files_talk_inside_mutual_tls(self):
+        certs = os.path.join(os.getcwd(), "tools/certs/certs")
+        if not os.access(certs, os.X_OK):
+            self.skipTest(f"no {certs} (run under bazel test)")
+        with tempfile.TemporaryDirectory() as tmp:
+            import subprocess
+            subprocess.run([certs, "--dir", tmp, "w0", "w1"], check=True,
+                           stdout=subprocess.DEVNULL)
+            _spawn(_tls_worker, tmp)
 
     def test_listening_beyond_loopback_without_a_secret_is_refused(self):
         with tempfile.TemporaryDirectory() as tmp:
