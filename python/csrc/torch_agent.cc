@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <torch/csrc/distributed/rpc/message.h>
+#include <torch/csrc/distributed/rpc/utils.h>
 
 #include <stdexcept>
 #include <utility>
@@ -88,10 +89,14 @@ std::string failure_text(std::exception_ptr error, const std::string& to, Millis
   try {
     std::rethrow_exception(error);
   } catch (const TimeoutError& e) {
-    return fmt::format(
-        "RPC ran for more than set timeout ({} ms) and will now be marked with an error "
-        "(to \"{}\": {})",
-        timeout.count(), to, e.what());
+    // In torch's form for a timeout (makeRPCError: "RPCErr:1:..."), which
+    // its RRef code reads: a remote() that timed out marks its RRef timed
+    // out instead of throwing from the future's callback.
+    return trpc::makeRPCError(
+        fmt::format("RPC ran for more than set timeout ({} ms) and will now be marked with an "
+                    "error (to \"{}\": {})",
+                    timeout.count(), to, e.what()),
+        trpc::RPCErrorType::TIMEOUT);
   } catch (const std::exception& e) {
     return fmt::format("RPC to \"{}\" failed: {}", to, e.what());
   } catch (...) {
@@ -156,14 +161,16 @@ void SwitchboardAgent::forget(const std::string& name) {
 const trpc::WorkerInfo& SwitchboardAgent::getWorkerInfo(const std::string& name) const {
   MutexLock lock(mu_);
   auto it = infos_.find(name);
-  TORCH_CHECK(it != infos_.end(), "Unknown destination worker ", name);
+  TORCH_CHECK(it != infos_.end(), "SWITCHBOARD agent \"", config_.name,
+              "\" could not find destination worker \"", name, "\" in its group");
   return it->second;
 }
 
 const trpc::WorkerInfo& SwitchboardAgent::getWorkerInfo(trpc::worker_id_t id) const {
   MutexLock lock(mu_);
   auto it = names_by_id_.find(id);
-  TORCH_CHECK(it != names_by_id_.end(), "Unknown destination worker ", id);
+  TORCH_CHECK(it != names_by_id_.end(), "SWITCHBOARD agent \"", config_.name,
+              "\" could not find destination worker id ", id, " in its group");
   return infos_.at(it->second);
 }
 

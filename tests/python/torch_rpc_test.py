@@ -81,6 +81,11 @@ def _calls_worker(rank, world, init):
         assert torch.equal(sent, got), (sent, got)
     assert [w.name for w in rpc.api._get_current_rpc_agent().get_worker_infos()] == [
         f"w{i}" for i in range(world)]
+    try:
+        rpc.get_worker_info("nobody")
+        raise AssertionError("an unknown worker was found")
+    except RuntimeError as e:
+        assert "could not find destination" in str(e), str(e)  # TensorPipe's words
     rpc.shutdown()
 
 
@@ -93,6 +98,21 @@ def _timeout_worker(rank, world, init):
             raise AssertionError("no timeout")
         except RuntimeError as e:
             assert "RPC ran for more than set timeout" in str(e), str(e)
+        # A remote() that times out marks its RRef timed out (torch reads the
+        # error's form): its future fails, to_here() says so, nothing hangs.
+        rref = rpc.remote("w1", slow, args=(3,), timeout=0.5)
+        future = rref._get_future()
+        _wait_until(future.done, "the timed-out remote()'s future to complete", 30)
+        try:
+            future.wait()
+            raise AssertionError("no timeout")
+        except RuntimeError as e:
+            assert "RPC ran for more than set timeout" in str(e), str(e)
+        try:
+            rref.to_here()
+            raise AssertionError("to_here() of a timed-out RRef returned")
+        except RuntimeError as e:
+            assert "RRef creation" in str(e), str(e)
         # The worker is fine afterwards.
         assert rpc.rpc_sync("w1", square, args=(torch.tensor(3.0),)).item() == 9.0
     rpc.shutdown()
@@ -194,7 +214,7 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
     def test_calls_rrefs_errors_and_every_dtype_between_two_workers(self):
         _spawn(_calls_worker)
 
-    def test_a_timeout_fails_the_call_with_tensorpipes_words_and_the_worker_goes_on(self):
+    def test_a_timeout_fails_the_call_and_remote_with_tensorpipes_words_and_the_worker_goes_on(self):
         _spawn(_timeout_worker)
 
     def test_workers_with_the_job_secret_talk(self):
