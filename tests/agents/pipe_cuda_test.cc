@@ -406,12 +406,15 @@ TEST_CASE(
   // Received request and reply each land padded: no small copy onto a
   // device but the test's own (pattern_on, the handler's result).
   CHECK(fake_small_h2d - small_before == 2 * 5);
-  // The padded buffers are pinned once each side and reused.
+  // The padded buffers are pinned once and reused: a few more may be pinned
+  // when a call's buffer is not yet back in the cache as the next call
+  // needs one (its release is asynchronous), but not one per call (without
+  // the cache's small pinned buffers, 2 or more per call: 64 and up).
   const int64_t pins_after_first = fake_pins;
   CHECK(pins_after_first - pins_before <= 8);
-  for (int k = 0; k < 8; ++k)
+  for (int k = 0; k < 32; ++k)
     (void)pair[0].rpc_sync<Tensor>("w1", "scale", pattern_on(100, 0, Device::cuda(0)), 1.0);
-  CHECK(fake_pins == pins_after_first);
+  CHECK(fake_pins - pins_after_first <= 8);
 }
 
 TEST_CASE("staged CUDA tensors go through pinned buffers, pinned once and reused",
