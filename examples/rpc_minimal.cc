@@ -18,8 +18,7 @@ namespace rpc = switchboard::rpc;
 using switchboard::DType;
 using switchboard::Tensor;
 
-int main() {
-  switchboard::init_logging("rpc_minimal");
+int run() {
   const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
   const int world_size =
       std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
@@ -50,4 +49,16 @@ int main() {
   fmt::print("worker{}: add on {} gave {}, scale gave {}\n", rank, next, sum, first);
   rpc::shutdown();  // waits until every worker is done
   return 0;
+}
+
+int main() {
+  switchboard::init_logging("rpc_minimal");
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    // Every failure (a store that cannot be reached, a peer that died, a
+    // timeout) says what failed, and the exit status says it failed.
+    fmt::print(stderr, "rpc_minimal: {}\n", e.what());
+    return 1;
+  }
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <limits>
 #include <cstdlib>
 #include <string_view>
 
@@ -10,6 +11,7 @@
 #include "common/check.h"
 #include "common/listen_address.h"
 #include "store/file_store.h"
+#include "store/prefix_store.h"
 #include "store/tcp_store.h"
 
 namespace switchboard::rpc {
@@ -60,10 +62,37 @@ HostPort parse_host_port(std::string_view what, std::string_view text) {
   return {host, static_cast<uint16_t>(port)};
 }
 
+// Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the elastic agent
+// already hosts the store at MASTER_ADDR:MASTER_PORT: every worker, rank 0
+// included, is its client, under the attempt's prefix
+// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", as torch's own env:// and
+// tcp:// rendezvous do, so that a restarted group never reads the failed
+// attempt's keys. The agent's store is torch's: no job secret is proven to
+// it (PIPE's hellos still prove it).
+bool use_agent_store() {
+  const std::optional<std::string> value = env("TORCHELASTIC_USE_AGENT_STORE");
+  return value && *value == "True";
+}
+
+std::shared_ptr<Store> agent_store(const HostPort& at, std::optional<int> world_size,
+                                   std::chrono::milliseconds timeout) {
+  const std::string attempt = env("TORCHELASTIC_RESTART_COUNT").value_or("0");
+  parse_int("environment variable TORCHELASTIC_RESTART_COUNT", attempt, 0,
+            std::numeric_limits<int>::max());
+  TcpStoreOptions options;
+  options.is_master = false;
+  options.world_size = world_size;
+  options.wait_for_workers = false;
+  options.timeout = timeout;
+  return std::make_shared<PrefixStore>(
+      "/worker/attempt_" + attempt, std::make_shared<TcpStore>(at.host, at.port, options));
+}
+
 // `where` names the setting that gave `at` (e.g. "MASTER_ADDR").
 std::shared_ptr<Store> tcp_store(const HostPort& at, std::string_view where, int rank,
                                  std::optional<int> world_size,
                                  std::chrono::milliseconds timeout) {
+  if (use_agent_store() && !env("SWITCHBOARD_STORE")) return agent_store(at, world_size, timeout);
   TcpStoreOptions options;
   options.is_master = rank == 0 && world_size.has_value() && !env("SWITCHBOARD_STORE");
   // Rank 0 hosts the store at the address it was given: that address must

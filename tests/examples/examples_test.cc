@@ -3,9 +3,12 @@
 // launcher. Their output is what the README shows.
 #include <fmt/format.h>
 
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "store/tcp_store_server.h"
 #include "tests/util/subprocess.h"
 
 using sbtest::Subprocess;
@@ -31,4 +34,20 @@ TEST_CASE("the minimal RPC example runs as two workers under the launcher",
   CHECK(launch.wait() == 0);
   CHECK_THAT(out, Catch::Contains("[rank 0] worker0: add on worker1 gave 40, scale gave 2.5"));
   CHECK_THAT(out, Catch::Contains("[rank 1] worker1: add on worker0 gave 41, scale gave 2.5"));
+}
+
+TEST_CASE("the minimal RPC example that cannot start says why and exits 1, without aborting",
+          "[examples]") {
+  // Rank 0 would host the store on a port another store holds (as under
+  // torchrun without its agent store): init_rpc throws.
+  switchboard::TcpStoreServer taken;
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(taken.port()).c_str(), 1);
+  Subprocess example({sbtest::runfile("examples/rpc_minimal")});
+  (void)example.read_all();
+  const int status = example.wait();
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
+  CHECK(status == 1);  // not 128 + SIGABRT ("terminate called ...")
 }

@@ -35,6 +35,7 @@ const char* const kVariables[] = {
     "RANK",         "WORLD_SIZE",           "SLURM_PROCID",
     "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "MASTER_ADDR",  "MASTER_PORT",          "SWITCHBOARD_STORE",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
 };
 
 // Saves every variable the tests touch, clears them, and restores them on
@@ -389,6 +390,50 @@ TEST_CASE("env:// with SWITCHBOARD_STORE: every rank is a client of the server",
   CHECK(explicit_args.rank == 2);
   CHECK(explicit_args.world_size == std::optional<int>(5));
   CHECK(to_string(explicit_args.store->get("zero")) == "0");
+}
+
+TEST_CASE(
+    "under torchrun's agent store every rank is a client of it, under the attempt's "
+    "prefix",
+    "[rendezvous][torchrun]") {
+  EnvGuard env;
+  TcpStoreServer agent;  // stands in for torchrun's elastic agent's store
+  REQUIRE(agent.port() != 0);
+  const std::string port = std::to_string(agent.port());
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", port);
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  env.set("TORCHELASTIC_RESTART_COUNT", "2");
+  env.set("WORLD_SIZE", "2");
+  TcpStore probe = client(agent.port());
+  for (const char* method : {"env://", "tcp://127.0.0.1:PORT"}) {
+    std::string init = method;
+    if (const auto at = init.find("PORT"); at != std::string::npos) init.replace(at, 4, port);
+    INFO(init);
+    // Rank 0 does not host (the port is taken by the agent): it connects.
+    rpc::Rendezvous zero = rpc::rendezvous(init, 0, 2, kTimeout);
+    CHECK(zero.world_size == std::optional<int>(2));
+    CHECK(zero.rank == 0);
+    zero.store->set("k", init);
+    CHECK(to_string(probe.get("/worker/attempt_2/k")) == init);
+    CHECK_FALSE(probe.check({"k"}));
+  }
+  // The next attempt reads nothing of this one.
+  env.set("TORCHELASTIC_RESTART_COUNT", "3");
+  rpc::Rendezvous next = rpc::rendezvous("env://", 1, std::nullopt, kTimeout);
+  CHECK_FALSE(next.store->check({"k"}));
+  // Anything but "True" leaves rank 0 hosting, as before.
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "False");
+  env.set("MASTER_PORT", "0");
+  rpc::Rendezvous host = rpc::rendezvous("env://", 0, std::nullopt, kTimeout);
+  REQUIRE(as_tcp(host) != nullptr);
+  CHECK(as_tcp(host)->server() != nullptr);
+  // A malformed restart count is refused, naming the variable.
+  env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  env.set("MASTER_PORT", port);
+  env.set("TORCHELASTIC_RESTART_COUNT", "x");
+  CHECK_THROWS_WITH(rpc::rendezvous("env://", 0, std::nullopt, kTimeout),
+                    Catch::Matchers::Contains("TORCHELASTIC_RESTART_COUNT"));
 }
 
 TEST_CASE("env:// without SWITCHBOARD_STORE: rank 0 hosts on MASTER_PORT",
