@@ -3,15 +3,38 @@
 // launcher. Their output is what the README shows.
 #include <fmt/format.h>
 
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "store/tcp_store_server.h"
 #include "tests/util/subprocess.h"
 
 using sbtest::Subprocess;
+
+namespace {
+
+// A port nobody listens on now (bound to 0 and closed): torchrun needs one
+// for its agent's store or c10d endpoint.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace
 
 TEST_CASE("the custom backend example serves a call over LOOPBACK and times one out",
           "[examples]") {
@@ -50,4 +73,34 @@ TEST_CASE("the minimal RPC example that cannot start says why and exits 1, witho
   const int status = example.wait();
   for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) ::unsetenv(name);
   CHECK(status == 1);  // not 128 + SIGABRT ("terminate called ...")
+}
+
+TEST_CASE("the minimal RPC example runs under torchrun, with the static and the c10d "
+          "rendezvous",
+          "[examples][torchrun]") {
+  if (::access("/usr/bin/python3", X_OK) != 0) {
+    WARN("skipped: no /usr/bin/python3 (torchrun is python3-torch's)");
+    std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's)\n");
+    return;
+  }
+  // Debian's torchrun (PyTorch 1.13 on Python 3.11) fails in its own
+  // argument parsing unless --redirects and --tee are given as 1 or 2.
+  const std::string port = std::to_string(free_port());
+  const std::vector<std::vector<std::string>> rendezvous = {
+      {"--master_addr", "127.0.0.1", "--master_port", port},
+      {"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + port}};
+  for (const auto& how : rendezvous) {
+    INFO(how[0]);
+    std::vector<std::string> argv = {"/usr/bin/python3", "-m",   "torch.distributed.run",
+                                     "--nnodes",         "1",    "--nproc_per_node",
+                                     "2",                "--redirects", "1",
+                                     "--tee",            "1"};
+    argv.insert(argv.end(), how.begin(), how.end());
+    argv.insert(argv.end(), {"--no_python", sbtest::runfile("examples/rpc_minimal")});
+    Subprocess torchrun(argv);
+    const std::string out = torchrun.read_all();
+    CHECK(torchrun.wait() == 0);
+    CHECK_THAT(out, Catch::Contains("[default0]:worker0: add on worker1 gave 40, scale gave 2.5"));
+    CHECK_THAT(out, Catch::Contains("[default1]:worker1: add on worker0 gave 41, scale gave 2.5"));
+  }
 }
