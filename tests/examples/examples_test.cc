@@ -34,6 +34,14 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// True (after printing why) where torchrun cannot run.
+bool skip_without_torchrun() {
+  if (::access("/usr/bin/python3", X_OK) == 0) return false;
+  WARN("skipped: no /usr/bin/python3 (torchrun is python3-torch's)");
+  std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's)\n");
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("the custom backend example serves a call over LOOPBACK and times one out",
@@ -78,11 +86,7 @@ TEST_CASE("the minimal RPC example that cannot start says why and exits 1, witho
 TEST_CASE("the minimal RPC example runs under torchrun, with the static and the c10d "
           "rendezvous",
           "[examples][torchrun]") {
-  if (::access("/usr/bin/python3", X_OK) != 0) {
-    WARN("skipped: no /usr/bin/python3 (torchrun is python3-torch's)");
-    std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's)\n");
-    return;
-  }
+  if (skip_without_torchrun()) return;
   // Debian's torchrun (PyTorch 1.13 on Python 3.11) fails in its own
   // argument parsing unless --redirects and --tee are given as 1 or 2.
   const std::string port = std::to_string(free_port());
@@ -108,11 +112,7 @@ TEST_CASE("the minimal RPC example runs under torchrun, with the static and the 
 TEST_CASE("under torchrun --max_restarts a worker SIGKILLed mid-job restarts the group, which "
           "meets in a fresh round and completes; without restarts the job fails",
           "[examples][torchrun][failure]") {
-  if (::access("/usr/bin/python3", X_OK) != 0) {
-    WARN("skipped: no /usr/bin/python3 (torchrun is python3-torch's)");
-    std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's)\n");
-    return;
-  }
+  if (skip_without_torchrun()) return;
   for (const char* restarts : {"1", "0"}) {
     INFO("--max_restarts " << restarts);
     Subprocess torchrun({"/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes", "1",
