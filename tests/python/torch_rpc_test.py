@@ -10,6 +10,7 @@ tools/test counts.
 import os
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -33,9 +34,14 @@ def square(x):
     return x * x
 
 
-def slow(seconds):
-    time.sleep(seconds)
-    return seconds
+# Set in each worker of the timeout case: held() returns once worker 0 lets
+# it (after its calls timed out), never by a clock.
+_release = None
+
+
+def held():
+    assert _release.wait(60), "never released"
+    return 0
 
 
 def fail(text):
@@ -89,20 +95,24 @@ def _calls_worker(rank, world, init):
     rpc.shutdown()
 
 
-def _timeout_worker(rank, world, init):
+def _timeout_worker(rank, world, init, release):
+    global _release
+    _release = release
     rpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
                  backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=_options(init))
     if rank == 0:
         try:
-            rpc.rpc_sync("w1", slow, args=(3,), timeout=0.5)
+            rpc.rpc_sync("w1", held, timeout=0.5)
             raise AssertionError("no timeout")
         except RuntimeError as e:
             assert "RPC ran for more than set timeout" in str(e), str(e)
         # A remote() that times out marks its RRef timed out (torch reads the
         # error's form): its future fails, to_here() says so, nothing hangs.
-        rref = rpc.remote("w1", slow, args=(3,), timeout=0.5)
+        rref = rpc.remote("w1", held, timeout=0.5)
         future = rref._get_future()
-        _wait_until(future.done, "the timed-out remote()'s future to complete", 30)
+        completed = threading.Event()
+        future.add_done_callback(lambda _: completed.set())
+        assert completed.wait(30), "the timed-out remote()'s future never completed"
         try:
             future.wait()
             raise AssertionError("no timeout")
@@ -113,6 +123,7 @@ def _timeout_worker(rank, world, init):
             raise AssertionError("to_here() of a timed-out RRef returned")
         except RuntimeError as e:
             assert "RRef creation" in str(e), str(e)
+        release.set()  # w1's two held calls end
         # The worker is fine afterwards.
         assert rpc.rpc_sync("w1", square, args=(torch.tensor(3.0),)).item() == 9.0
     rpc.shutdown()
@@ -215,7 +226,7 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
         _spawn(_calls_worker)
 
     def test_a_timeout_fails_the_call_and_remote_with_tensorpipes_words_and_the_worker_goes_on(self):
-        _spawn(_timeout_worker)
+        _spawn(_timeout_worker, mp.get_context("spawn").Event())
 
     def test_workers_with_the_job_secret_talk(self):
         with tempfile.TemporaryDirectory() as tmp:
