@@ -81,13 +81,18 @@ at::Tensor travelling(const at::Tensor& tensor) {
   return t;
 }
 
-Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
+// Throws std::invalid_argument, naming tensor `index`, for a layout that
+// has no flat bytes to send.
+void require_strided(const at::Tensor& tensor, size_t index) {
   if (tensor.is_sparse() || tensor.is_quantized() || tensor.is_mkldnn()) {
     throw std::invalid_argument(fmt::format(
         "torch message: tensor {} ({}) has a layout Switchboard does not carry (sparse, "
         "quantized and MKL-DNN tensors are not supported)",
         index, tensor.toString()));
   }
+}
+
+Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
   Device device;
   if (tensor.device().is_cuda()) {
     device = Device::cuda(tensor.device().index());
@@ -138,9 +143,7 @@ rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
   put<uint32_t>(out.payload, static_cast<uint32_t>(tensors.size()));
   out.tensors.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].is_sparse() || tensors[i].is_quantized() || tensors[i].is_mkldnn()) {
-      out.tensors.push_back(to_switchboard(tensors[i], i));  // throws, naming it
-    }
+    require_strided(tensors[i], i);
     const at::Tensor t = travelling(tensors[i]);
     if (t.dim() > kMaxDims) {
       throw std::invalid_argument(fmt::format(
