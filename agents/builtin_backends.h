@@ -50,7 +50,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            membership token: how long the others wait
 //                            for a joiner or leaver that holds it and stops
 //                            renewing (default 10000; see
-//                            rpc/membership_token.h)
+//                            rendezvous/membership_token.h)
 //   "max_requests_per_peer"  integer >= 0 (0: no limit; default 1024)
 //   "max_dynamic_ranks"      integer >= 1: a dynamic group's ranks are in
 //                            [0, it) (default 1024)

@@ -17,7 +17,8 @@
 #include "common/error.h"
 #include "common/listen_address.h"
 #include "core/remote_error.h"
-#include "rpc/quiet_group.h"
+#include "rendezvous/quiet_group.h"
+#include "rendezvous/rounds.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -634,7 +635,7 @@ PipeAgent::PipeAgent(std::shared_ptr<Store> store, std::string name, int rank,
              "PIPE agent \"{}\": membership_lease must be positive", name);
   SB_REQUIRE(options.heartbeat_interval.count() > 0,
              "PIPE agent \"{}\": heartbeat_interval must be positive", name);
-  auto prefixed = std::make_shared<PrefixStore>("pipe", std::move(store));
+  auto prefixed = rendezvous::agent_store("pipe", std::move(store));
   impl_ = std::make_shared<Impl>(*this, prefixed, std::move(name), rank, world_size,
                                  options);
   try {
@@ -734,16 +735,17 @@ void PipeAgent::join(Timeout timeout) {
     return;
   }
   // Every join of the group gets its own keys: all workers join as often.
-  rpc::QuietGroup group;
-  group.calls = &s.calls;
+  rpc::QuietCalls local(s.calls);
+  rendezvous::QuietGroup group;
+  group.calls = &local;
   group.store = s.store.get();
-  group.prefix = fmt::format("join/{}/", s.join_generation++);
+  group.prefix = rendezvous::quiet_rounds("", s.join_generation++);
   group.rank = s.rank;
   for (int r = 0; r < s.capacity; ++r) group.names.push_back(s.peers.name_of(r));
   group.gone = [&s](int r) { return s.peers.gone(r); };
   group.timeout = timeout;
   group.who = fmt::format("join on rpc worker \"{}\"", s.name);
-  rpc::wait_for_quiet_group(group);
+  rendezvous::wait_for_quiet_group(group);
 }
 
 void PipeAgent::shutdown() {

@@ -56,7 +56,7 @@ class PipeAgent final : public rpc::RpcAgent {
   std::vector<rpc::WorkerInfo> workers() const override;
   void set_membership_listener(rpc::MembershipListener listener) override;
 
-  // Static: waits until the whole group is quiet (rpc/quiet_group.h, over
+  // Static: waits until the whole group is quiet (rendezvous/quiet_group.h, over
   // the store). Dynamic: leaves the group (docs/pipe.md, "Dynamic groups").
   // TimeoutError after `timeout` (0: none; a minute for the dynamic token)
   // naming what was still in flight, or the workers missing or busy;

@@ -15,7 +15,8 @@
 
 #include "common/check.h"
 #include "common/error.h"
-#include "rpc/membership_token.h"
+#include "rendezvous/membership_token.h"
+#include "rendezvous/rounds.h"
 #include "store/store.h"
 
 namespace switchboard::agents {
@@ -25,13 +26,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Timeout = std::chrono::milliseconds;
 
-constexpr char kTokenKey[] = "dyn/token";
-constexpr char kGroupKey[] = "dyn/group";
-constexpr char kMembersKey[] = "dyn/members";
+using Keys = rendezvous::DynamicKeys;
+const std::string kTokenKey = Keys::token();
+const std::string kGroupKey = Keys::group();
+const std::string kMembersKey = Keys::members();
 
-std::string rank_key(int rank) { return fmt::format("dyn/rank/{}", rank); }
-std::string evicted_key(int rank) { return fmt::format("dyn/evicted/{}", rank); }
-std::string view_key(int rank) { return fmt::format("dyn/view/{}", rank); }
+std::string rank_key(int rank) { return Keys::rank(rank); }
+std::string evicted_key(int rank) { return Keys::evicted(rank); }
+std::string view_key(int rank) { return Keys::view(rank); }
 
 // The link views' freshness window: the heartbeat timeout (5 s when
 // heartbeats are off).
@@ -133,7 +135,7 @@ void Membership::join(const WorkerAnnouncement& mine) {
   auto left = [&] {
     return std::max(Timeout(1), std::chrono::duration_cast<Timeout>(deadline - Clock::now()));
   };
-  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(timeout);
 
   if (store_->check({kGroupKey})) {
@@ -339,7 +341,7 @@ void Membership::join(const WorkerAnnouncement& mine) {
 std::set<int> Membership::alive_among(const std::vector<int>& unreachable,
                                       const std::map<int, uint64_t>& first_views,
                                       Clock::time_point first_read, Clock::time_point deadline,
-                                      rpc::MembershipToken& token) {
+                                      rendezvous::MembershipToken& token) {
   // A member without a view (it never wrote one) is dead; one whose view
   // moves on is alive; one that is not judged by the deadline counts as
   // alive (the join must not take off a member it knows nothing of).
@@ -460,7 +462,7 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
   std::map<int, std::string> left;
   std::string holder;
   if (store_->check({kTokenKey})) {
-    holder = rpc::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
+    holder = rendezvous::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
   }
   for (const auto& [rank, gone] : departed) {
     if (gone.first == Gone::kLost) {
@@ -471,7 +473,7 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
   }
   if (left.empty() && suspects_.empty()) return;
 
-  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(step_timeout(), [this] { return stopping(); });
   std::vector<Member> members = read_members(*store_);
   const std::set<int> listed = ranks_of(members);
@@ -609,7 +611,7 @@ void Membership::reconcile() {
   if (!unlisted.empty()) {
     std::string holder;
     if (store_->check({kTokenKey})) {
-      holder = rpc::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
+      holder = rendezvous::MembershipToken::holder_of(to_string(store_->get(kTokenKey)));
     }
     const std::set<int> again = ranks_of(read_members(*store_));
     for (int r : unlisted) {
@@ -647,7 +649,7 @@ void Membership::become_evicted(const std::string& why) {
 }
 
 void Membership::restore() {
-  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(step_timeout(), [this] { return stopping(); });
   std::string group = group_id_;
   if (store_->check({kGroupKey})) group = to_string(store_->get(kGroupKey));
@@ -765,7 +767,7 @@ void Membership::leave(Timeout timeout) {
     calls_.drain(limit, fmt::format("leave on rpc worker \"{}\"", name_));
     return;
   }
-  rpc::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(limit);
   // From the goodbye on, the others fail new calls to this worker at once;
   // calls already in flight in either direction still complete.

@@ -7,7 +7,7 @@
 // leaves to the membership listener. Internal to //agents.
 //
 // Store keys, under the agent's "pipe/" prefix:
-//   dyn/token      the membership token (rpc/membership_token.h)
+//   dyn/token      the membership token (rendezvous/membership_token.h)
 //   dyn/group      the group's identity: a random id its first worker
 //                  wrote; every member remembers it
 //   dyn/members    the current members: encode_members() of (rank,
@@ -77,7 +77,7 @@
 namespace switchboard {
 class Store;
 }
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 class MembershipToken;
 }
 
@@ -171,7 +171,7 @@ class Membership {
                             const std::map<int, uint64_t>& first_views,
                             std::chrono::steady_clock::time_point first_read,
                             std::chrono::steady_clock::time_point deadline,
-                            rpc::MembershipToken& token);
+                            rendezvous::MembershipToken& token);
   void restore() SB_EXCLUDES(mu_);
   // This worker is off the list: drops every member, refuses newcomers.
   void become_evicted(const std::string& why) SB_EXCLUDES(mu_);

@@ -76,7 +76,7 @@ struct PipeSettings {
   // Dynamic groups: ranks are in [0, max_dynamic_ranks), and the
   // membership token is held on a lease of `membership_lease`: how long
   // the others wait, from their first look, for a holder that stops
-  // renewing it (rpc/membership_token.h).
+  // renewing it (rendezvous/membership_token.h).
   int max_dynamic_ranks = 1024;
   std::chrono::milliseconds membership_lease{10'000};
   // The job secret every connection must prove in its hello

@@ -22,7 +22,8 @@
 #include "common/error.h"
 #include "common/mutex.h"
 #include "rpc/call_table.h"
-#include "rpc/quiet_group.h"
+#include "rendezvous/quiet_group.h"
+#include "rendezvous/rounds.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -447,15 +448,16 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
       MutexLock lock(mu);
       generation = join_generation++;
     }
-    rpc::QuietGroup group;
-    group.calls = &calls;
+    rpc::QuietCalls local(calls);
+    rendezvous::QuietGroup group;
+    group.calls = &local;
     group.store = store.get();
-    group.prefix = fmt::format("{}{}/", wire::kJoinKey, generation);
+    group.prefix = rendezvous::quiet_rounds(wire::kScope, generation);
     group.rank = rank;
     for (const WorkerInfo& w : workers) group.names.push_back(w.name);
     group.timeout = timeout;
     group.who = fmt::format("join on rpc worker \"{}\"", name);
-    rpc::wait_for_quiet_group(group);
+    rendezvous::wait_for_quiet_group(group);
   }
 
   // ------------------------------------------------------------ shutdown

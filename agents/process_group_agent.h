@@ -80,7 +80,7 @@ class ProcessGroupAgent final : public rpc::RpcAgent {
   // Every worker, by rank.
   std::vector<rpc::WorkerInfo> workers() const override;
 
-  // Waits until the whole group is quiet (rpc/quiet_group.h: rounds over
+  // Waits until the whole group is quiet (rendezvous/quiet_group.h: rounds over
   // store keys "rpc/join/<generation>/<round>/<rank>"; every worker must
   // call join() equally often). TimeoutError after `timeout` (0: none),
   // naming the calls still in flight here, or the workers that did not

@@ -17,9 +17,10 @@ inline constexpr int kHeaderTag = 0;
 inline constexpr int kDataTag = 1;
 inline constexpr const char* kStorePrefix = "rpc/pg_agent";
 inline constexpr const char* kGroupName = "rpc";
-// Store keys: "rpc/names/<rank>" and "rpc/join/<generation>/<rank>".
+// Store keys (rendezvous/rounds.h): "rpc/names/<rank>", and the join
+// rounds under kScope ("rpc/join/<generation>/<rank>").
 inline constexpr const char* kNamesKey = "rpc/names/";
-inline constexpr const char* kJoinKey = "rpc/join/";
+inline constexpr const char* kScope = "rpc/";
 // Limits a receiver enforces on a header (larger is a protocol error). The
 // tensor limits are those of every format: kMaxTensorsPerMessage and
 // kMaxTensorDims in agents/tensor_descriptor.h.

@@ -16,6 +16,7 @@
 #include "collective/registry.h"
 #include "common/auth.h"
 #include "common/error.h"
+#include "rendezvous/rounds.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 #include "store/tcp_store.h"
@@ -24,10 +25,6 @@ namespace switchboard::collective {
 namespace {
 
 constexpr std::string_view kSpecHeader = "switchboard collective group spec v1";
-
-std::string spec_key(const std::string& group_name) {
-  return fmt::format("collective/specs/{}", group_name);
-}
 
 void check_group_name(std::string_view what, const std::string& name) {
   if (name.empty())
@@ -312,11 +309,10 @@ std::shared_ptr<ProcessGroup> CollectiveContext::build(
     const std::string& group_name, int world_size, int rank, std::string_view backend,
     GroupTimeout timeout, const std::shared_ptr<Store>& store) const {
   // The generation rule of groups.h.
-  int64_t generation = store->add(
-      fmt::format("collective/{}/inits/{}/{}", group_name, world_size, rank), 1);
-  auto scoped = std::make_shared<PrefixStore>(
-      fmt::format("collective/{}/ws{}/gen{}", group_name, world_size, generation), store);
-  GroupInit init{*scoped, rank, world_size, group_name, timeout};
+  const rendezvous::Round round =
+      rendezvous::join_collective_round(store, group_name, world_size, rank);
+  const int64_t generation = round.number;
+  GroupInit init{*round.store, rank, world_size, group_name, timeout};
   std::shared_ptr<ProcessGroup> group = create_process_group(backend, init);
   spdlog::info(
       "collective group \"{}\": rank {} of {} joined (backend {}, generation {}, "
@@ -370,7 +366,7 @@ std::shared_ptr<ProcessGroup> CollectiveContext::find_or_join(
 std::optional<GroupSpec> CollectiveContext::read_spec(
     Store& store, const std::string& group_name, SpecWait wait, GroupTimeout wait_timeout,
     const std::string& me, std::string_view what) const {
-  std::string key = spec_key(group_name);
+  std::string key = rendezvous::collective_spec_key(group_name);
   if (wait == SpecWait::kNoWait) {
     if (!store.check({key})) return std::nullopt;
   } else {
@@ -410,7 +406,7 @@ void CollectiveContext::create_collective_group(const GroupSpec& spec,
   }
   auto resolved = resolve_store(std::move(store), spec.timeout, what, /*required=*/true);
   std::string current =
-      to_string(resolved->compare_set(spec_key(spec.group_name), {}, to_bytes(text)));
+      to_string(resolved->compare_set(rendezvous::collective_spec_key(spec.group_name), {}, to_bytes(text)));
   if (current == text) return;
   std::string existing;
   try {
@@ -431,7 +427,7 @@ bool CollectiveContext::remove_collective_group_spec(const std::string& group_na
   check_group_name(what, group_name);
   auto resolved =
       resolve_store(std::move(store), spec_wait_timeout(), what, /*required=*/true);
-  return resolved->delete_key(spec_key(group_name));
+  return resolved->delete_key(rendezvous::collective_spec_key(group_name));
 }
 
 bool CollectiveContext::destroy_collective_group(const std::string& group_name) {

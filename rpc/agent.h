@@ -96,7 +96,7 @@ class RpcAgent {
 
   // Static groups: returns when every worker called join() and the group
   // is quiet: none has requests in flight (sent and unanswered) or will
-  // send more (rpc/quiet_group.h does this over the store). Dynamic groups:
+  // send more (rendezvous/quiet_group.h does this over the store). Dynamic groups:
   // this worker leaves (see the agent). TimeoutError after `timeout`.
   virtual void join(Timeout timeout) = 0;
 

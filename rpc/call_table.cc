@@ -798,4 +798,21 @@ const std::string& CallTable::agent_name() const { return state_->name; }
 
 void CallTable::collect_metrics(RpcMetrics& out) const { state_->collect(out); }
 
+QuietCalls::Idle QuietCalls::wait_idle(std::optional<Clock::time_point> deadline) {
+  switch (table_.wait_idle(deadline)) {
+    case CallTable::Idle::kIdle:
+      return Idle::kIdle;
+    case CallTable::Idle::kTimedOut:
+      return Idle::kTimedOut;
+    case CallTable::Idle::kClosed:
+      break;
+  }
+  return Idle::kClosed;
+}
+
+QuietCalls::Activity QuietCalls::activity() const {
+  const CallTable::Load load = table_.load();
+  return Activity{load.calls_in_flight, load.handling, load.calls_started};
+}
+
 }  // namespace switchboard::rpc

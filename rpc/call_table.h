@@ -62,6 +62,7 @@
 #include "core/message.h"
 #include "rpc/metrics.h"
 #include "rpc/thread_pool.h"
+#include "rendezvous/quiet_group.h"
 
 namespace switchboard::rpc {
 
@@ -121,7 +122,7 @@ class CallTable {
   struct Load {
     size_t calls_in_flight = 0;  // added, future not yet completed
     size_t handling = 0;         // accepted, reply not yet given
-    uint64_t calls_started = 0;  // every call ever added (rpc/quiet_group.h)
+    uint64_t calls_started = 0;  // every call ever added (rendezvous/quiet_group.h)
   };
 
   // `agent_name` names this worker in errors; `executor` (non-null) runs
@@ -241,5 +242,21 @@ class CallTable {
 
 // "rpc to "w1" function "f"": how every error about a call begins.
 std::string call_prefix(const std::string& dst_name, const std::string& function);
+
+// A call table as the quiet-group rounds see it (rendezvous/quiet_group.h):
+//   rpc::QuietCalls local(calls);
+//   group.calls = &local;
+// Borrows `table`, which must outlive it.
+class QuietCalls final : public rendezvous::LocalCalls {
+ public:
+  explicit QuietCalls(CallTable& table) : table_(table) {}
+  Idle wait_idle(std::optional<Clock::time_point> deadline) override;
+  Activity activity() const override;
+  bool closed() const override { return table_.closed(); }
+  std::string agent_name() const override { return table_.agent_name(); }
+
+ private:
+  CallTable& table_;
+};
 
 }  // namespace switchboard::rpc

@@ -16,7 +16,8 @@
 #include "rpc/agent.h"
 #include "rpc/metrics_exporter.h"
 #include "core/remote_error.h"
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
+#include "rendezvous/rounds.h"
 #include "rpc/rref_table.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -91,81 +92,6 @@ std::string metrics_address_of(const RpcBackendOptions& options) {
   if (!options.metrics_address.empty()) return options.metrics_address;
   std::string address = env_or_empty(kMetricsAddressVariable);
   return address.empty() ? kDefaultMetricsAddress : address;
-}
-
-// One store hosts one kind of group: the first init_rpc over it records
-// "static" or "dynamic" (compare_set, so racing workers agree), and a
-// worker of the other kind is refused before it reaches the backend.
-void claim_group_kind(Store& store, const std::string& name, std::optional<int> world_size) {
-  const std::string mine = world_size ? "static" : "dynamic";
-  const Bytes desired(mine.begin(), mine.end());
-  const Bytes found = store.compare_set("rpc/group_kind", {}, desired);
-  if (found == desired) return;
-  const std::string theirs(found.begin(), found.end());
-  throw std::invalid_argument(fmt::format(
-      "init_rpc(\"{}\"): this worker would join a {} group{}, but its store holds a {} "
-      "group; static (world_size given) and dynamic (no world_size) workers cannot form one "
-      "group",
-      name, mine, world_size ? fmt::format(" (world_size {})", *world_size) : "", theirs));
-}
-
-// One static group's incarnation on a store that may host many runs, of
-// any world sizes, one after the other (and runs that failed). Keys under
-// "rpc/gen/":
-//   open           the generation being formed (an integer; 0 at first)
-//   <g>/world      its world size (the first worker's, compare_set)
-//   <g>/rank/<r>   a counter: 1 for the worker that claimed rank r
-//   <g>/count      the workers that claimed a rank
-//   <g>/failed     set by a worker whose init failed there: the run is over
-// A worker claims its rank in the open generation. When the generation
-// failed, has another world size, or has its rank taken already, it
-// belongs to another run: the worker opens the next one (compare_set, so
-// racing workers open it once) and tries there. The worker that completes
-// a generation opens the next, for the run after. The group's keys live
-// under "rpc/<g>/".
-//
-// What it cannot tell apart: a run whose workers were killed before they
-// completed their generation (so nobody marked it failed) and the missing
-// worker of that run arriving late. A worker of the next run with that rank
-// that arrives before any of its peers joins the dead generation and times
-// out; its peers then form the next one without it.
-struct Generation {
-  int64_t number = 0;
-  std::shared_ptr<Store> store;  // PrefixStore "rpc/<number>/"
-};
-
-Generation join_generation(const std::shared_ptr<Store>& store, int rank, int world_size) {
-  constexpr const char* kOpen = "rpc/gen/open";
-  const std::string world = std::to_string(world_size);
-  int64_t g = store->add(kOpen, 0);
-  for (;;) {
-    const std::string at = fmt::format("rpc/gen/{}/", g);
-    bool ours = !store->check({at + "failed"});
-    if (ours) {
-      const Bytes found = store->compare_set(at + "world", {}, to_bytes(world));
-      ours = to_string(found) == world;
-    }
-    if (ours) ours = store->add(fmt::format("{}rank/{}", at, rank), 1) == 1;
-    if (ours) {
-      if (store->add(at + "count", 1) == world_size) {
-        store->compare_set(kOpen, to_bytes(std::to_string(g)), to_bytes(std::to_string(g + 1)));
-      }
-      return {g, std::make_shared<PrefixStore>(fmt::format("rpc/{}", g), store)};
-    }
-    // Another run's: open the next one (unless someone did) and try there.
-    store->compare_set(kOpen, to_bytes(std::to_string(g)), to_bytes(std::to_string(g + 1)));
-    g = std::max(g + 1, store->add(kOpen, 0));
-  }
-}
-
-// Marks generation `g` failed, so that later workers of the same ranks form
-// the next one instead of waiting for this run. Best effort.
-void mark_generation_failed(Store& store, int64_t g, const std::string& why) {
-  try {
-    store.set(fmt::format("rpc/gen/{}/failed", g), to_bytes(why));
-  } catch (const std::exception& e) {
-    spdlog::debug("cannot mark static generation {} failed: {}", g, e.what());
-  }
 }
 
 }  // namespace
@@ -265,23 +191,23 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   auto state = std::make_shared<State>(
       State{backend, options, nullptr, nullptr, nullptr, std::nullopt, nullptr});
   if (store) {
-    if (rank < 0) rank = env_rank().value_or(-1);
+    if (rank < 0) rank = rendezvous::env_rank().value_or(-1);
     SB_REQUIRE(!world_size || (rank >= 0 && rank < *world_size),
                "init_rpc(\"{}\"): rank {} is outside [0, {})", name, rank,
                world_size.value_or(0));
     state->store = std::move(store);
   } else {
-    Rendezvous found = rendezvous(options->init_method, rank, world_size,
+    rendezvous::Rendezvous found = rendezvous::rendezvous(options->init_method, rank, world_size,
                                   options->rpc_timeout, forced_dynamic);
     state->store = std::move(found.store);
     rank = found.rank;
     world_size = forced_dynamic ? std::nullopt : found.world_size;
   }
-  claim_group_kind(*state->store, name, world_size);
+  rendezvous::claim_group_kind(*state->store, name, world_size);
 
   BackendInit init;
-  std::optional<Generation> generation;
-  if (world_size) generation = join_generation(state->store, rank, *world_size);
+  std::optional<rendezvous::Round> generation;
+  if (world_size) generation = rendezvous::join_static_round(state->store, rank, *world_size);
   init.store = generation ? generation->store : state->store;
   init.name = name;
   init.rank = rank;
@@ -290,7 +216,7 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
   try {
     state->agent = init_backend(backend, init);
   } catch (const std::exception& e) {
-    if (generation) mark_generation_failed(*state->store, generation->number, e.what());
+    if (generation) rendezvous::mark_static_round_failed(*state->store, generation->number, e.what());
     throw;
   }
   if (auto port = metrics_port_of(name, *options)) {

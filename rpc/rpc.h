@@ -87,7 +87,7 @@ class RpcContext {
   // Makes this context worker `name` (1 to 128 letters, digits, '_', '-',
   // ':'; unique in the group) of a group over `backend` (a BackendType or a
   // registered name). rank -1 and world_size nullopt come from the
-  // environment (env://: RANK/WORLD_SIZE, SLURM, Open MPI; rpc/rendezvous.h).
+  // environment (env://: RANK/WORLD_SIZE, SLURM, Open MPI; rendezvous/init_method.h).
   // A world size makes a static group; none (or kDynamicGroup) a dynamic
   // one, where workers join and leave while the others run and a rank is an
   // id never reused. `options` null takes the backend's defaults; `store`
@@ -207,7 +207,7 @@ class RpcContext {
 
   // Graceful, static group: waits (the agent's join()) until the whole
   // group is quiet: no worker has calls outstanding or will make more
-  // (rpc/quiet_group.h), then stops; a failing wait (TimeoutError;
+  // (rendezvous/quiet_group.h), then stops; a failing wait (TimeoutError;
   // ConnectionError for workers that shut down without joining) still
   // stops this worker, then rethrows. Graceful, dynamic group: leaves
   // (takes the membership token, says goodbye, finishes its calls in

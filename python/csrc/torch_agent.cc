@@ -15,6 +15,7 @@
 #include "common/error.h"
 #include "python/csrc/torch_message.h"
 #include "python/csrc/torch_store.h"
+#include "rendezvous/rounds.h"
 #include "rpc/backend_registry.h"
 
 namespace switchboard::torch_rpc {
@@ -288,7 +289,7 @@ void SwitchboardAgent::join(bool shutdown, float timeout) {
   }
   TorchStore store(store_);
   const std::string key =
-      fmt::format("switchboard/torch_rpc/join/{}", join_rounds_.fetch_add(1));
+      rendezvous::torch_join_key(join_rounds_.fetch_add(1));
   const int64_t arrived = store.add(key, 1);
   if (arrived == *config_.world_size) store.set(key + "/all", Bytes{1});
   store.wait({key + "/all"}, bound.value_or(Store::kNoTimeout));

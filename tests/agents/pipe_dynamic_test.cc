@@ -25,7 +25,7 @@
 #include "common/logging.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
-#include "rpc/membership_token.h"
+#include "rendezvous/membership_token.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
@@ -390,7 +390,7 @@ TEST_CASE("a joiner killed mid-join, holding the token, holds the group up for o
   store.wait({"pipe/dyn/token"}, kGuard);
   const Bytes value = store.get("pipe/dyn/token");
   const std::string holder =
-      rpc::MembershipToken::holder_of(std::string(value.begin(), value.end()));
+      rendezvous::MembershipToken::holder_of(std::string(value.begin(), value.end()));
   REQUIRE(holder == "victim");
   victim.kill(SIGKILL);
   CHECK(victim.wait() == 128 + SIGKILL);
@@ -422,7 +422,7 @@ std::shared_ptr<rpc::RpcBackendOptions> watched_options() {
 // that lost it does.
 void evict_in_store(const std::shared_ptr<Store>& store, int rank, const std::string& why) {
   auto pipe = std::make_shared<PrefixStore>("pipe", store);
-  rpc::MembershipToken token(pipe, "dyn/token", "the test");
+  rendezvous::MembershipToken token(pipe, "dyn/token", "the test");
   token.acquire(kGuard);
   std::vector<agents::Member> members = agents::decode_members(pipe->get("dyn/members"));
   std::erase_if(members, [&](const agents::Member& m) { return m.rank == rank; });

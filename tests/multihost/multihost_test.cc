@@ -32,7 +32,7 @@
 #include "common/logging.h"
 #include "common/error.h"
 #include "rpc/backend_registry.h"
-#include "rpc/membership_token.h"
+#include "rendezvous/membership_token.h"
 #include "rpc/rpc.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
@@ -239,7 +239,7 @@ SB_CHILD_MAIN(token_holder) {
   auto store = std::make_shared<switchboard::TcpStore>(
       std::getenv("MASTER_ADDR"), static_cast<uint16_t>(std::atoi(std::getenv("MASTER_PORT"))),
       options);
-  rpc::MembershipToken token(store, "pipe/dyn/token", "holder", lease);
+  switchboard::rendezvous::MembershipToken token(store, "pipe/dyn/token", "holder", lease);
   token.acquire(std::chrono::seconds(60));
   fmt::print("held\n");
   std::fflush(stdout);

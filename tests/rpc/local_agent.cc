@@ -28,7 +28,7 @@
 #include "common/mutex.h"
 #include "core/message.h"
 #include "rpc/call_table.h"
-#include "rpc/quiet_group.h"
+#include "rendezvous/quiet_group.h"
 #include "store/store.h"
 
 namespace switchboard::testing {
@@ -540,8 +540,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
       MutexLock lock(mu);
       generation = join_generation++;
     }
-    rpc::QuietGroup group;
-    group.calls = &calls;
+    rpc::QuietCalls local(calls);
+    rendezvous::QuietGroup group;
+    group.calls = &local;
     group.store = store.get();
     group.prefix = fmt::format("local/join/{}/", generation);
     group.rank = rank;
@@ -552,7 +553,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     };
     group.timeout = timeout;
     group.who = fmt::format("join on rpc worker \"{}\"", name);
-    rpc::wait_for_quiet_group(group);
+    rendezvous::wait_for_quiet_group(group);
   }
 
   // ------------------------------------------------------------ shutdown

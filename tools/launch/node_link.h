@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/auth.h"
+#include "rendezvous/rounds.h"
 #include "store/tcp_store.h"
 #include "tools/launch/options.h"
 
@@ -28,7 +29,7 @@ class NodeLink {
  public:
   NodeLink(const LaunchOptions& options, uint16_t port, std::shared_ptr<const Secret> secret)
       : store_(options.master_addr, port, store_options(options, std::move(secret))),
-        prefix_(fmt::format("launch/{}/", options.job_id)),
+        prefix_(rendezvous::launch_prefix(options.job_id)),
         node_rank_(options.node_rank),
         nnodes_(options.nnodes) {}
 

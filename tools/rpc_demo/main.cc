@@ -27,7 +27,7 @@
 
 #include "common/listen_address.h"
 #include "common/logging.h"
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
 #include "tools/cli/cli.h"
 #include "tools/rpc_demo/flags.h"
@@ -89,8 +89,8 @@ int main(int argc, char** argv) {
   std::optional<int> rank;
   std::optional<int> world_size;
   try {
-    rank = switchboard::rpc::env_rank();
-    world_size = switchboard::rpc::env_world_size();
+    rank = switchboard::rendezvous::env_rank();
+    world_size = switchboard::rendezvous::env_world_size();
   } catch (const std::exception& e) {
     fmt::print(stderr, "rpc_demo: {}\n", e.what());
     return 2;

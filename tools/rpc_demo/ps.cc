@@ -18,7 +18,7 @@
 
 #include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
 #include "store/store.h"
 #include "tools/rpc_demo/parameter_server.h"
@@ -206,7 +206,7 @@ int run_ps(const DemoFlags& flags, int world_size) {
   if (const int64_t late = late_joiner(flags, ps->trainers); late > 0) {
     options.late = {late};
     ps->late_join_at = std::max<int64_t>(1, steps_for(flags, 1, ps->trainers) / 2);
-    ps->store = rpc::rendezvous("env://", 0, std::nullopt, kRpcTimeout).store;
+    ps->store = switchboard::rendezvous::rendezvous("env://", 0, std::nullopt, kRpcTimeout).store;
   }
   PsState* raw = ps.get();  // the hook must not keep ps alive (a cycle)
   ps->server = std::make_unique<ParameterServer>(

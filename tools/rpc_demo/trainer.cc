@@ -24,7 +24,7 @@
 
 #include "collective/groups.h"
 #include "core/tensor.h"
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
 #include "store/store.h"
 #include "tools/rpc_demo/regression.h"
@@ -156,7 +156,7 @@ int run_trainer(const DemoFlags& flags, int rank, int world_size) {
   if (late) {
     say(name, "waiting for the ps to be halfway before joining the group");
     std::shared_ptr<Store> store =
-        rpc::rendezvous("env://", rank, std::nullopt, kRpcTimeout).store;
+        switchboard::rendezvous::rendezvous("env://", rank, std::nullopt, kRpcTimeout).store;
     store->wait({kLateJoinKey}, std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::minutes(10)));
   }

@@ -4,7 +4,7 @@
 //
 // Only 127.0.0.1 and ephemeral ports; every blocking wait is bounded by the
 // rendezvous timeout.
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
 
 #include <stdlib.h>
 
@@ -36,6 +36,7 @@ const char* const kVariables[] = {
     "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
     "MASTER_ADDR",  "MASTER_PORT",          "SWITCHBOARD_STORE",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
+    "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_ID",
 };
 
 // Saves every variable the tests touch, clears them, and restores them on
@@ -88,7 +89,7 @@ class TempDir {
   std::string path_;
 };
 
-TcpStore* as_tcp(const rpc::Rendezvous& r) {
+TcpStore* as_tcp(const rendezvous::Rendezvous& r) {
   return dynamic_cast<TcpStore*>(r.store.get());
 }
 
@@ -118,40 +119,40 @@ void require_invalid(Body&& body, const std::vector<std::string>& parts) {
 TEST_CASE("env_rank and env_world_size: RANK, then SLURM, then Open MPI",
           "[rendezvous]") {
   EnvGuard env;
-  CHECK(rpc::env_rank() == std::nullopt);
-  CHECK(rpc::env_world_size() == std::nullopt);
+  CHECK(rendezvous::env_rank() == std::nullopt);
+  CHECK(rendezvous::env_world_size() == std::nullopt);
 
   env.set("OMPI_COMM_WORLD_RANK", "5");
   env.set("OMPI_COMM_WORLD_SIZE", "6");
-  CHECK(rpc::env_rank() == std::optional<int>(5));
-  CHECK(rpc::env_world_size() == std::optional<int>(6));
+  CHECK(rendezvous::env_rank() == std::optional<int>(5));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(6));
 
   env.set("SLURM_PROCID", "3");
   env.set("SLURM_NTASKS", "4");
-  CHECK(rpc::env_rank() == std::optional<int>(3));
-  CHECK(rpc::env_world_size() == std::optional<int>(4));
+  CHECK(rendezvous::env_rank() == std::optional<int>(3));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(4));
 
   env.set("RANK", "1");
   env.set("WORLD_SIZE", "2");
-  CHECK(rpc::env_rank() == std::optional<int>(1));
-  CHECK(rpc::env_world_size() == std::optional<int>(2));
+  CHECK(rendezvous::env_rank() == std::optional<int>(1));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(2));
 
   // Each of the two is looked up on its own.
   ::unsetenv("WORLD_SIZE");
-  CHECK(rpc::env_rank() == std::optional<int>(1));
-  CHECK(rpc::env_world_size() == std::optional<int>(4));
+  CHECK(rendezvous::env_rank() == std::optional<int>(1));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(4));
   ::unsetenv("SLURM_NTASKS");
-  CHECK(rpc::env_world_size() == std::optional<int>(6));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(6));
 
   // An empty variable counts as unset.
   env.set("RANK", "");
-  CHECK(rpc::env_rank() == std::optional<int>(3));
+  CHECK(rendezvous::env_rank() == std::optional<int>(3));
 
   // Rank 0 and world size 1 are the smallest accepted.
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "1");
-  CHECK(rpc::env_rank() == std::optional<int>(0));
-  CHECK(rpc::env_world_size() == std::optional<int>(1));
+  CHECK(rendezvous::env_rank() == std::optional<int>(0));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(1));
 }
 
 TEST_CASE("env_rank and env_world_size refuse malformed values, naming them",
@@ -162,7 +163,7 @@ TEST_CASE("env_rank and env_world_size refuse malformed values, naming them",
       INFO(variable << "=" << bad);
       EnvGuard inner;
       inner.set(variable, bad);
-      require_invalid([] { (void)rpc::env_rank(); },
+      require_invalid([] { (void)rendezvous::env_rank(); },
                       {variable, std::string("\"") + bad + "\""});
     }
   }
@@ -171,14 +172,14 @@ TEST_CASE("env_rank and env_world_size refuse malformed values, naming them",
       INFO(variable << "=" << bad);
       EnvGuard inner;
       inner.set(variable, bad);
-      require_invalid([] { (void)rpc::env_world_size(); },
+      require_invalid([] { (void)rendezvous::env_world_size(); },
                       {variable, std::string("\"") + bad + "\""});
     }
   }
   // A malformed higher-priority variable is an error, not skipped.
   env.set("RANK", "x");
   env.set("SLURM_PROCID", "1");
-  require_invalid([] { (void)rpc::env_rank(); }, {"RANK", "\"x\""});
+  require_invalid([] { (void)rendezvous::env_rank(); }, {"RANK", "\"x\""});
 }
 
 TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT names what is missing",
@@ -188,16 +189,16 @@ TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT names what is missing",
   env.set("WORLD_SIZE", "1");
 
   SECTION("both missing") {
-    require_invalid([] { rpc::rendezvous("env://", -1, std::nullopt, kTimeout); },
+    require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
                     {"env://", "MASTER_ADDR and MASTER_PORT are not set"});
     // An empty init_method means env://.
-    require_invalid([] { rpc::rendezvous("", -1, std::nullopt, kTimeout); },
+    require_invalid([] { rendezvous::rendezvous("", -1, std::nullopt, kTimeout); },
                     {"MASTER_ADDR", "MASTER_PORT"});
   }
   SECTION("MASTER_ADDR missing") {
     env.set("MASTER_PORT", "0");
     try {
-      rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+      rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
       FAIL("no std::invalid_argument was thrown");
     } catch (const std::invalid_argument& e) {
       CHECK_THAT(e.what(), Contains("MASTER_ADDR is not set"));
@@ -207,7 +208,7 @@ TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT names what is missing",
   SECTION("MASTER_PORT missing") {
     env.set("MASTER_ADDR", "127.0.0.1");
     try {
-      rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+      rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
       FAIL("no std::invalid_argument was thrown");
     } catch (const std::invalid_argument& e) {
       CHECK_THAT(e.what(), Contains("MASTER_PORT is not set"));
@@ -219,7 +220,7 @@ TEST_CASE("env:// without MASTER_ADDR or MASTER_PORT names what is missing",
     for (const char* bad : {"http", "65536", "-1", "80x"}) {
       INFO(bad);
       env.set("MASTER_PORT", bad);
-      require_invalid([] { rpc::rendezvous("env://", -1, std::nullopt, kTimeout); },
+      require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
                       {"MASTER_PORT", std::string("\"") + bad + "\""});
     }
   }
@@ -234,12 +235,12 @@ TEST_CASE("rank 0 given a store address that is not its own says so and what to 
   // only finds it cannot bind it).
   env.set("MASTER_ADDR", "198.18.255.254");
   env.set("MASTER_PORT", "29500");
-  require_invalid([] { rpc::rendezvous("env://", -1, std::nullopt, kTimeout); },
+  require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
                   {"rank 0 hosts the store at MASTER_ADDR 198.18.255.254:29500",
                    "not an address of this host",
                    "SWITCHBOARD_STORE=tcp://198.18.255.254:29500"});
   require_invalid(
-      [] { rpc::rendezvous("tcp://198.18.255.254:29501", 0, 2, kTimeout); },
+      [] { rendezvous::rendezvous("tcp://198.18.255.254:29501", 0, 2, kTimeout); },
       {"init_method 198.18.255.254:29501", "not an address of this host"});
 }
 
@@ -249,20 +250,20 @@ TEST_CASE("unknown schemes and malformed tcp:// URLs are refused, naming the URL
   for (const char* url : {"foo://x", "tcp:/127.0.0.1:5", "127.0.0.1:5", "ENV://",
                           "env:/", "file:/tmp/x"}) {
     INFO(url);
-    require_invalid([&] { rpc::rendezvous(url, 0, 1, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, 0, 1, kTimeout); },
                     {std::string("\"") + url + "\"", "env://", "tcp://", "file://"});
   }
   for (const char* url : {"tcp://nohost", "tcp://:5", "tcp://h:", "tcp://"}) {
     INFO(url);
-    require_invalid([&] { rpc::rendezvous(url, 0, 1, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, 0, 1, kTimeout); },
                     {std::string("\"") + url + "\"", "host:port"});
   }
   for (const char* url : {"tcp://h:99999", "tcp://h:65536", "tcp://h:-1", "tcp://h:5x"}) {
     INFO(url);
-    require_invalid([&] { rpc::rendezvous(url, 0, 1, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, 0, 1, kTimeout); },
                     {std::string("\"") + url + "\"", "[0, 65535]"});
   }
-  require_invalid([] { rpc::rendezvous("file://", 0, 1, kTimeout); },
+  require_invalid([] { rendezvous::rendezvous("file://", 0, 1, kTimeout); },
                   {"\"file://\"", "path is empty"});
 }
 
@@ -277,12 +278,12 @@ TEST_CASE("a rank outside [0, world_size) is refused before any store is opened"
 
   for (const std::string& url : {file_url, tcp_url}) {
     INFO(url);
-    require_invalid([&] { rpc::rendezvous(url, 2, 2, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, 2, 2, kTimeout); },
                     {"rank 2", "[0, 2)"});
-    require_invalid([&] { rpc::rendezvous(url, 7, 1, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, 7, 1, kTimeout); },
                     {"rank 7", "[0, 1)"});
     // No rank at all (and none in the environment) in a static group.
-    require_invalid([&] { rpc::rendezvous(url, -1, 4, kTimeout); },
+    require_invalid([&] { rendezvous::rendezvous(url, -1, 4, kTimeout); },
                     {"rank -1", "[0, 4)"});
   }
   CHECK_FALSE(std::filesystem::exists(dir.path() + "/store"));
@@ -292,17 +293,17 @@ TEST_CASE("a rank outside [0, world_size) is refused before any store is opened"
   env.set("MASTER_PORT", "0");
   env.set("RANK", "3");
   env.set("WORLD_SIZE", "3");
-  require_invalid([] { rpc::rendezvous("env://", -1, std::nullopt, kTimeout); },
+  require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
                   {"rank 3", "[0, 3)"});
   env.set("RANK", "0");
-  require_invalid([] { rpc::rendezvous("env://", 5, std::nullopt, kTimeout); },
+  require_invalid([] { rendezvous::rendezvous("env://", 5, std::nullopt, kTimeout); },
                   {"rank 5", "[0, 3)"});
 }
 
 TEST_CASE("tcp://: rank 0 of a static group hosts the store, rank 1 connects",
           "[rendezvous]") {
   EnvGuard env;
-  rpc::Rendezvous host = rpc::rendezvous("tcp://127.0.0.1:0", 0, 2, kTimeout);
+  rendezvous::Rendezvous host = rendezvous::rendezvous("tcp://127.0.0.1:0", 0, 2, kTimeout);
   CHECK(host.rank == 0);
   CHECK(host.world_size == std::optional<int>(2));
   TcpStore* host_store = as_tcp(host);
@@ -314,7 +315,7 @@ TEST_CASE("tcp://: rank 0 of a static group hosts the store, rank 1 connects",
   CHECK(host_store->timeout() == kTimeout);
 
   const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
-  rpc::Rendezvous worker = rpc::rendezvous(url, 1, 2, kTimeout);
+  rendezvous::Rendezvous worker = rendezvous::rendezvous(url, 1, 2, kTimeout);
   CHECK(worker.rank == 1);
   CHECK(worker.world_size == std::optional<int>(2));
   TcpStore* worker_store = as_tcp(worker);
@@ -330,14 +331,14 @@ TEST_CASE("tcp://: rank 0 of a static group hosts the store, rank 1 connects",
   CHECK(worker.store->add("counter", 3) == 5);
 
   SECTION("a dynamic group's worker never hosts, even as rank 0") {
-    rpc::Rendezvous dynamic = rpc::rendezvous(url, 0, std::nullopt, kTimeout);
+    rendezvous::Rendezvous dynamic = rendezvous::rendezvous(url, 0, std::nullopt, kTimeout);
     CHECK(dynamic.rank == 0);
     CHECK(dynamic.world_size == std::nullopt);
     REQUIRE(as_tcp(dynamic) != nullptr);
     CHECK(as_tcp(dynamic)->server() == nullptr);
     CHECK(to_string(dynamic.store->get("from_host")) == "hello");
 
-    rpc::Rendezvous unranked = rpc::rendezvous(url, -1, std::nullopt, kTimeout);
+    rendezvous::Rendezvous unranked = rendezvous::rendezvous(url, -1, std::nullopt, kTimeout);
     CHECK(unranked.rank == -1);
     CHECK(unranked.world_size == std::nullopt);
     CHECK(to_string(unranked.store->get("from_worker")) == "world");
@@ -345,7 +346,7 @@ TEST_CASE("tcp://: rank 0 of a static group hosts the store, rank 1 connects",
   SECTION("tcp:// ignores MASTER_ADDR and MASTER_PORT") {
     env.set("MASTER_ADDR", "203.0.113.1");
     env.set("MASTER_PORT", "1");
-    rpc::Rendezvous other = rpc::rendezvous(url, 1, 2, kTimeout);
+    rendezvous::Rendezvous other = rendezvous::rendezvous(url, 1, 2, kTimeout);
     CHECK(to_string(other.store->get("from_host")) == "hello");
   }
 }
@@ -362,7 +363,7 @@ TEST_CASE("env:// with SWITCHBOARD_STORE: every rank is a client of the server",
   env.set("SLURM_PROCID", "1");
   env.set("SLURM_NTASKS", "3");
 
-  rpc::Rendezvous one = rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous one = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
   CHECK(one.rank == 1);
   CHECK(one.world_size == std::optional<int>(3));
   REQUIRE(as_tcp(one) != nullptr);
@@ -372,7 +373,7 @@ TEST_CASE("env:// with SWITCHBOARD_STORE: every rank is a client of the server",
 
   // Rank 0 does not host: it connects to the standalone server.
   env.set("SLURM_PROCID", "0");
-  rpc::Rendezvous zero = rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous zero = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
   CHECK(zero.rank == 0);
   CHECK(zero.world_size == std::optional<int>(3));
   REQUIRE(as_tcp(zero) != nullptr);
@@ -386,7 +387,7 @@ TEST_CASE("env:// with SWITCHBOARD_STORE: every rank is a client of the server",
   CHECK(to_string(zero.store->get("one")) == "1");
 
   // Explicit arguments win over the environment.
-  rpc::Rendezvous explicit_args = rpc::rendezvous("env://", 2, 5, kTimeout);
+  rendezvous::Rendezvous explicit_args = rendezvous::rendezvous("env://", 2, 5, kTimeout);
   CHECK(explicit_args.rank == 2);
   CHECK(explicit_args.world_size == std::optional<int>(5));
   CHECK(to_string(explicit_args.store->get("zero")) == "0");
@@ -411,7 +412,7 @@ TEST_CASE(
     if (const auto at = init.find("PORT"); at != std::string::npos) init.replace(at, 4, port);
     INFO(init);
     // Rank 0 does not host (the port is taken by the agent): it connects.
-    rpc::Rendezvous zero = rpc::rendezvous(init, 0, 2, kTimeout);
+    rendezvous::Rendezvous zero = rendezvous::rendezvous(init, 0, 2, kTimeout);
     CHECK(zero.world_size == std::optional<int>(2));
     CHECK(zero.rank == 0);
     zero.store->set("k", init);
@@ -420,20 +421,66 @@ TEST_CASE(
   }
   // The next attempt reads nothing of this one.
   env.set("TORCHELASTIC_RESTART_COUNT", "3");
-  rpc::Rendezvous next = rpc::rendezvous("env://", 1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous next = rendezvous::rendezvous("env://", 1, std::nullopt, kTimeout);
   CHECK_FALSE(next.store->check({"k"}));
   // Anything but "True" leaves rank 0 hosting, as before.
   env.set("TORCHELASTIC_USE_AGENT_STORE", "False");
   env.set("MASTER_PORT", "0");
-  rpc::Rendezvous host = rpc::rendezvous("env://", 0, std::nullopt, kTimeout);
+  rendezvous::Rendezvous host = rendezvous::rendezvous("env://", 0, std::nullopt, kTimeout);
   REQUIRE(as_tcp(host) != nullptr);
   CHECK(as_tcp(host)->server() != nullptr);
   // A malformed restart count is refused, naming the variable.
   env.set("TORCHELASTIC_USE_AGENT_STORE", "True");
   env.set("MASTER_PORT", port);
   env.set("TORCHELASTIC_RESTART_COUNT", "x");
-  CHECK_THROWS_WITH(rpc::rendezvous("env://", 0, std::nullopt, kTimeout),
+  CHECK_THROWS_WITH(rendezvous::rendezvous("env://", 0, std::nullopt, kTimeout),
                     Catch::Matchers::Contains("TORCHELASTIC_RESTART_COUNT"));
+}
+
+TEST_CASE("the first node of a SLURM node list, and malformed lists named",
+          "[rendezvous][slurm]") {
+  CHECK(rendezvous::slurm_first_node("node7") == "node7");
+  CHECK(rendezvous::slurm_first_node("node[0-2]") == "node0");
+  CHECK(rendezvous::slurm_first_node("node[07-12,20],gpu1") == "node07");
+  CHECK(rendezvous::slurm_first_node("a,b[1-3]") == "a");
+  CHECK(rendezvous::slurm_first_node("rack[2-3]-n[5,9]") == "rack2-n5");
+  CHECK(rendezvous::slurm_first_node("198.18.0.1") == "198.18.0.1");
+  for (const char* bad : {"", "node[1-2", "node1]", "node[]", "node[a-b]", ",x"}) {
+    INFO(bad);
+    require_invalid([bad] { rendezvous::slurm_first_node(bad); }, {"SLURM node list"});
+  }
+  CHECK(rendezvous::slurm_store_port(1234) == 21234);
+  CHECK(rendezvous::slurm_store_port(98765) == 28765);
+}
+
+TEST_CASE("under srun without MASTER_ADDR the store is on the step's first node",
+          "[rendezvous][slurm]") {
+  EnvGuard env;
+  TcpStoreServer server;  // stands in for task 0's store on the first node
+  REQUIRE(server.port() != 0);
+  env.set("SLURM_PROCID", "1");
+  env.set("SLURM_NTASKS", "2");
+  env.set("SLURM_JOB_ID", "77");
+  env.set("SLURM_JOB_NODELIST", "nosuchnode[3-4]");
+  env.set("SLURM_STEP_NODELIST", "localhost,nosuchnode9");
+  env.set("MASTER_PORT", std::to_string(server.port()));
+  rendezvous::Rendezvous r = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
+  CHECK(r.rank == 1);
+  CHECK(r.world_size == std::optional<int>(2));
+  r.store->set("k", "v");
+  CHECK(to_string(client(server.port()).get("k")) == "v");
+  // Outside srun (no SLURM_PROCID) nothing is guessed.
+  ::unsetenv("SLURM_PROCID");
+  env.set("RANK", "1");
+  require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
+                  {"MASTER_ADDR is"});
+  // Rank 0 on a node that is not the first refuses to host, naming where the
+  // address came from.
+  ::unsetenv("RANK");
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_STEP_NODELIST", "198.18.255.254");
+  require_invalid([] { rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout); },
+                  {"SLURM_STEP_NODELIST", "198.18.255.254", "not an address of this host"});
 }
 
 TEST_CASE("env:// without SWITCHBOARD_STORE: rank 0 hosts on MASTER_PORT",
@@ -443,7 +490,7 @@ TEST_CASE("env:// without SWITCHBOARD_STORE: rank 0 hosts on MASTER_PORT",
   env.set("MASTER_PORT", "0");
   env.set("RANK", "0");
   env.set("WORLD_SIZE", "2");
-  rpc::Rendezvous host = rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous host = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
   CHECK(host.rank == 0);
   CHECK(host.world_size == std::optional<int>(2));
   REQUIRE(as_tcp(host) != nullptr);
@@ -453,7 +500,7 @@ TEST_CASE("env:// without SWITCHBOARD_STORE: rank 0 hosts on MASTER_PORT",
 
   env.set("MASTER_PORT", std::to_string(port));
   env.set("RANK", "1");
-  rpc::Rendezvous worker = rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous worker = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
   CHECK(worker.rank == 1);
   REQUIRE(as_tcp(worker) != nullptr);
   CHECK(as_tcp(worker)->server() == nullptr);
@@ -466,12 +513,12 @@ TEST_CASE("env:// uses the Open MPI variables when nothing else is set",
   EnvGuard env;
   env.set("OMPI_COMM_WORLD_RANK", "0");
   env.set("OMPI_COMM_WORLD_SIZE", "1");
-  CHECK(rpc::env_rank() == std::optional<int>(0));
-  CHECK(rpc::env_world_size() == std::optional<int>(1));
+  CHECK(rendezvous::env_rank() == std::optional<int>(0));
+  CHECK(rendezvous::env_world_size() == std::optional<int>(1));
 
   env.set("MASTER_ADDR", "127.0.0.1");
   env.set("MASTER_PORT", "0");
-  rpc::Rendezvous r = rpc::rendezvous("env://", -1, std::nullopt, kTimeout);
+  rendezvous::Rendezvous r = rendezvous::rendezvous("env://", -1, std::nullopt, kTimeout);
   CHECK(r.rank == 0);
   CHECK(r.world_size == std::optional<int>(1));
   REQUIRE(as_tcp(r) != nullptr);
@@ -487,8 +534,8 @@ TEST_CASE("file://: two rendezvous on one path share the store", "[rendezvous]")
   const std::string path = dir.path() + "/store";
   const std::string url = "file://" + path;
   {
-    rpc::Rendezvous a = rpc::rendezvous(url, 0, 2, kTimeout);
-    rpc::Rendezvous b = rpc::rendezvous(url, 1, 2, kTimeout);
+    rendezvous::Rendezvous a = rendezvous::rendezvous(url, 0, 2, kTimeout);
+    rendezvous::Rendezvous b = rendezvous::rendezvous(url, 1, 2, kTimeout);
     CHECK(a.rank == 0);
     CHECK(b.rank == 1);
     CHECK(a.world_size == std::optional<int>(2));
@@ -505,5 +552,5 @@ TEST_CASE("file://: two rendezvous on one path share the store", "[rendezvous]")
   // The last of the group's users removed the file.
   CHECK_FALSE(std::filesystem::exists(path));
 
-  require_invalid([] { rpc::rendezvous("file://", 0, 1, kTimeout); }, {"\"file://\""});
+  require_invalid([] { rendezvous::rendezvous("file://", 0, 1, kTimeout); }, {"\"file://\""});
 }

@@ -68,7 +68,7 @@
 
 #include "store/store.h"
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 
 class MembershipToken {
  public:
@@ -133,4 +133,4 @@ class MembershipToken {
   TimePoint observed_since_{};
 };
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous

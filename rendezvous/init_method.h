@@ -4,7 +4,11 @@
 //   env://           MASTER_ADDR and MASTER_PORT name the TcpStore; RANK and
 //                    WORLD_SIZE (or SLURM_PROCID / SLURM_NTASKS, or Open
 //                    MPI's OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE) fill
-//                    in what init_rpc was not given.
+//                    in what init_rpc was not given. Under srun
+//                    (SLURM_PROCID set) without MASTER_ADDR, the store's host
+//                    is the first node of SLURM_STEP_NODELIST (else
+//                    SLURM_JOB_NODELIST), where task 0 runs; without
+//                    MASTER_PORT, its port is slurm_store_port(SLURM_JOB_ID).
 //   tcp://host:port  the TcpStore at host:port.
 //   file://path      a FileStore shared through `path` (one machine or a
 //                    shared file system).
@@ -27,12 +31,14 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <cstdint>
 
 namespace switchboard {
 class Store;
 }
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 
 struct Rendezvous {
   std::shared_ptr<Store> store;
@@ -44,6 +50,14 @@ struct Rendezvous {
 // then Open MPI); nullopt when absent. Malformed values throw
 // std::invalid_argument naming the variable and value.
 std::optional<int> env_rank();
+
+// The first host name of a SLURM node list ("node[07-12,20],gpu1" gives
+// "node07"; "a,b" gives "a"). std::invalid_argument naming the list when it
+// is malformed (unbalanced brackets, a bracket that is not numbers).
+std::string slurm_first_node(std::string_view nodelist);
+// The store's port under srun without MASTER_PORT: 20000 + job id % 10000
+// (below Linux's ephemeral ports, 32768 and up).
+uint16_t slurm_store_port(int job_id);
 std::optional<int> env_world_size();
 
 // Resolves everything; `rank` < 0 and `world_size` nullopt mean "from the
@@ -56,4 +70,4 @@ Rendezvous rendezvous(const std::string& init_method, int rank,
                       std::optional<int> world_size, std::chrono::milliseconds timeout,
                       bool dynamic = false);
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous

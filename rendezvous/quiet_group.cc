@@ -1,4 +1,4 @@
-#include "rpc/quiet_group.h"
+#include "rendezvous/quiet_group.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +9,7 @@
 #include "common/check.h"
 #include "common/error.h"
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 
 namespace {
 
@@ -99,26 +99,25 @@ int wait_for_quiet_group(const QuietGroup& group) {
   const int world = static_cast<int>(group.names.size());
   std::optional<Clock::time_point> deadline;
   if (group.timeout.count() > 0) deadline = Clock::now() + group.timeout;
-  uint64_t reported_started = group.calls->load().calls_started;
+  uint64_t reported_started = group.calls->activity().started;
   for (int round = 1;; ++round) {
     // This worker first: its own calls and requests.
     switch (group.calls->wait_idle(deadline)) {
-      case CallTable::Idle::kIdle:
+      case LocalCalls::Idle::kIdle:
         break;
-      case CallTable::Idle::kTimedOut: {
-        const CallTable::Load now = group.calls->load();
+      case LocalCalls::Idle::kTimedOut: {
+        const LocalCalls::Activity now = group.calls->activity();
         throw TimeoutError(fmt::format(
             "{}: timed out after {} ms with {} calls in flight and {} requests being handled",
-            group.who, group.timeout.count(), now.calls_in_flight, now.handling));
+            group.who, group.timeout.count(), now.in_flight, now.handling));
       }
-      case CallTable::Idle::kClosed:
+      case LocalCalls::Idle::kClosed:
         throw Error(ErrorCode::kCancelled, fmt::format("{}: rpc agent \"{}\" shut down",
                                                        group.who, group.calls->agent_name()));
     }
-    const CallTable::Load load = group.calls->load();
-    const uint64_t activity =
-        load.calls_in_flight + load.handling + (load.calls_started - reported_started);
-    reported_started = load.calls_started;
+    const LocalCalls::Activity load = group.calls->activity();
+    const uint64_t activity = load.in_flight + load.handling + (load.started - reported_started);
+    reported_started = load.started;
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(fmt::format("{}{}/{}", group.prefix, round, r));
     group.store->set(keys[group.rank], std::to_string(activity));
@@ -142,4 +141,4 @@ int wait_for_quiet_group(const QuietGroup& group) {
   }
 }
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous

@@ -1,8 +1,8 @@
 // wait_for_quiet_group(): what join() and graceful shutdown wait for in a
 // static group: that no worker of the group has a call in flight, and that
 // none will make another, however calls move between workers. One
-// implementation for every agent built on the call table (rpc/call_table.h),
-// over the group's store.
+// implementation for every agent, over the group's store; the agent's call
+// table (rpc/call_table.h) tells this worker's side through LocalCalls.
 //
 // Why a barrier after draining is not enough: a worker that drained may be
 // called again by a peer still at work (a call that moves on from worker to
@@ -30,18 +30,38 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "rpc/call_table.h"
 #include "store/store.h"
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
+
+// This worker's calls, as the rounds need them (rpc::CallTable's adapter is
+// rpc::QuietCalls). Called from the thread that waits.
+class LocalCalls {
+ public:
+  using Clock = std::chrono::steady_clock;
+  enum class Idle { kIdle, kTimedOut, kClosed };
+  struct Activity {
+    uint64_t in_flight = 0;  // calls made and not yet completed
+    uint64_t handling = 0;   // requests accepted and not yet answered
+    uint64_t started = 0;    // every call ever made
+  };
+  virtual ~LocalCalls() = default;
+  // Returns once no call is in flight and no request is being handled
+  // (kIdle), at `deadline` (kTimedOut), or once the agent shut down (kClosed).
+  virtual Idle wait_idle(std::optional<Clock::time_point> deadline) = 0;
+  virtual Activity activity() const = 0;
+  virtual bool closed() const = 0;
+  virtual std::string agent_name() const = 0;
+};
 
 struct QuietGroup {
-  CallTable* calls = nullptr;  // this worker's table
+  LocalCalls* calls = nullptr;  // this worker's
   Store* store = nullptr;      // shared by the group
   // Where this wait's rounds go: unique to the wait, the same on every
   // worker (e.g. "rpc/join/<generation>/"). Round k of rank r is the key
@@ -60,4 +80,4 @@ struct QuietGroup {
 // described there. Returns the number of rounds it took.
 int wait_for_quiet_group(const QuietGroup& group);
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous

@@ -19,7 +19,7 @@
 // renewals every 20 ms against a lease 30 times as long. Elapsed times are
 // checked against a lease from below (the token never takes over early,
 // whatever the scheduling) and against a generous bound from above.
-#include "rpc/membership_token.h"
+#include "rendezvous/membership_token.h"
 
 #include <fmt/format.h>
 
@@ -41,7 +41,7 @@
 
 using namespace switchboard;
 using namespace std::chrono_literals;
-using rpc::MembershipToken;
+using rendezvous::MembershipToken;
 using testing::on_threads;
 using testing::rethrow_first;
 using Steady = std::chrono::steady_clock;

@@ -1,4 +1,4 @@
-#include "rpc/membership_token.h"
+#include "rendezvous/membership_token.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -18,7 +18,7 @@
 #include "common/check.h"
 #include "common/error.h"
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 
 namespace {
 
@@ -276,4 +276,4 @@ void MembershipToken::release() {
   }
 }
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous

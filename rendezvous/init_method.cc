@@ -1,4 +1,4 @@
-#include "rpc/rendezvous.h"
+#include "rendezvous/init_method.h"
 
 #include <fmt/format.h>
 
@@ -10,11 +10,12 @@
 #include "common/auth.h"
 #include "common/check.h"
 #include "common/listen_address.h"
+#include "rendezvous/rounds.h"
 #include "store/file_store.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 
-namespace switchboard::rpc {
+namespace switchboard::rendezvous {
 namespace {
 
 std::optional<std::string> env(const char* name) {
@@ -76,16 +77,16 @@ bool use_agent_store() {
 
 std::shared_ptr<Store> agent_store(const HostPort& at, std::optional<int> world_size,
                                    std::chrono::milliseconds timeout) {
-  const std::string attempt = env("TORCHELASTIC_RESTART_COUNT").value_or("0");
-  parse_int("environment variable TORCHELASTIC_RESTART_COUNT", attempt, 0,
-            std::numeric_limits<int>::max());
+  const int attempt =
+      parse_int("environment variable TORCHELASTIC_RESTART_COUNT",
+                env("TORCHELASTIC_RESTART_COUNT").value_or("0"), 0, std::numeric_limits<int>::max());
   TcpStoreOptions options;
   options.is_master = false;
   options.world_size = world_size;
   options.wait_for_workers = false;
   options.timeout = timeout;
   return std::make_shared<PrefixStore>(
-      "/worker/attempt_" + attempt, std::make_shared<TcpStore>(at.host, at.port, options));
+      elastic_attempt_prefix(attempt), std::make_shared<TcpStore>(at.host, at.port, options));
 }
 
 // `where` names the setting that gave `at` (e.g. "MASTER_ADDR").
@@ -126,7 +127,61 @@ void check_rank(const Rendezvous& out) {
              out.world_size.value_or(0));
 }
 
+// Under srun, where MASTER_ADDR or MASTER_PORT is not set: the store's host
+// is the step's (else the job's) first node, where SLURM runs task 0, and
+// its port follows from the job id, so that every task finds the same one
+// and two jobs on one node rarely share it. `where` says which variables
+// gave them, for errors.
+void slurm_defaults(std::optional<std::string>& addr, std::optional<std::string>& port,
+                    std::string& where) {
+  if (!env("SLURM_PROCID")) return;
+  if (!addr) {
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+      if (auto nodes = env(name)) {
+        addr = slurm_first_node(*nodes);
+        where = name;
+        break;
+      }
+    }
+  }
+  if (!port) {
+    if (auto job = env("SLURM_JOB_ID")) {
+      port = std::to_string(slurm_store_port(parse_int(
+          "environment variable SLURM_JOB_ID", *job, 0, std::numeric_limits<int>::max())));
+    }
+  }
+}
+
 }  // namespace
+
+std::string slurm_first_node(std::string_view nodelist) {
+  // The first name of the list: up to the first comma outside brackets;
+  // each bracket "[a-b,c]" in it becomes its first value ("a"), which
+  // keeps its zero padding ("node[07-12]" -> "node07").
+  std::string out;
+  for (size_t i = 0; i < nodelist.size(); ++i) {
+    const char c = nodelist[i];
+    if (c == ',') break;
+    if (c != '[') {
+      SB_REQUIRE(c != ']', "SLURM node list \"{}\": a ']' without its '['", nodelist);
+      out.push_back(c);
+      continue;
+    }
+    const size_t close = nodelist.find(']', i);
+    SB_REQUIRE(close != std::string_view::npos, "SLURM node list \"{}\": a '[' without its ']'",
+               nodelist);
+    const std::string_view range = nodelist.substr(i + 1, close - i - 1);
+    const std::string_view first = range.substr(0, range.find_first_of(",-"));
+    SB_REQUIRE(!first.empty() && first.find_first_not_of("0123456789") == std::string_view::npos,
+               "SLURM node list \"{}\": \"[{}]\" is not a range of numbers", nodelist, range);
+    out.append(first);
+    i = close;
+  }
+  SB_REQUIRE(!out.empty(), "SLURM node list \"{}\" names no node", nodelist);
+  return out;
+}
+
+uint16_t slurm_store_port(int job_id) { return static_cast<uint16_t>(20000 + job_id % 10000); }
 
 std::optional<int> env_rank() {
   return first_env({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}, 0);
@@ -150,13 +205,15 @@ Rendezvous rendezvous(const std::string& init_method, int rank,
     if (!out.world_size && !dynamic) out.world_size = env_world_size();
     auto addr = env("MASTER_ADDR");
     auto port = env("MASTER_PORT");
+    std::string where = "MASTER_ADDR";
+    slurm_defaults(addr, port, where);
     SB_REQUIRE(addr && port, "init_method \"env://\": environment variable{} not set",
                !addr && !port ? "s MASTER_ADDR and MASTER_PORT are"
                               : (!addr ? " MASTER_ADDR is" : " MASTER_PORT is"));
     const HostPort at{*addr, static_cast<uint16_t>(parse_int(
                                  "environment variable MASTER_PORT", *port, 0, 65535))};
     check_rank(out);
-    out.store = tcp_store(at, "MASTER_ADDR", out.rank, out.world_size, timeout);
+    out.store = tcp_store(at, where, out.rank, out.world_size, timeout);
   } else if (method.starts_with("tcp://")) {
     const HostPort at = parse_host_port(fmt::format("init_method \"{}\"", init_method),
                                         method.substr(6));
@@ -175,4 +232,4 @@ Rendezvous rendezvous(const std::string& init_method, int rank,
   return out;
 }
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard::rendezvous
