@@ -75,11 +75,18 @@ bool use_agent_store() {
   return value && *value == "True";
 }
 
+// The attempt of an elastic job (torchrun's, or tools/launch --max-restarts):
+// TORCHELASTIC_RESTART_COUNT; nullopt outside one.
+std::optional<int> elastic_attempt() {
+  const std::optional<std::string> count = env("TORCHELASTIC_RESTART_COUNT");
+  if (!count) return std::nullopt;
+  return parse_int("environment variable TORCHELASTIC_RESTART_COUNT", *count, 0,
+                   std::numeric_limits<int>::max());
+}
+
 std::shared_ptr<Store> agent_store(const HostPort& at, std::optional<int> world_size,
                                    std::chrono::milliseconds timeout) {
-  const int attempt =
-      parse_int("environment variable TORCHELASTIC_RESTART_COUNT",
-                env("TORCHELASTIC_RESTART_COUNT").value_or("0"), 0, std::numeric_limits<int>::max());
+  const int attempt = elastic_attempt().value_or(0);
   TcpStoreOptions options;
   options.is_master = false;
   options.world_size = world_size;
@@ -115,7 +122,16 @@ std::shared_ptr<Store> tcp_store(const HostPort& at, std::string_view where, int
   // The job secret, when the job has one: proven to the store (and
   // required by rank 0's).
   options.secret = Secret::from_environment();
-  return std::make_shared<TcpStore>(at.host, at.port, options);
+  auto store = std::make_shared<TcpStore>(at.host, at.port, options);
+  // A standalone store outlives the attempts of an elastic job
+  // (tools/launch --max-restarts): each attempt meets under its own prefix,
+  // as under torchrun's agent store.
+  if (env("SWITCHBOARD_STORE")) {
+    if (const std::optional<int> attempt = elastic_attempt()) {
+      return std::make_shared<PrefixStore>(elastic_attempt_prefix(*attempt), std::move(store));
+    }
+  }
+  return store;
 }
 
 // Checked before any store is opened: a worker with a bad rank must not

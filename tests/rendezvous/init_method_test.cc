@@ -483,6 +483,40 @@ TEST_CASE("under srun without MASTER_ADDR the store is on the step's first node"
                   {"SLURM_STEP_NODELIST", "198.18.255.254", "not an address of this host"});
 }
 
+TEST_CASE("with SWITCHBOARD_STORE each attempt of an elastic job (launch --max-restarts) "
+          "meets under its own prefix; rank 0's own store is never prefixed",
+          "[rendezvous][elastic]") {
+  EnvGuard env;
+  TcpStoreServer server;  // the launcher's store server
+  REQUIRE(server.port() != 0);
+  const std::string port = std::to_string(server.port());
+  env.set("SWITCHBOARD_STORE", "tcp://127.0.0.1:" + port);
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", port);
+  env.set("WORLD_SIZE", "2");
+  env.set("TORCHELASTIC_RESTART_COUNT", "1");
+  rendezvous::Rendezvous first = rendezvous::rendezvous("env://", 0, std::nullopt, kTimeout);
+  first.store->set("k", "attempt 1");
+  TcpStore probe = client(server.port());
+  CHECK(to_string(probe.get("/worker/attempt_1/k")) == "attempt 1");
+  CHECK_FALSE(probe.check({"k"}));
+  env.set("TORCHELASTIC_RESTART_COUNT", "2");
+  rendezvous::Rendezvous second = rendezvous::rendezvous("env://", 1, std::nullopt, kTimeout);
+  CHECK_FALSE(second.store->check({"k"}));
+  // Without SWITCHBOARD_STORE rank 0 hosts a store of its own for the attempt:
+  // host and clients both see it unprefixed.
+  ::unsetenv("SWITCHBOARD_STORE");
+  env.set("MASTER_PORT", "0");
+  rendezvous::Rendezvous host = rendezvous::rendezvous("env://", 0, std::nullopt, kTimeout);
+  REQUIRE(as_tcp(host) != nullptr);
+  REQUIRE(as_tcp(host)->server() != nullptr);
+  env.set("MASTER_PORT", std::to_string(as_tcp(host)->port()));
+  rendezvous::Rendezvous peer = rendezvous::rendezvous("env://", 1, std::nullopt, kTimeout);
+  REQUIRE(as_tcp(peer) != nullptr);
+  peer.store->set("p", "v");
+  CHECK(to_string(host.store->get("p")) == "v");
+}
+
 TEST_CASE("env:// without SWITCHBOARD_STORE: rank 0 hosts on MASTER_PORT",
           "[rendezvous]") {
   EnvGuard env;
