@@ -1,4 +1,4 @@
-// NetnsCluster for tests: the test hosts of tools/netns/netns_cluster.h,
+// NetnsCluster for tests: the test hosts of testkit/netns_cluster.h,
 // plus processes started in them as sbtest::Subprocess (this test binary's
 // children, registered with SB_CHILD_MAIN, or any program).
 //
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tests/util/subprocess.h"
-#include "tools/netns/netns_cluster.h"
+#include "testkit/netns_cluster.h"
 
 namespace sbtest {
 

@@ -60,9 +60,9 @@
 #include "tools/bench/rpc_compare.h"
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
-#include "tools/certs/certificate_authority.h"
+#include "testkit/certificate_authority.h"
 #include "tools/cli/cli.h"
-#include "tools/netns/netns_cluster.h"
+#include "testkit/netns_cluster.h"
 
 namespace switchboard::bench {
 
@@ -653,7 +653,7 @@ struct Flags {
 };
 
 // `bench rpc --hosts`: two network namespaces joined by a virtual switch
-// (tools/netns), this binary run again in the first (--in-hosts) with its
+// (testkit/netns_cluster.h), this binary run again in the first (--in-hosts) with its
 // servers in the second; everything is torn down afterwards. Its exit
 // status, or 1 when the namespaces cannot be made (saying why).
 int run_across_hosts(bool quick, const std::string& only) {

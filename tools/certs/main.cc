@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/certs/certificate_authority.h"
+#include "testkit/certificate_authority.h"
 #include "tools/cli/cli.h"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-#include "tools/certs/certificate_authority.h"
+#include "testkit/certificate_authority.h"
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>

@@ -20,7 +20,8 @@
 // namespaces see nothing else (not even the machine's own interfaces).
 //
 // Teardown: the destructor kills every process left in the cluster's
-// namespaces and deletes them (their links go with them). A test process
+// namespaces and deletes them (their links go with them, and their files
+// under /etc/netns/). A test process
 // that was killed cannot run its destructor: every new cluster first
 // removes the namespaces of clusters whose process is gone (their names
 // carry its pid).
@@ -43,6 +44,12 @@ class NetnsCluster {
   struct Options {
     int hosts = 2;
     bool second_network = false;  // eth1 on 198.19.0.0/24 as well
+    // Each host has a name, "host<i>": commands run in a UTS namespace of
+    // their own with that host name, and every host's /etc/hosts (a file
+    // /etc/netns/<ns>/hosts that `ip netns exec` mounts over /etc/hosts)
+    // maps every host's name to its eth0 address, as a cluster's DNS would
+    // (what SLURM's node names and torchrun's c10d rendezvous need).
+    bool host_names = false;
   };
 
   // Why clusters cannot be made here (not root, no `ip`, namespaces
@@ -61,6 +68,9 @@ class NetnsCluster {
   // Host `host`'s address on the first (eth0) and second (eth1) network.
   std::string address(int host) const;
   std::string address2(int host) const;
+  // Host `host`'s name (clusters made with host_names); std::logic_error
+  // otherwise.
+  std::string host_name(int host) const;
   // The namespace's name, for `ip netns exec`.
   const std::string& ns(int host) const { return hosts_.at(host); }
 
@@ -99,6 +109,8 @@ class NetnsCluster {
   std::string switch_ns_;
   std::vector<std::string> hosts_;
   bool second_network_ = false;
+  bool host_names_ = false;
+  void write_hosts_files();
   // The blackhole routes partition() added: (host, address).
   std::vector<std::pair<int, std::string>> blackholes_;
 };

@@ -1,4 +1,4 @@
-#include "tools/netns/netns_cluster.h"
+#include "testkit/netns_cluster.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <climits>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <stdexcept>
 
@@ -89,6 +91,9 @@ std::vector<std::string> words(const std::string& text) {
 }
 
 // Kills every process in namespace `ns` and deletes it. Best effort.
+// `ip netns exec NS` bind-mounts the files of /etc/netns/NS/ over /etc/.
+constexpr const char* kEtcNetns = "/etc/netns";
+
 void remove_namespace(const std::string& ns) {
   for (int round = 0; round < 3; ++round) {
     const std::vector<std::string> pids = words(run_ip({"netns", "pids", ns}).text);
@@ -101,6 +106,9 @@ void remove_namespace(const std::string& ns) {
     }
   }
   run_ip({"netns", "del", ns});
+  // The host's own /etc files (host names), if it had them.
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(kEtcNetns) / ns, ignored);
 }
 
 // Deletes the namespaces of clusters whose test process is gone.
@@ -181,7 +189,8 @@ void NetnsCluster::ip(const std::vector<std::string>& args) {
   }
 }
 
-NetnsCluster::NetnsCluster(Options options) : second_network_(options.second_network) {
+NetnsCluster::NetnsCluster(Options options)
+    : second_network_(options.second_network), host_names_(options.host_names) {
   if (options.hosts < 1 || options.hosts > 200) {
     throw std::invalid_argument(fmt::format("NetnsCluster: {} hosts (1 to 200)", options.hosts));
   }
@@ -215,6 +224,7 @@ NetnsCluster::NetnsCluster(Options options) : second_network_(options.second_net
         ip({"-n", ns, "link", "set", dev, "up"});
       }
     }
+    if (host_names_) write_hosts_files();
   } catch (...) {
     for (const std::string& ns : hosts_) remove_namespace(ns);
     remove_namespace(switch_ns_);
@@ -230,6 +240,27 @@ NetnsCluster::~NetnsCluster() {
 std::string NetnsCluster::address(int host) const {
   hosts_.at(host);  // range check
   return fmt::format("198.18.0.{}", host + 1);
+}
+
+std::string NetnsCluster::host_name(int host) const {
+  hosts_.at(host);  // range check
+  if (!host_names_) {
+    throw std::logic_error("NetnsCluster: host_name() of a cluster without host names");
+  }
+  return fmt::format("host{}", host);
+}
+
+void NetnsCluster::write_hosts_files() {
+  std::string hosts = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+  for (int h = 0; h < size(); ++h) hosts += fmt::format("{}\t{}\n", address(h), host_name(h));
+  for (const std::string& ns : hosts_) {
+    const std::filesystem::path dir = std::filesystem::path(kEtcNetns) / ns;
+    std::filesystem::create_directories(dir);
+    std::ofstream out(dir / "hosts", std::ios::trunc);
+    out << hosts;
+    out.close();
+    if (!out) throw std::runtime_error(fmt::format("NetnsCluster: cannot write {}/hosts", dir.string()));
+  }
 }
 
 std::string NetnsCluster::address2(int host) const {
@@ -248,6 +279,15 @@ std::vector<std::string> NetnsCluster::command(
     int host, const std::vector<std::string>& argv,
     const std::map<std::string, std::string>& env) const {
   std::vector<std::string> full = exec_prefix(hosts_.at(host));
+  if (host_names_) {
+    // A UTS namespace of its own, named as /etc/hosts names the host; the
+    // shell execs the command, which keeps the pid.
+    for (const char* a : {"/usr/bin/unshare", "--uts", "--", "/bin/sh", "-c",
+                          "echo \"$0\" > /proc/sys/kernel/hostname && exec \"$@\""}) {
+      full.push_back(a);
+    }
+    full.push_back(host_name(host));
+  }
   for (std::string& a : with_env(argv, env)) full.push_back(std::move(a));
   return full;
 }
