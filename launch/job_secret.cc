@@ -1,4 +1,4 @@
-#include "tools/launch/job_secret.h"
+#include "launch/job_secret.h"
 
 #include <fmt/format.h>
 #include <unistd.h>

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "common/auth.h"
-#include "tools/launch/options.h"
+#include "launch/options.h"
 
 namespace switchboard::launch {
 

@@ -1,4 +1,4 @@
-#include "tools/launch/line_relay.h"
+#include "launch/line_relay.h"
 
 #include <poll.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "tools/launch/options.h"
+#include "launch/options.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -27,21 +27,27 @@ constexpr const char* kDescription =
     "node with the same --nnodes, --master-addr and --master-port and its own\n"
     "--node-rank: node 0 runs the store server, the launchers wait for each\n"
     "other (--join-timeout) and the job runs and fails as one.\n"
+    "Each worker also gets TORCHELASTIC_RESTART_COUNT (the attempt, from 0),\n"
+    "TORCHELASTIC_MAX_RESTARTS and TORCHELASTIC_RUN_ID (the --job-id).\n"
     "Everything after \"--\" (or from the first argument that is not a flag)\n"
     "goes to the workers unchanged.";
 
 constexpr const char* kFooter =
     "When a worker exits non-zero or is killed by a signal, the others get\n"
-    "SIGTERM (SIGKILL after the timeout) and launch exits 1, naming the rank;\n"
-    "on several nodes the workers of every node are stopped and every launcher\n"
-    "names the node and rank that failed first.\n"
+    "SIGTERM (SIGKILL after the timeout). With restarts left (--max-restarts),\n"
+    "every node then starts all its workers again, as the next attempt;\n"
+    "otherwise launch exits 1, naming the rank (on several nodes, every\n"
+    "launcher names the node and rank that failed first). A signal to a\n"
+    "launcher, a lost node or a lost store server ends the job at once.\n"
     "SIGINT, SIGTERM and SIGHUP are forwarded to every worker (on every node);\n"
     "launch then exits 128 + the signal number (a second signal kills the\n"
     "workers at once).\n"
-    "Exit status: 0 all workers exited 0; 1 a worker, a node or the store server\n"
-    "failed; 2 usage error; 128+S stopped by signal S.";
+    "Exit status: 0 all workers of one attempt exited 0; 1 a worker (in the\n"
+    "last attempt), a node or the store server failed; 2 usage error; 128+S\n"
+    "stopped by signal S.";
 
 constexpr int kMaxNodes = 4096;
+constexpr int kMaxRestarts = 10'000;
 constexpr double kMaxJoinSeconds = 7 * 24 * 3600;
 
 bool is_executable_file(const std::string& path) {
@@ -82,6 +88,11 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
       ->type_name("S")
       ->default_str(fmt::format("{}", options->node_timeout.count() / 1000.0))
       ->check(cli::number_in(1, kMaxJoinSeconds));
+  app.add_option("--max-restarts,--max_restarts", options->max_restarts,
+                 "restarts of the whole group (every node) after a worker fails before "
+                 "the job fails; each worker gets TORCHELASTIC_RESTART_COUNT")
+      ->type_name("N")
+      ->check(cli::in_range(0, kMaxRestarts));
   app.add_option("--job-id", options->job_id,
                  "names this job's keys in the store; runs sharing one --store need "
                  "different ids")

@@ -1,5 +1,6 @@
-// Command line of the launcher: its options, their flags (CLI11, through
-// //tools/cli) and where the store server binary is found.
+// Command line of the launcher (//launch, run by tools/launch): its options,
+// their flags (CLI11, through //tools/cli) and where the store server binary
+// is found.
 //
 // Thread safety: plain functions over values; nothing is shared.
 #pragma once
@@ -39,6 +40,11 @@ struct LaunchOptions {
   // Names this job's keys in the store ("launch/<job_id>/..."): runs that
   // share one store_server need different ids.
   std::string job_id = "job";
+  // Restart policy (torchrun's --max_restarts): a worker failing in attempt
+  // n < max_restarts stops the workers of every node and starts attempt
+  // n + 1 everywhere; a failure in attempt max_restarts ends the job.
+  // Nothing else is restartable (supervisor.h).
+  int max_restarts = 0;
   // How long stopped workers (and the store server) get between the first
   // signal and SIGKILL.
   std::chrono::milliseconds stop_timeout{5000};
@@ -62,7 +68,8 @@ struct LaunchOptions {
 // $SWITCHBOARD_SECRET_FILE) or --no-secret, --secret-file with --no-secret,
 // or a --store that is not tcp://HOST:PORT.
 //
-// --nproc-per-node is --nproc's torchrun spelling.
+// --nproc-per-node and --max_restarts are torchrun's spellings of --nproc
+// and --max-restarts.
 void add_launch_flags(CLI::App& app, LaunchOptions* options);
 
 // The store server binary to start when --store-server is not given:

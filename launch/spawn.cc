@@ -1,4 +1,4 @@
-#include "tools/launch/spawn.h"
+#include "launch/spawn.h"
 
 #include <fcntl.h>
 #include <sys/prctl.h>

@@ -1,4 +1,4 @@
-#include "tools/launch/launcher.h"
+#include "launch/supervisor.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -23,11 +23,11 @@
 
 #include "common/auth.h"
 #include "common/error.h"
+#include "launch/job_secret.h"
+#include "launch/line_relay.h"
+#include "launch/node_link.h"
+#include "launch/spawn.h"
 #include "store/tcp_store.h"
-#include "tools/launch/job_secret.h"
-#include "tools/launch/node_link.h"
-#include "tools/launch/line_relay.h"
-#include "tools/launch/spawn.h"
 
 namespace switchboard::launch {
 
@@ -79,8 +79,28 @@ std::string store_url(const std::string& addr, uint16_t port) {
   return fmt::format("tcp://{}:{}", addr, port);
 }
 
+// Where a node is in the current attempt (restart policy, supervisor.h).
+enum class AttemptState {
+  // Its workers run, or have all exited 0: then, on several nodes, it waits
+  // for every node's to have (success) or for the attempt to fail.
+  kRunning,
+  // The attempt failed with restarts left: its workers are being stopped,
+  // then (on several nodes) it waits for every node's to be.
+  kRestarting,
+  // Every worker of every node exited 0 in this attempt: the job is done.
+  kSucceeded,
+};
 
-// Runs one job; see launcher.h. Owns every child and descriptor it makes.
+// The attempt running and where this node is in it.
+struct Attempt {
+  int number = 0;  // 0, 1, ...: TORCHELASTIC_RESTART_COUNT
+  AttemptState state = AttemptState::kRunning;
+  // Several nodes: what this node has said of the attempt in the store.
+  bool reported_stopped = false;
+  bool reported_succeeded = false;
+};
+
+// Runs one job; see supervisor.h. Owns every child and descriptor it makes.
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& options) : options_(options) {}
@@ -101,6 +121,13 @@ class Supervisor {
   void monitor_job(TimePoint now);
   void watch_nodes(TimePoint now);
   void report_failure(const std::string& what);
+  void lose_store(const std::exception& error);
+  void on_worker_failed(const std::string& what);
+  void attempt_failed(const std::string& first);
+  bool follow_attempt();
+  void start_next_attempt();
+  // "node 1: " on several nodes, else "" (log lines of this launcher).
+  std::string node_tag() const;
   void setup_signals();
   bool start_store_server();
   bool wait_for_port();
@@ -114,12 +141,17 @@ class Supervisor {
   void reap_children();
   void on_child_exit(pid_t pid, int status);
   void begin_stop(int signo, int exit_code);
+  void stop_workers(int signo, bool say_so);
   void maybe_stop_store();
   void kill_everything();
   void on_deadlines(TimePoint now);
   void drain_and_close_relays();
   int poll_timeout_ms(TimePoint now) const;
   int running_workers() const;
+  // The job has succeeded or is failing: no attempt follows.
+  bool job_over() const {
+    return stopping_ || attempt_.state == AttemptState::kSucceeded;
+  }
   bool done() const;
 
   const LaunchOptions& options_;
@@ -131,8 +163,9 @@ class Supervisor {
   std::vector<Child> workers_;
   std::vector<LineRelay> relays_;
   uint16_t port_ = 0;
-  bool workers_started_ = false;
+  bool workers_started_ = false;  // start_workers() ran (attempt 0)
   bool stopping_ = false;  // a failure or a signal is ending the job
+  Attempt attempt_;        // the restart policy's
   bool store_signaled_ = false;
   int exit_code_ = 0;
   std::optional<TimePoint> worker_kill_at_;  // SIGKILL the workers then
@@ -141,7 +174,7 @@ class Supervisor {
   // Multi-node (see NodeLink): null on one node, or once the store is gone.
   std::unique_ptr<NodeLink> link_;
   std::string first_failure_;             // the job's, as recorded in the store
-  bool reported_done_ = false;            // this node's workers are all reaped
+  bool reported_done_ = false;            // the job is over, this node's workers reaped
   bool nodes_done_ = false;               // node 0: every node is (the store may go)
   std::optional<TimePoint> next_monitor_;
   // Node 0: each other node's heartbeat counter as last seen, and when (by
@@ -308,13 +341,31 @@ void Supervisor::watch_nodes(TimePoint now) {
   }
 }
 
+// The store cannot be reached any more (multi-node): this node's workers
+// stop, and the job's failure is recorded if the store answers after all.
+void Supervisor::lose_store(const std::exception& error) {
+  if (!stopping_) {
+    fmt::print(stderr,
+               "launch: node {}: the job's store at {}:{} is gone ({}); stopping\n",
+               options_.node_rank, options_.master_addr, port_, error.what());
+    report_failure(
+        fmt::format("the store at {}:{} went away", options_.master_addr, port_));
+    begin_stop(SIGTERM, 1);
+  }
+  link_.reset();
+  nodes_done_ = true;
+  maybe_stop_store();
+}
+
 // Multi-node, every monitor_interval while the job runs: another node's
-// failure stops this node's workers; when they are all reaped this node
-// says so; node 0 keeps the store up until every node is done (or, after
-// a failure, for the stop timeout and a little more).
+// failure stops this node's workers; the attempt is followed (restarts,
+// success); when the job is over and this node's workers are all reaped it
+// says so; node 0 keeps the store up until every node is done (or, after a
+// failure, for the stop timeout and a little more).
 void Supervisor::monitor_job(TimePoint now) {
   if (!link_ || (next_monitor_ && now < *next_monitor_)) return;
   next_monitor_ = now + options_.monitor_interval;
+  bool next_attempt = false;
   try {
     if (!next_heartbeat_ || now >= *next_heartbeat_) {
       next_heartbeat_ = now + kHeartbeatInterval;
@@ -329,8 +380,11 @@ void Supervisor::monitor_job(TimePoint now) {
         begin_stop(SIGTERM, 1);
       }
     }
-    // Done: every worker reaped, or none started (the job failed first).
-    if ((workers_started_ || stopping_) && running_workers() == 0 && !reported_done_) {
+    next_attempt = follow_attempt();
+    if (!link_) return;  // follow_attempt() lost the store
+    // Done: the job is over and every worker reaped, or none started (the
+    // job failed first).
+    if (job_over() && running_workers() == 0 && !reported_done_) {
       link_->report_done();
       reported_done_ = true;
     }
@@ -352,16 +406,104 @@ void Supervisor::monitor_job(TimePoint now) {
       if (nodes_done_) maybe_stop_store();
     }
   } catch (const std::exception& e) {
-    if (!stopping_) {
-      fmt::print(stderr, "launch: node {}: the job's store at {}:{} is gone ({}); stopping\n",
-                 options_.node_rank, options_.master_addr, port_, e.what());
-      report_failure(fmt::format("the store at {}:{} went away", options_.master_addr, port_));
-      begin_stop(SIGTERM, 1);
-    }
-    link_.reset();
-    nodes_done_ = true;
-    maybe_stop_store();
+    lose_store(e);
+    return;
   }
+  // Outside the try: only the store's errors mean the store is lost.
+  if (next_attempt) start_next_attempt();
+}
+
+std::string Supervisor::node_tag() const {
+  return multi_node() ? fmt::format("node {}: ", options_.node_rank) : std::string();
+}
+
+// A worker of the running attempt failed here (`what` names it): the
+// attempt's first failure is recorded (several nodes), and the restart
+// policy decides.
+void Supervisor::on_worker_failed(const std::string& what) {
+  std::string first = what;
+  if (link_) {
+    try {
+      first = link_->report_attempt_failure(attempt_.number, what);
+    } catch (const std::exception& e) {
+      lose_store(e);
+      return;
+    }
+  }
+  attempt_failed(first);
+}
+
+// The running attempt failed, `first` being its first failure (on any
+// node): its workers here are stopped; with restarts left the next attempt
+// follows (follow_attempt()), else the job fails naming it.
+void Supervisor::attempt_failed(const std::string& first) {
+  if (attempt_.number < options_.max_restarts) {
+    fmt::print(stderr, "launch: {}attempt {} failed: {}; restarting ({} of {})\n",
+               node_tag(), attempt_.number, first, attempt_.number + 1,
+               options_.max_restarts);
+    attempt_.state = AttemptState::kRestarting;
+    stop_workers(SIGTERM, true);
+    return;
+  }
+  std::string what = first;
+  if (options_.max_restarts > 0) {
+    fmt::print(stderr,
+               "launch: {}attempt {} failed: {}; no restarts left (--max-restarts {})\n",
+               node_tag(), attempt_.number, first, options_.max_restarts);
+    what = fmt::format("attempt {}: {}", attempt_.number, first);
+  }
+  if (multi_node()) report_failure(what);
+  begin_stop(SIGTERM, 1);
+}
+
+// Moves the attempt on once this node's workers are all reaped: after a
+// failure, to the next attempt (on several nodes, once every node has
+// stopped its workers); after every worker exited 0, to the job's success
+// (on several nodes, once every node's did; the attempt failing elsewhere
+// meanwhile restarts this node too). Returns true when the next attempt
+// may start (start_next_attempt()). Store errors are the caller's
+// (monitor_job()).
+bool Supervisor::follow_attempt() {
+  if (stopping_ || !workers_started_) return false;
+  if (attempt_.state == AttemptState::kRunning && link_) {
+    if (auto failure = link_->attempt_failure(attempt_.number)) attempt_failed(*failure);
+    if (stopping_) return false;
+  }
+  if (running_workers() > 0) return false;
+  if (attempt_.state == AttemptState::kRunning) {
+    if (link_) {
+      if (!attempt_.reported_succeeded) {
+        link_->report_succeeded(attempt_.number);
+        attempt_.reported_succeeded = true;
+      }
+      if (!link_->all_succeeded(attempt_.number)) return false;
+    }
+    attempt_.state = AttemptState::kSucceeded;
+    if (options_.max_restarts > 0) {
+      fmt::print(stderr, "launch: {}every worker{} exited 0 in attempt {}\n", node_tag(),
+                 multi_node() ? " of every node" : "", attempt_.number);
+    }
+    maybe_stop_store();
+  } else if (attempt_.state == AttemptState::kRestarting) {
+    if (link_) {
+      if (!attempt_.reported_stopped) {
+        link_->report_stopped(attempt_.number);
+        attempt_.reported_stopped = true;
+      }
+      if (!link_->all_stopped(attempt_.number)) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+// Every worker of the failed attempt is reaped (on every node): the same
+// ranks start again as the next attempt.
+void Supervisor::start_next_attempt() {
+  attempt_ = Attempt{.number = attempt_.number + 1};
+  worker_kill_at_.reset();  // the old attempt's: all reaped
+  workers_.clear();
+  start_workers();
 }
 
 void Supervisor::setup_signals() {
@@ -469,8 +611,9 @@ bool Supervisor::parse_port_lines(std::string* pending) {
   return true;
 }
 
+// Starts the workers of the attempt attempt_ names.
 void Supervisor::start_workers() {
-  if (hosts_store()) {
+  if (hosts_store() && attempt_.number == 0) {
     fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid,
                store_url(options_.master_addr, port_));
   }
@@ -485,8 +628,9 @@ void Supervisor::start_workers() {
   }
   std::vector<pid_t> pids;
   for (const Child& worker : workers_) pids.push_back(worker.pid);
-  fmt::print(stderr, "launch: started {} workers (pids {})\n", workers_.size(),
-             fmt::join(pids, ", "));
+  fmt::print(stderr, "launch: {}started {} workers (pids {})\n",
+             attempt_.number > 0 ? fmt::format("attempt {}: ", attempt_.number) : "",
+             workers_.size(), fmt::join(pids, ", "));
 }
 
 // Starts the worker of local rank `local`; false (stopping the job) when it
@@ -507,6 +651,9 @@ bool Supervisor::start_worker(int local, const std::string& path) {
       fmt::format("MASTER_ADDR={}", addr),
       fmt::format("MASTER_PORT={}", port_),
       fmt::format("SWITCHBOARD_STORE={}", store_url(addr, port_)),
+      fmt::format("TORCHELASTIC_RESTART_COUNT={}", attempt_.number),
+      fmt::format("TORCHELASTIC_MAX_RESTARTS={}", options_.max_restarts),
+      fmt::format("TORCHELASTIC_RUN_ID={}", options_.job_id),
       secret_variable(),
   });
   if (const char* dir = std::getenv("BUILD_WORKING_DIRECTORY"))
@@ -534,11 +681,17 @@ bool Supervisor::start_worker(int local, const std::string& path) {
   if (spawned.exec_error == 0) return true;
   fmt::print(stderr, "launch: rank {} cannot execute '{}': {}\n", rank,
              options_.command[0], std::strerror(spawned.exec_error));
+  // Not restartable: it would fail again.
+  if (multi_node()) {
+    report_failure(fmt::format("node {} rank {} cannot execute '{}': {}",
+                               options_.node_rank, rank, options_.command[0],
+                               std::strerror(spawned.exec_error)));
+  }
   begin_stop(SIGTERM, 1);
   return false;
 }
 
-// The loop of step 4 (launcher.h): until every child is reaped and its
+// The loop of step 4 (supervisor.h): until every child is reaped and its
 // output passed on.
 void Supervisor::supervise() {
   while (!done()) {
@@ -556,7 +709,12 @@ void Supervisor::supervise() {
     }
     if (rc > 0 && fds[0].revents != 0) read_signals();
     on_deadlines(Clock::now());
+    // One node: the attempt is followed here; several: by monitor_job().
+    if (!multi_node() && follow_attempt()) start_next_attempt();
     monitor_job(Clock::now());
+    if (job_over() && !store_.running && running_workers() == 0 && !drain_until_) {
+      drain_until_ = Clock::now() + options_.stop_timeout;
+    }
   }
 }
 
@@ -610,20 +768,18 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
                                [&](const Child& child) { return child.pid == pid; });
     if (worker == workers_.end()) return;  // not ours (cannot happen)
     worker->running = false;
-    if (!stopping_ && failed(status)) {
+    // Workers stopped for a restart or at the job's end are not failures.
+    if (!stopping_ && attempt_.state == AttemptState::kRunning && failed(status)) {
       fmt::print(stderr, "launch: {} (pid {}) {}\n", worker->name, pid,
                  describe_status(status));
-      if (multi_node()) {
-        report_failure(fmt::format("node {} {} (pid {}) {}", options_.node_rank,
-                                   worker->name, pid, describe_status(status)));
-      }
-      begin_stop(SIGTERM, 1);
+      on_worker_failed(multi_node()
+                           ? fmt::format("node {} {} (pid {}) {}", options_.node_rank,
+                                         worker->name, pid, describe_status(status))
+                           : fmt::format("{} (pid {}) {}", worker->name, pid,
+                                         describe_status(status)));
     }
   }
   maybe_stop_store();
-  if (!store_.running && running_workers() == 0 && !drain_until_) {
-    drain_until_ = Clock::now() + options_.stop_timeout;
-  }
 }
 
 // Ends the job: `signo` to every running worker's process group, SIGKILL
@@ -631,25 +787,29 @@ void Supervisor::on_child_exit(pid_t pid, int status) {
 void Supervisor::begin_stop(int signo, int exit_code) {
   stopping_ = true;
   exit_code_ = exit_code;
-  int running = running_workers();
-  if (running > 0) {
-    if (exit_code == 1) {
-      fmt::print(stderr,
-                 "launch: stopping {} running workers: {} now, SIGKILL after {}\n",
-                 running, signal_name(signo), seconds(options_.stop_timeout));
-    }
-    for (const Child& worker : workers_) {
-      if (worker.running) ::kill(-worker.pid, signo);
-    }
-    worker_kill_at_ = Clock::now() + options_.stop_timeout;
-  }
+  stop_workers(signo, exit_code == 1);
   maybe_stop_store();
 }
 
-// The store server goes last: SIGTERM once every worker has been reaped
-// (on several nodes: every node's, see monitor_job()).
+// `signo` to every running worker's process group (saying so when
+// `say_so`), SIGKILL after the stop timeout (on_deadlines()).
+void Supervisor::stop_workers(int signo, bool say_so) {
+  const int running = running_workers();
+  if (running == 0) return;
+  if (say_so) {
+    fmt::print(stderr, "launch: stopping {} running workers: {} now, SIGKILL after {}\n",
+               running, signal_name(signo), seconds(options_.stop_timeout));
+  }
+  for (const Child& worker : workers_) {
+    if (worker.running) ::kill(-worker.pid, signo);
+  }
+  worker_kill_at_ = Clock::now() + options_.stop_timeout;
+}
+
+// The store server goes last: SIGTERM once the job is over and every worker
+// has been reaped (on several nodes: every node's, see monitor_job()).
 void Supervisor::maybe_stop_store() {
-  if (!workers_started_ && !stopping_) return;
+  if (!job_over()) return;
   if (running_workers() > 0 || !store_.running || store_signaled_) return;
   if (link_ && !nodes_done_) return;
   store_signaled_ = true;
@@ -722,7 +882,7 @@ int Supervisor::running_workers() const {
 }
 
 bool Supervisor::done() const {
-  if (store_.running || running_workers() > 0) return false;
+  if (!job_over() || store_.running || running_workers() > 0) return false;
   if (link_ && !reported_done_) return false;  // say so first (monitor_job)
   return std::none_of(relays_.begin(), relays_.end(),
                       [](const LineRelay& relay) { return relay.open(); });

@@ -82,6 +82,10 @@ Round join_collective_round(const std::shared_ptr<Store>& store, const std::stri
 
 std::string launch_prefix(const std::string& job_id) { return fmt::format("launch/{}/", job_id); }
 
+std::string launch_attempt_prefix(const std::string& job_id, int attempt) {
+  return fmt::format("{}attempt/{}/", launch_prefix(job_id), attempt);
+}
+
 std::string torch_join_key(uint64_t n) { return fmt::format("switchboard/torch_rpc/join/{}", n); }
 
 std::string elastic_attempt_prefix(int attempt) {

@@ -121,6 +121,12 @@ Round join_collective_round(const std::shared_ptr<Store>& store, const std::stri
 // The keys of multi-node job `job_id`'s launchers: "launch/<job id>/".
 std::string launch_prefix(const std::string& job_id);
 
+// The keys of attempt `attempt` (0, 1, ... : a restart is the next attempt)
+// of multi-node job `job_id`'s launchers, inside launch_prefix(job_id):
+// "launch/<job id>/attempt/<n>/". Its workers meet elsewhere, in the round
+// of elastic_attempt_prefix(attempt).
+std::string launch_attempt_prefix(const std::string& job_id, int attempt);
+
 // The n-th join(shutdown=False) of the torch backend:
 // "switchboard/torch_rpc/join/<n>".
 std::string torch_join_key(uint64_t n);

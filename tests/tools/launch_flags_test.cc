@@ -1,4 +1,4 @@
-// The launcher's flags (tools/launch/options.h) without starting anything:
+// The launcher's flags (launch/options.h) without starting anything:
 // what they accept, what they refuse and with which message, and that the
 // worker's command is passed on unchanged.
 #include <catch2/catch.hpp>
@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "launch/options.h"
 #include "tools/cli/cli.h"
-#include "tools/launch/options.h"
 
 namespace cli = switchboard::cli;
 using switchboard::launch::add_launch_flags;
@@ -31,7 +31,23 @@ TEST_CASE("launch flags: defaults with only --nproc and a program", "[launch][cl
   CHECK(p.flags.master_port == 0);
   CHECK(p.flags.store_server.empty());
   CHECK(p.flags.stop_timeout == std::chrono::milliseconds(5000));
+  CHECK(p.flags.max_restarts == 0);
   CHECK(p.flags.prefix_output);
+  CHECK(p.flags.command == Args{"worker"});
+}
+
+TEST_CASE("launch flags: --max-restarts, and torchrun's --max_restarts",
+          "[launch][cli]") {
+  auto [args, restarts] = GENERATE(table<Args, int>({
+      {{"--nproc", "2", "--max-restarts", "3", "worker"}, 3},
+      {{"--nproc", "2", "--max-restarts=0", "worker"}, 0},
+      {{"--nproc", "2", "--max_restarts", "1", "worker"}, 1},
+      {{"--nproc", "2", "--max_restarts=10000", "--", "worker"}, 10000},
+  }));
+  Parsed p = parse(args);
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.flags.max_restarts == restarts);
   CHECK(p.flags.command == Args{"worker"});
 }
 
@@ -137,11 +153,19 @@ TEST_CASE("launch flags: usage errors name the flag and the value", "[launch][cl
       {{"--nproc", "2", "--nnodes", "0", "--", "true"},
        "--nnodes: '0' is not an integer from 1 to 4096"},
       {{"--nproc", "2", "--nnodes", "2", "--master-port", "1", "--", "true"},
-       "--nnodes 2 needs a job secret that every node has: --secret-file PATH (the same file "
-       "on every node, e.g. made with `head -c 32 /dev/urandom > PATH; chmod 600 PATH`) or "
+       "--nnodes 2 needs a job secret that every node has: --secret-file PATH (the same "
+       "file "
+       "on every node, e.g. made with `head -c 32 /dev/urandom > PATH; chmod 600 PATH`) "
+       "or "
        "SWITCHBOARD_SECRET_FILE; or --no-secret to let anyone who can reach the job in"},
       {{"--nproc", "2", "--secret-file", "/s", "--no-secret", "--", "true"},
        "--secret-file and --no-secret contradict each other"},
+      {{"--nproc", "2", "--max-restarts", "-1", "--", "true"},
+       "--max-restarts: '-1' is not an integer from 0 to 10000"},
+      {{"--nproc", "2", "--max_restarts", "10001", "--", "true"},
+       "--max-restarts: '10001' is not an integer from 0 to 10000"},
+      {{"--nproc", "2", "--max-restarts", "x", "--", "true"},
+       "--max-restarts: 'x' is not an integer from 0 to 10000"},
   }));
   Parsed p = parse(args);
   CHECK_FALSE(p.outcome.help);
@@ -163,11 +187,12 @@ TEST_CASE("launch flags: the help starts with the usage line and lists every fla
   const std::string help = cli::help_text(app);
   INFO(help);
   CHECK(help.rfind("usage: launch --nproc N [flags] [--] PROGRAM [ARGS...]\n", 0) == 0);
-  for (const char* flag : {"--nproc N", "--master-addr ADDR", "--master-port PORT",
-                           "--store-server PATH", "--timeout-stop S", "--no-prefix",
-                           "--nproc-per-node", "--nnodes N", "--node-rank R", "--store URL",
-                           "--secret-file PATH", "--no-secret",
-                           "--join-timeout S", "--job-id ID", "--node-timeout S"}) {
+  for (const char* flag :
+       {"--nproc N", "--master-addr ADDR", "--master-port PORT", "--store-server PATH",
+        "--timeout-stop S", "--no-prefix", "--nproc-per-node", "--nnodes N",
+        "--node-rank R", "--store URL", "--secret-file PATH", "--no-secret",
+        "--join-timeout S", "--job-id ID", "--node-timeout S",
+        "--max-restarts, --max_restarts N", "TORCHELASTIC_RESTART_COUNT"}) {
     CHECK_THAT(help, Catch::Contains(flag));
   }
   CHECK_THAT(help, Catch::Contains("(0 to 86400;") && Catch::Contains("default 5)"));

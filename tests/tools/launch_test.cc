@@ -167,6 +167,38 @@ SB_CHILD_MAIN(print_lines) {
   return 0;
 }
 
+// One attempt of a job with restarts. args: the failing rank, how it fails
+// ("sigkill" or "exit3"), and the first attempt that does not fail. Each
+// worker says which attempt it is in (TORCHELASTIC_*), publishes its rank
+// under the attempt's keys and waits for every rank's (so the whole group of
+// the attempt runs). In an attempt that fails, the failing rank then fails
+// and the others block until the launcher stops them; in the others, each
+// reads the next rank's value and says "worker<r> attempt <a>: <value + 40>".
+SB_CHILD_MAIN(attempts) {
+  const int rank = env_int("RANK");
+  const int world_size = env_int("WORLD_SIZE");
+  const int attempt = env_int("TORCHELASTIC_RESTART_COUNT");
+  say(fmt::format("attempt {} of max {} run {}", attempt,
+                  env_string("TORCHELASTIC_MAX_RESTARTS"),
+                  env_string("TORCHELASTIC_RUN_ID")));
+  TcpStore store = connect_store();
+  const std::string prefix = fmt::format("attempt/{}/", attempt);
+  store.set(fmt::format("{}rank/{}", prefix, rank), std::to_string(rank));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r)
+    keys.push_back(fmt::format("{}rank/{}", prefix, r));
+  store.wait(keys);
+  if (attempt < std::stoi(args.at(2))) {
+    if (rank != std::stoi(args.at(0))) block_forever();
+    if (args.at(1) == "sigkill") ::raise(SIGKILL);
+    return 3;
+  }
+  const switchboard::Bytes next = store.get(keys[(rank + 1) % world_size]);
+  say(fmt::format("worker{} attempt {}: {}", rank, attempt,
+                  std::stoi(std::string(next.begin(), next.end())) + 40));
+  return 0;
+}
+
 // args: a FIFO. Rank 0 writes a line to it (a fake store server exits when
 // it reads one); every rank then blocks.
 SB_CHILD_MAIN(poke_fifo) {
@@ -476,20 +508,24 @@ TEST_CASE("killing the launcher with SIGKILL leaves no orphans", "[launch]") {
   }
 }
 
-TEST_CASE("the store server dying stops the workers", "[launch]") {
+TEST_CASE("the store server dying stops the workers, restarts left or not", "[launch]") {
+  using Args = std::vector<std::string>;
+  const Args restarts = GENERATE(Args{}, Args{"--max-restarts", "2"});
   std::string dir = temp_dir();
   std::string fifo = dir + "/fifo";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   // Prints a port, then exits 7 once a worker writes to the FIFO.
   std::string server = write_script(
       dir, fmt::format("#!/bin/sh\necho port=1\nread line < {}\nexit 7\n", fifo));
-  Finished run =
-      run_launch({"--nproc", "2", "--store-server", server}, worker("poke_fifo", {fifo}));
+  Args flags = {"--nproc", "2", "--store-server", server};
+  flags.insert(flags.end(), restarts.begin(), restarts.end());
+  Finished run = run_launch(flags, worker("poke_fifo", {fifo}));
   INFO(run.output);
   CHECK(run.status == 1);
   CHECK(std::regex_search(
       run.output,
       std::regex(R"(launch: store server \(pid \d+\) exited with status 7; stopping)")));
+  CHECK(run.output.find("restarting") == std::string::npos);
 }
 
 TEST_CASE("--master-addr and --master-port reach the store server and the workers",
@@ -587,4 +623,95 @@ TEST_CASE("--help prints the usage and exits 0", "[launch]") {
   Finished run = run_launch({"--help"});
   CHECK(run.status == 0);
   CHECK(run.output.rfind("usage: launch --nproc N", 0) == 0);
+}
+
+// ---- the restart policy (--max-restarts) -------------------------------------
+
+TEST_CASE(
+    "with --max-restarts 1, a rank killed in attempt 0 restarts the group, and attempt "
+    "1 completes",
+    "[launch][restart]") {
+  Finished run = run_launch({"--nproc", "2", "--max-restarts", "1", "--job-id", "run7"},
+                            worker("attempts", {"1", "sigkill", "1"}));
+  INFO(run.output);
+  CHECK(run.status == 0);
+  CHECK(std::regex_search(
+      run.output,
+      std::regex(R"(launch: rank 1 \(pid \d+\) killed by signal SIGKILL \(9\)\n)"
+                 R"(launch: attempt 0 failed: rank 1 \(pid \d+\) killed by signal )"
+                 R"(SIGKILL \(9\); restarting \(1 of 1\)\n)")));
+  CHECK(std::regex_search(
+      run.output,
+      std::regex(R"(launch: attempt 1: started 2 workers \(pids \d+, \d+\))")));
+  CHECK(run.output.find("launch: every worker exited 0 in attempt 1") !=
+        std::string::npos);
+  // Both attempts ran every rank, with torchrun's variables; only attempt 1
+  // got to the results.
+  CHECK(rank_lines(run.output, 0) ==
+        std::vector<std::string>{"attempt 0 of max 1 run run7",
+                                 "attempt 1 of max 1 run run7", "worker0 attempt 1: 41"});
+  CHECK(rank_lines(run.output, 1) ==
+        std::vector<std::string>{"attempt 0 of max 1 run run7",
+                                 "attempt 1 of max 1 run run7", "worker1 attempt 1: 40"});
+}
+
+TEST_CASE(
+    "with --max-restarts 0 (the default), a rank killed in attempt 0 fails the job, "
+    "naming it",
+    "[launch][restart]") {
+  using Args = std::vector<std::string>;
+  const Args restarts = GENERATE(Args{}, Args{"--max-restarts", "0"});
+  Args flags = {"--nproc", "2"};
+  flags.insert(flags.end(), restarts.begin(), restarts.end());
+  Finished run = run_launch(flags, worker("attempts", {"1", "sigkill", "1"}));
+  INFO(run.output);
+  CHECK(run.status == 1);
+  CHECK(std::regex_search(
+      run.output,
+      std::regex(R"(launch: rank 1 \(pid \d+\) killed by signal SIGKILL \(9\))")));
+  CHECK(run.output.find("restarting") == std::string::npos);
+  CHECK(rank_lines(run.output, 0) ==
+        std::vector<std::string>{"attempt 0 of max 0 run job"});
+  CHECK(rank_lines(run.output, 1) ==
+        std::vector<std::string>{"attempt 0 of max 0 run job"});
+}
+
+TEST_CASE(
+    "a rank that fails in every attempt fails the job after the last restart, naming "
+    "the attempt",
+    "[launch][restart]") {
+  Finished run = run_launch({"--nproc", "2", "--max-restarts", "2"},
+                            worker("attempts", {"1", "exit3", "1000"}));
+  INFO(run.output);
+  CHECK(run.status == 1);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    CHECK(std::regex_search(
+        run.output, std::regex(fmt::format(
+                        R"(launch: attempt {} failed: rank 1 \(pid \d+\) exited with )"
+                        R"(status 3; restarting \({} of 2\))",
+                        attempt, attempt + 1))));
+  }
+  CHECK(std::regex_search(
+      run.output,
+      std::regex(R"(launch: attempt 2 failed: rank 1 \(pid \d+\) exited with )"
+                 R"(status 3; no restarts left \(--max-restarts 2\))")));
+  CHECK(run.output.find("restarting (3 of") == std::string::npos);
+  CHECK(rank_lines(run.output, 0) ==
+        std::vector<std::string>{"attempt 0 of max 2 run job",
+                                 "attempt 1 of max 2 run job",
+                                 "attempt 2 of max 2 run job"});
+}
+
+TEST_CASE("a signal to the launcher ends the job even with restarts left",
+          "[launch][restart]") {
+  Subprocess launch =
+      start_launch({"--nproc", "2", "--max-restarts", "3"}, worker("sleep_forever"));
+  std::string output;
+  read_until(launch, std::regex(R"(waiting pid=(\d+))"), 2, &output);
+  launch.kill(SIGTERM);
+  output += launch.read_all(kGuard);
+  INFO(output);
+  CHECK(launch.wait() == 128 + SIGTERM);
+  CHECK(output.find("restarting") == std::string::npos);
+  CHECK(output.find("attempt 1") == std::string::npos);
 }

@@ -1,18 +1,21 @@
 // launch: starts a store server and N local workers with torchrun's
-// environment, and supervises them.
+// environment, and supervises them; only main() is here, the supervisor is
+// //launch (launch/supervisor.h).
 //
-//   launch --nproc N [--master-addr ADDR] [--master-port P] [--store-server PATH]
-//          [--timeout-stop S] [--no-prefix] [--] PROGRAM [ARGS...]
+//   launch --nproc N [--max-restarts R] [--master-addr ADDR] [--master-port P]
+//          [--store-server PATH] [--timeout-stop S] [--no-prefix] [--] PROGRAM [ARGS...]
 //   launch --nnodes N --node-rank R --nproc-per-node P --master-addr ADDR
-//          --master-port PORT [--store tcp://HOST:PORT] [--join-timeout S]
-//          [--job-id ID] [--] PROGRAM [ARGS...]          (one per node)
+//          --master-port PORT [--max-restarts R] [--store tcp://HOST:PORT]
+//          [--join-timeout S] [--job-id ID] [--] PROGRAM [ARGS...]  (one per node)
 //
-// `launch --help` (options.cc) and launcher.h say what it does. Under `bazel
-// run`, relative paths (the program, --store-server) are taken from where the
-// command was typed ($BUILD_WORKING_DIRECTORY), and the workers run there.
+// `launch --help` (launch/options.cc) and launch/supervisor.h say what it
+// does. Under `bazel run`, relative paths (the program, --store-server) are
+// taken from where the command was typed ($BUILD_WORKING_DIRECTORY), and the
+// workers run there.
 //
-// Exit status: 0 every worker exited 0; 1 a worker or the store server
-// failed; 2 usage error; 128+S stopped by signal S.
+// Exit status: 0 every worker of one attempt exited 0; 1 a worker (in the
+// last attempt), a node or the store server failed; 2 usage error; 128+S
+// stopped by signal S.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -20,9 +23,9 @@
 #include <string>
 
 #include "common/logging.h"
+#include "launch/options.h"
+#include "launch/supervisor.h"
 #include "tools/cli/cli.h"
-#include "tools/launch/launcher.h"
-#include "tools/launch/options.h"
 
 int main(int argc, char** argv) {
   using namespace switchboard::launch;
