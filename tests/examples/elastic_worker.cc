@@ -1,16 +1,32 @@
-// A worker for the torchrun restart test (examples_test): RANK and
-// WORLD_SIZE from torchrun, the attempt from TORCHELASTIC_RESTART_COUNT. On
-// attempt 0, rank 1 kills itself with SIGKILL right after init_rpc (mid-job,
-// as a crash would); on later attempts every worker calls "add" on the next
-// and prints "worker<r> attempt <a>: <sum>". Any failure prints what failed
-// and exits 1.
+// A worker for the restart cases under torchrun and tools/launch
+// --max-restarts (examples_test, torchrun_test, launch tests): RANK and
+// WORLD_SIZE from the environment, the attempt from
+// TORCHELASTIC_RESTART_COUNT. On attempt 0, rank 1 kills itself with
+// SIGKILL right after it is in the group (mid-job, as a crash would); on
+// later attempts every worker calls "add" on the next and prints
+// "worker<r> attempt <a>: <sum>". Any failure prints what failed and exits
+// 1.
+//
+// `elastic_worker --dynamic`: the same in a dynamic PIPE group (no world
+// size given to init_rpc). Each worker waits until the group has WORLD_SIZE
+// members. On attempt 0 the others then wait until a member leaves (rank 1,
+// killed), print "worker<r> attempt 0: lost worker1" and exit 1, so that
+// every node's agent restarts. On later attempts each worker also prints
+// the members it saw, and leaves once it has made its call and served one,
+// so that no worker leaves before the previous one called it.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <signal.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
+#include "common/logging.h"
 #include "rpc/rpc.h"
 
 namespace rpc = switchboard::rpc;
@@ -22,22 +38,95 @@ int env_int(const char* name, int fallback) {
   return value ? std::atoi(value) : fallback;
 }
 
+constexpr auto kBound = std::chrono::seconds(120);
+
+// The dynamic group as this worker sees it, fed by on_join and on_leave.
+struct Group {
+  std::mutex mu;
+  std::condition_variable changed;
+  std::set<std::string> members;
+  std::string lost;  // the first member that left
+  int served = 0;    // "add" calls served
+};
+
+int run_dynamic(int rank, int world_size, int attempt) {
+  static Group group;
+  rpc::register_function("add", [](int64_t a, int64_t b) {
+    std::lock_guard<std::mutex> lock(group.mu);
+    ++group.served;
+    group.changed.notify_all();
+    return a + b;
+  });
+  rpc::on_join([](const rpc::WorkerInfo& w) {
+    std::lock_guard<std::mutex> lock(group.mu);
+    group.members.insert(w.name);
+    group.changed.notify_all();
+  });
+  rpc::on_leave([](const rpc::WorkerInfo& w) {
+    std::lock_guard<std::mutex> lock(group.mu);
+    group.members.erase(w.name);
+    if (group.lost.empty()) group.lost = w.name;
+    group.changed.notify_all();
+  });
+  const std::string me = fmt::format("worker{}", rank);
+  rpc::init_rpc(me, rank, rpc::kDynamicGroup);
+  std::unique_lock<std::mutex> lock(group.mu);
+  for (const rpc::WorkerInfo& w : rpc::get_worker_infos()) group.members.insert(w.name);
+  if (!group.changed.wait_for(lock, kBound, [&] {
+        return static_cast<int>(group.members.size()) >= world_size;
+      })) {
+    throw std::runtime_error(fmt::format("{} members after {} s: {}", group.members.size(),
+                                         kBound.count(), fmt::join(group.members, ", ")));
+  }
+  const std::string seen = fmt::format("{}", fmt::join(group.members, ","));
+  if (attempt == 0) {
+    if (rank == 1) ::raise(SIGKILL);
+    if (!group.changed.wait_for(lock, kBound, [&] { return !group.lost.empty(); })) {
+      throw std::runtime_error("nobody left");
+    }
+    fmt::print("worker{} attempt 0: lost {}\n", rank, group.lost);
+    std::fflush(stdout);
+    lock.unlock();
+    rpc::shutdown(/*graceful=*/false);
+    return 1;
+  }
+  lock.unlock();
+  const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
+  const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
+  lock.lock();
+  if (!group.changed.wait_for(lock, kBound, [&] { return group.served >= 1; })) {
+    throw std::runtime_error("the previous worker never called");
+  }
+  lock.unlock();
+  fmt::print("worker{} attempt {}: {} (members {})\n", rank, attempt, sum, seen);
+  std::fflush(stdout);
+  rpc::shutdown();
+  return 0;
+}
+
+int run_static(int rank, int world_size, int attempt) {
+  rpc::register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size);
+  if (attempt == 0 && rank == 1) ::raise(SIGKILL);
+  const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
+  const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
+  fmt::print("worker{} attempt {}: {}\n", rank, attempt, sum);
+  std::fflush(stdout);
+  rpc::shutdown();
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  switchboard::init_logging("elastic_worker");
   const int rank = env_int("RANK", 0);
   const int world_size = env_int("WORLD_SIZE", 1);
   const int attempt = env_int("TORCHELASTIC_RESTART_COUNT", 0);
+  const bool dynamic = argc > 1 && std::string(argv[1]) == "--dynamic";
   try {
-    rpc::register_function("add", [](int64_t a, int64_t b) { return a + b; });
-    rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size);
-    if (attempt == 0 && rank == 1) ::raise(SIGKILL);
-    const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
-    const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
-    fmt::print("worker{} attempt {}: {}\n", rank, attempt, sum);
-    std::fflush(stdout);
-    rpc::shutdown();
-    return 0;
+    return dynamic ? run_dynamic(rank, world_size, attempt)
+                   : run_static(rank, world_size, attempt);
   } catch (const std::exception& e) {
     fmt::print(stderr, "elastic_worker rank {} attempt {}: {}\n", rank, attempt, e.what());
     return 1;

@@ -4,7 +4,9 @@
 // worker failing on one node stops every node, each launcher naming the
 // node and rank that failed first), waits for late nodes no longer than
 // --join-timeout (naming the missing ones), and stops everywhere on SIGINT
-// to one launcher. Afterwards no process is left in any host.
+// to one launcher. With --max-restarts, a worker failing on one node
+// restarts the workers of every node as the next attempt, while a lost node
+// still ends the job. Afterwards no process is left in any host.
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
@@ -15,6 +17,7 @@
 #include <climits>
 #include <cstdlib>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -89,20 +92,20 @@ std::string secret_file(char fill = 's') {
 }
 
 // Runs `launch` in host `node` with the flags of a job of `nnodes` nodes of
-// `nproc` workers each, and the job's secret; stdout and stderr both come
-// back on the pipe.
-Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc,
-                    const std::vector<std::string>& worker_args,
-                    const std::vector<std::string>& extra = {},
-                    const std::string& secret = secret_file()) {
+// `nproc` workers each running `command`, and the job's secret; stdout and
+// stderr both come back on the pipe.
+Subprocess launcher_of(const NetnsCluster& cluster, int node, int nnodes, int nproc,
+                       const std::vector<std::string>& command,
+                       const std::vector<std::string>& extra = {},
+                       const std::string& secret = secret_file()) {
   std::vector<std::string> argv = {
       "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
       "--nnodes", std::to_string(nnodes), "--node-rank", std::to_string(node),
       "--nproc-per-node", std::to_string(nproc), "--master-addr", cluster.address(0),
       "--master-port", kMasterPort, "--timeout-stop", "5", "--secret-file", secret};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  argv.insert(argv.end(), {"--", self_exe(), "--sb-child", "launched"});
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  argv.push_back("--");
+  argv.insert(argv.end(), command.begin(), command.end());
   if (node == 0) {
     return cluster.spawn(node, argv,
                          {{"SWITCHBOARD_STORE_SERVER",
@@ -114,6 +117,28 @@ Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc
   argv.insert(argv.begin(), {"/usr/bin/env", "-u", "RUNFILES_DIR", "-u",
                              "RUNFILES_MANIFEST_FILE", "-u", "SWITCHBOARD_STORE_SERVER"});
   return cluster.spawn(node, argv);
+}
+
+// launcher_of() with this binary's `launched` child as the workers.
+Subprocess launcher(const NetnsCluster& cluster, int node, int nnodes, int nproc,
+                    const std::vector<std::string>& worker_args,
+                    const std::vector<std::string>& extra = {},
+                    const std::string& secret = secret_file()) {
+  std::vector<std::string> command = {self_exe(), "--sb-child", "launched"};
+  command.insert(command.end(), worker_args.begin(), worker_args.end());
+  return launcher_of(cluster, node, nnodes, nproc, command, extra, secret);
+}
+
+// Reads `launcher`'s output until each of its `nproc` workers has printed
+// its variables (so every one of them runs); returns what was read.
+std::string read_until_started(Subprocess& launcher, int nproc) {
+  std::string out;
+  for (int started = 0; started < nproc;) {
+    const std::string line = launcher.read_line();
+    out += line + "\n";
+    if (line.find("] rank=") != std::string::npos) ++started;
+  }
+  return out;
 }
 
 // No process is left in any host of the cluster.
@@ -305,6 +330,121 @@ TEST_CASE("a node whose launcher is killed (SIGKILL) fails the job after --node-
     pollfd exited{fd, POLLIN, 0};
     ::poll(&exited, 1, 30'000);
     ::close(fd);
+  }
+  check_nothing_left(cluster);
+}
+
+// ---- the restart policy (--max-restarts) ---------------------------------------
+
+TEST_CASE(
+    "with --max-restarts 1, a worker SIGKILLed on node 1 restarts the workers of every "
+    "node, and attempt 1 completes with the right results",
+    "[multihost][launch][restart]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  // elastic_worker: rank 1 (node 1's) kills itself with SIGKILL once the RPC
+  // group of attempt 0 is formed; in attempt 1 every rank r calls "add" (r,
+  // 40) on the next one and prints the sum.
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(launcher_of(cluster, node, 2, 1,
+                                    {sbtest::runfile("tests/examples/elastic_worker")},
+                                    {"--max-restarts", "1"}));
+  }
+  std::vector<std::string> first(2);
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = launchers[node].read_all();
+    INFO("node " << node << "'s launcher printed:\n" << out);
+    CHECK(launchers[node].wait() == 0);
+    std::smatch failed;
+    REQUIRE(std::regex_search(
+        out, failed,
+        std::regex(fmt::format(
+            R"(launch: node {}: attempt 0 failed: (node \d rank \d \(pid \d+\) )"
+            R"([^;\n]+); restarting \(1 of 1\))",
+            node))));
+    first[node] = failed[1];
+    CHECK_THAT(out, Catch::Contains("launch: attempt 1: started 1 workers"));
+    CHECK_THAT(out, Catch::Contains(fmt::format("[rank {}] worker{} attempt 1: {}\n",
+                                                node, node, 40 + node)));
+    CHECK_THAT(
+        out,
+        Catch::Contains(fmt::format(
+            "launch: node {}: every worker of every node exited 0 in attempt 1", node)));
+    CHECK_FALSE(std::regex_search(out, std::regex(R"(\] worker\d attempt 0: )")));
+  }
+  // One failure is the attempt's first (compare_set): every node names it.
+  // Node 1's rank 1 killed itself; node 0's may have failed on losing it,
+  // whichever the store heard of first.
+  CHECK(first[0] == first[1]);
+  CHECK_THAT(first[0], Catch::Contains("node 1 rank 1 (pid ") &&
+                               Catch::Contains("killed by signal SIGKILL (9)") ||
+                           Catch::Contains("node 0 rank 0 (pid "));
+  check_nothing_left(cluster);
+}
+
+TEST_CASE(
+    "a worker failing in every attempt fails the job on every node after the last "
+    "restart, naming the attempt",
+    "[multihost][launch][restart]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  // Rank 1 (node 1) exits 3 at once in every attempt; rank 0 waits.
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(
+        launcher(cluster, node, 2, 1, {"fail-rank", "1"}, {"--max_restarts", "1"}));
+  }
+  for (int node = 0; node < 2; ++node) {
+    const std::string out = launchers[node].read_all();
+    INFO("node " << node << "'s launcher printed:\n" << out);
+    CHECK(launchers[node].wait() == 1);
+    CHECK(std::regex_search(
+        out,
+        std::regex(R"(attempt 0 failed: node 1 rank 1 \(pid \d+\) exited with status 3; )"
+                   R"(restarting \(1 of 1\))")));
+    if (node == 1) {  // node 0 may hear of it as the job's failure first
+      CHECK(std::regex_search(
+          out, std::regex(
+                   R"(attempt 1 failed: node 1 rank 1 \(pid \d+\) exited with status 3; )"
+                   R"(no restarts left \(--max-restarts 1\))")));
+    }
+    CHECK(std::regex_search(
+        out, std::regex(
+                 fmt::format(R"(launch: node {}: the job failed; first failure: attempt )"
+                             R"(1: node 1 rank 1 \(pid \d+\) exited with status 3)",
+                             node))));
+    CHECK_THAT(out, !Catch::Contains("attempt 2"));
+  }
+  check_nothing_left(cluster);
+}
+
+TEST_CASE("a node cut off for good ends the job naming it, even with restarts left",
+          "[multihost][launch][restart]") {
+  if (NetnsCluster::skipped()) return;
+  NetnsCluster cluster({.hosts = 2});
+  std::vector<Subprocess> launchers;
+  for (int node = 0; node < 2; ++node) {
+    launchers.push_back(launcher(cluster, node, 2, 1, {"wait"},
+                                 {"--max-restarts", "3", "--node-timeout", "2"}));
+  }
+  std::vector<std::string> out(2);
+  for (int node = 0; node < 2; ++node) out[node] = read_until_started(launchers[node], 1);
+  cluster.cut(1);  // node 1 reaches no one, and nobody reaches it
+  for (int node = 0; node < 2; ++node) out[node] += launchers[node].read_all();
+  INFO("node 0:\n" << out[0] << "\nnode 1:\n" << out[1]);
+  // Node 0 stops hearing node 1's launcher; node 1 loses the store.
+  CHECK(launchers[0].wait() == 1);
+  CHECK_THAT(out[0],
+             Catch::Contains("first failure: node 1 stopped responding (its launcher "
+                             "has not updated the store for 2 s)"));
+  CHECK(launchers[1].wait() == 1);
+  CHECK_THAT(out[1],
+             Catch::Contains("launch: node 1: the job's store at " + cluster.address(0) +
+                             ":" + kMasterPort + " is gone"));
+  for (int node = 0; node < 2; ++node) {
+    CHECK_THAT(out[node],
+               !Catch::Contains("restarting") && !Catch::Contains("attempt 1"));
   }
   check_nothing_left(cluster);
 }
