@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "common/logging.h"
+#include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
 
 namespace rpc = switchboard::rpc;
@@ -19,9 +20,10 @@ using switchboard::DType;
 using switchboard::Tensor;
 
 int run() {
-  const int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
-  const int world_size =
-      std::atoi(std::getenv("WORLD_SIZE") ? std::getenv("WORLD_SIZE") : "1");
+  // RANK and WORLD_SIZE (the launcher's, torchrun's), else SLURM's
+  // SLURM_PROCID and SLURM_NTASKS (srun), else Open MPI's.
+  const int rank = switchboard::rendezvous::env_rank().value_or(0);
+  const int world_size = switchboard::rendezvous::env_world_size().value_or(1);
 
   // Functions first: requests may arrive as soon as init_rpc returns.
   rpc::register_function("add", [](int64_t a, int64_t b) { return a + b; });
