@@ -25,6 +25,12 @@ namespace {
 
 constexpr const char* kPrefix = "sbt";  // every cluster namespace starts with it
 
+// What daemon_command() runs (util-linux and mount; /bin is /usr/bin on
+// Debian 12, and holds mount on older layouts).
+constexpr const char* kNsenter = "/usr/bin/nsenter";
+constexpr const char* kUnshare = "/usr/bin/unshare";
+constexpr const char* kMount = "/bin/mount";
+
 std::string ip_path() {
   for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (::access(path, X_OK) == 0) return path;
@@ -287,6 +293,35 @@ std::vector<std::string> NetnsCluster::command(
       full.push_back(a);
     }
     full.push_back(host_name(host));
+  }
+  for (std::string& a : with_env(argv, env)) full.push_back(std::move(a));
+  return full;
+}
+
+std::string NetnsCluster::daemon_unavailable() {
+  for (const char* tool : {kNsenter, kUnshare, kMount}) {
+    if (::access(tool, X_OK) != 0) {
+      return fmt::format("{} is not installed (util-linux and mount)", tool);
+    }
+  }
+  return {};
+}
+
+std::vector<std::string> NetnsCluster::daemon_command(
+    int host, const std::vector<std::string>& argv,
+    const std::map<std::string, std::string>& env) const {
+  // `ip netns add` makes /run/netns/<ns>, the file nsenter enters.
+  std::vector<std::string> full = {kNsenter, "--net=/run/netns/" + hosts_.at(host)};
+  if (host_names_) {
+    // $0 is the host name, $1 the hosts file, the rest the command.
+    for (const char* a :
+         {kUnshare, "--mount", "--uts", "--propagation", "private", "--", "/bin/sh", "-c",
+          "/bin/mount --bind \"$1\" /etc/hosts && echo \"$0\" > /proc/sys/kernel/hostname && "
+          "shift && exec \"$@\""}) {
+      full.push_back(a);
+    }
+    full.push_back(host_name(host));
+    full.push_back((std::filesystem::path(kEtcNetns) / hosts_.at(host) / "hosts").string());
   }
   for (std::string& a : with_env(argv, env)) full.push_back(std::move(a));
   return full;

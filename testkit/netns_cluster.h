@@ -11,6 +11,9 @@
 //   cluster.cut(2);      // host 2's link goes down
 //   cluster.restore(2);  // and comes back
 //
+// A daemon that needs the machine's /sys (slurmd does) runs with
+// daemon_command() instead of command().
+//
 // Used by the multi-host tests (tests/util/netns_cluster.h adds their child
 // processes) and by `bench rpc --hosts`.
 //
@@ -83,6 +86,24 @@ class NetnsCluster {
   // step execs the next).
   std::vector<std::string> command(int host, const std::vector<std::string>& argv,
                                    const std::map<std::string, std::string>& env = {}) const;
+
+  // The command line that runs a daemon in host `host`, with `env` added
+  // to its environment: for programs that need the machine's /sys, which
+  // `ip netns exec` hides (it remounts /sys for the namespace, and
+  // /sys/fs/cgroup is gone: SLURM 22.05's slurmd then refuses to start).
+  // nsenter enters the host's network namespace only. For a cluster made
+  // with host_names, unshare adds a private mount namespace, where the
+  // cluster's hosts file is bind-mounted over /etc/hosts (nothing under the
+  // machine's /etc changes), and a UTS namespace named host_name(host), as
+  // command() does. The process keeps its pid (each step execs the next),
+  // so the caller stops the daemon by that pid. Needs util-linux's nsenter
+  // and unshare (daemon_unavailable() says when they are missing).
+  std::vector<std::string> daemon_command(int host, const std::vector<std::string>& argv,
+                                          const std::map<std::string, std::string>& env = {})
+      const;
+  // Why daemon_command() cannot run here (nsenter, unshare or mount
+  // missing); empty when it can.
+  static std::string daemon_unavailable();
 
   // The processes running in host `host` (`ip netns pids`).
   std::vector<int> pids(int host) const;

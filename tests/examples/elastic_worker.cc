@@ -9,11 +9,12 @@
 //
 // `elastic_worker --dynamic`: the same in a dynamic PIPE group (no world
 // size given to init_rpc). Each worker waits until the group has WORLD_SIZE
-// members. On attempt 0 the others then wait until a member leaves (rank 1,
-// killed), print "worker<r> attempt 0: lost worker1" and exit 1, so that
-// every node's agent restarts. On later attempts each worker also prints
-// the members it saw, and leaves once it has made its call and served one,
-// so that no worker leaves before the previous one called it.
+// members. On attempt 0 the others then tell rank 1 so, and it kills
+// itself once all have; they call it until a call fails, print "worker<r>
+// attempt 0: lost worker1" and exit 1, so that every node's agent restarts. On later attempts each worker also prints
+// the members it saw, tells every other worker it is done, and leaves once
+// every other one has told it so, so that no worker leaves before all have
+// seen the whole group.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
@@ -45,8 +46,9 @@ struct Group {
   std::mutex mu;
   std::condition_variable changed;
   std::set<std::string> members;
-  std::string lost;  // the first member that left
   int served = 0;    // "add" calls served
+  int finished = 0;  // "finished" calls served
+  int ready = 0;     // "ready" calls served (attempt 0)
 };
 
 int run_dynamic(int rank, int world_size, int attempt) {
@@ -57,6 +59,16 @@ int run_dynamic(int rank, int world_size, int attempt) {
     group.changed.notify_all();
     return a + b;
   });
+  rpc::register_function("ready", [] {
+    std::lock_guard<std::mutex> lock(group.mu);
+    ++group.ready;
+    group.changed.notify_all();
+  });
+  rpc::register_function("finished", [] {
+    std::lock_guard<std::mutex> lock(group.mu);
+    ++group.finished;
+    group.changed.notify_all();
+  });
   rpc::on_join([](const rpc::WorkerInfo& w) {
     std::lock_guard<std::mutex> lock(group.mu);
     group.members.insert(w.name);
@@ -65,7 +77,6 @@ int run_dynamic(int rank, int world_size, int attempt) {
   rpc::on_leave([](const rpc::WorkerInfo& w) {
     std::lock_guard<std::mutex> lock(group.mu);
     group.members.erase(w.name);
-    if (group.lost.empty()) group.lost = w.name;
     group.changed.notify_all();
   });
   const std::string me = fmt::format("worker{}", rank);
@@ -79,27 +90,50 @@ int run_dynamic(int rank, int world_size, int attempt) {
                                          kBound.count(), fmt::join(group.members, ", ")));
   }
   const std::string seen = fmt::format("{}", fmt::join(group.members, ","));
+  lock.unlock();
   if (attempt == 0) {
-    if (rank == 1) ::raise(SIGKILL);
-    if (!group.changed.wait_for(lock, kBound, [&] { return !group.lost.empty(); })) {
-      throw std::runtime_error("nobody left");
+    // Every worker saw the whole group (nobody left before: rank 1 dies
+    // only once the others told it they saw it), then rank 1 dies. The
+    // others call it until a call fails: its connection is gone at once,
+    // which does not wait for the group to take it off the member list
+    // (when half of a group dies at once, as when torchrun stops a node's
+    // workers, the survivors cannot tell a partition from deaths quickly).
+    if (rank == 1) {
+      lock.lock();
+      if (!group.changed.wait_for(lock, kBound,
+                                  [&] { return group.ready >= world_size - 1; })) {
+        throw std::runtime_error(fmt::format("{} workers ready", group.ready));
+      }
+      ::raise(SIGKILL);
     }
-    fmt::print("worker{} attempt 0: lost {}\n", rank, group.lost);
+    try {
+      // (Rank 1 may die before it answered the last "ready".)
+      rpc::rpc_sync("worker1", "ready");
+      for (;;) rpc::rpc_sync<int64_t>("worker1", "add", int64_t{rank}, int64_t{0});
+    } catch (const std::exception&) {
+    }
+    fmt::print("worker{} attempt 0: lost worker1\n", rank);
     std::fflush(stdout);
-    lock.unlock();
     rpc::shutdown(/*graceful=*/false);
     return 1;
   }
-  lock.unlock();
   const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
   const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
-  lock.lock();
-  if (!group.changed.wait_for(lock, kBound, [&] { return group.served >= 1; })) {
-    throw std::runtime_error("the previous worker never called");
-  }
-  lock.unlock();
   fmt::print("worker{} attempt {}: {} (members {})\n", rank, attempt, sum, seen);
   std::fflush(stdout);
+  // Nobody leaves before every worker is done: each tells every other one,
+  // and leaves once all have told it.
+  for (int r = 0; r < world_size; ++r) {
+    if (r != rank) rpc::rpc_sync(fmt::format("worker{}", r), "finished");
+  }
+  lock.lock();
+  if (!group.changed.wait_for(lock, kBound, [&] {
+        return group.served >= 1 && group.finished >= world_size - 1;
+      })) {
+    throw std::runtime_error(fmt::format("served {} calls, {} workers finished", group.served,
+                                         group.finished));
+  }
+  lock.unlock();
   rpc::shutdown();
   return 0;
 }

@@ -5,8 +5,10 @@
 // under the attempt's prefix) and the c10d rendezvous (the agents meet at an
 // endpoint; rank 0 hosts the workers' store on its node), a worker SIGKILLed
 // mid-job with --max_restarts (the group restarts, meets in a fresh round
-// and completes with the right sums). Every case checks the workers'
-// results, not only the exit status, and that nothing is left in any host.
+// and completes with the right sums), and a dynamic PIPE group restarted by
+// torchrun (the restarted workers find the group of their attempt, never the
+// failed one's). Every case checks the workers' results, not only the exit
+// status, and that nothing is left in any host.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -141,5 +143,32 @@ TEST_CASE("under torchrun --max_restarts on two hosts a worker SIGKILLed mid-job
   }
   // (Others of attempt 0 may have made their call before the group failed.)
   CHECK_THAT(all, !Catch::Contains("worker1 attempt 0"));
+  check_nothing_left(cluster);
+}
+
+TEST_CASE("a dynamic PIPE group under torchrun on two hosts: after a restart the workers find "
+          "the group of their attempt, never the failed one's",
+          "[multihost][torchrun][dynamic]") {
+  if (skip_without_torchrun()) return;
+  NetnsCluster cluster({.hosts = 2, .host_names = true});
+  std::vector<Subprocess> runs;
+  for (int node = 0; node < 2; ++node) {
+    runs.push_back(torchrun(cluster, node, 2, 2, static_rendezvous(cluster, node),
+                            "tests/examples/elastic_worker", {"--max_restarts", "1"},
+                            {"--dynamic"}));
+  }
+  const std::vector<std::string> outs = finish(runs, 0);
+  const std::string all = outs[0] + outs[1];
+  // Attempt 0: four members, then rank 1 was lost and the others failed, so
+  // that both agents restarted. Attempt 1's workers met under the agent
+  // store's attempt_1 prefix and saw exactly the four of attempt 1 (a member
+  // left over from attempt 0 would be a fifth name, or a name taken), and
+  // completed the ring.
+  CHECK_THAT(all, Catch::Contains("attempt 0: lost worker1"));
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK_THAT(all, Catch::Contains(fmt::format(
+                        "worker{} attempt 1: {} (members worker0,worker1,worker2,worker3)", rank,
+                        rank + 40)));
+  }
   check_nothing_left(cluster);
 }
