@@ -203,6 +203,10 @@ std::optional<int> env_rank() {
   return first_env({"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}, 0);
 }
 
+std::optional<int> env_local_rank() {
+  return first_env({"LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"}, 0);
+}
+
 std::optional<int> env_world_size() {
   return first_env({"WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"}, 1);
 }

@@ -66,6 +66,11 @@ std::string slurm_first_node(std::string_view nodelist);
 // (below Linux's ephemeral ports, 32768 and up).
 uint16_t slurm_store_port(int job_id);
 std::optional<int> env_world_size();
+// This worker's rank among the workers of its host: LOCAL_RANK (the
+// launcher's, torchrun's), then SLURM_LOCALID, then Open MPI's
+// OMPI_COMM_WORLD_LOCAL_RANK; nullopt when none is set. Malformed values
+// throw std::invalid_argument naming the variable and value.
+std::optional<int> env_local_rank();
 
 // Resolves everything; `rank` < 0 and `world_size` nullopt mean "from the
 // environment" (a group without a world size there is dynamic).

@@ -46,7 +46,6 @@ struct RpcContext::State {
 namespace {
 
 constexpr const char* kMetricsPortVariable = "SWITCHBOARD_METRICS_PORT";
-constexpr const char* kLocalRankVariable = "LOCAL_RANK";
 constexpr const char* kMetricsAddressVariable = "SWITCHBOARD_METRICS_ADDRESS";
 constexpr const char* kDefaultMetricsAddress = "127.0.0.1";
 
@@ -81,10 +80,11 @@ std::optional<uint16_t> metrics_port_of(const std::string& worker,
   }
   const std::optional<int> base = env_int(kMetricsPortVariable, 65535);
   if (!base || *base == 0) return std::nullopt;
-  // Several workers of one host (a launcher's LOCAL_RANK) take one port each.
-  const int port = *base + env_int(kLocalRankVariable, 65535).value_or(0);
-  SB_REQUIRE(port <= 65535, "init_rpc(\"{}\"): metrics port {} ({} plus {}) is above 65535",
-             worker, port, kMetricsPortVariable, kLocalRankVariable);
+  // Several workers of one host (a launcher's LOCAL_RANK, SLURM's
+  // SLURM_LOCALID) take one port each.
+  const int port = *base + rendezvous::env_local_rank().value_or(0);
+  SB_REQUIRE(port <= 65535, "init_rpc(\"{}\"): metrics port {} ({} plus the local rank) is "
+             "above 65535", worker, port, kMetricsPortVariable);
   return static_cast<uint16_t>(port);
 }
 

@@ -37,6 +37,7 @@ const char* const kVariables[] = {
     "MASTER_ADDR",  "MASTER_PORT",          "SWITCHBOARD_STORE",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
     "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_ID",
+    "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
 };
 
 // Saves every variable the tests touch, clears them, and restores them on
@@ -435,6 +436,19 @@ TEST_CASE(
   env.set("TORCHELASTIC_RESTART_COUNT", "x");
   CHECK_THROWS_WITH(rendezvous::rendezvous("env://", 0, std::nullopt, kTimeout),
                     Catch::Matchers::Contains("TORCHELASTIC_RESTART_COUNT"));
+}
+
+TEST_CASE("env_local_rank: LOCAL_RANK, then SLURM_LOCALID, then Open MPI", "[rendezvous][slurm]") {
+  EnvGuard env;
+  CHECK(rendezvous::env_local_rank() == std::nullopt);
+  env.set("OMPI_COMM_WORLD_LOCAL_RANK", "3");
+  CHECK(rendezvous::env_local_rank() == std::optional<int>(3));
+  env.set("SLURM_LOCALID", "2");
+  CHECK(rendezvous::env_local_rank() == std::optional<int>(2));
+  env.set("LOCAL_RANK", "1");
+  CHECK(rendezvous::env_local_rank() == std::optional<int>(1));
+  env.set("LOCAL_RANK", "-1");
+  require_invalid([] { (void)rendezvous::env_local_rank(); }, {"LOCAL_RANK", "\"-1\""});
 }
 
 TEST_CASE("the first node of a SLURM node list, and malformed lists named",

@@ -313,13 +313,15 @@ TEST_CASE("metrics_port 0 serves the worker's metrics on an ephemeral port until
   CHECK(http_get(port, "/metrics").empty());  // refused: nothing listens
 }
 
-TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, else the port plus LOCAL_RANK; a bad "
+TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, else the port plus LOCAL_RANK (or "
+          "SLURM_LOCALID); a bad "
           "value is refused naming it",
           "[metrics][rpc]") {
   struct Restore {
     ~Restore() {
       ::unsetenv("SWITCHBOARD_METRICS_PORT");
       ::unsetenv("LOCAL_RANK");
+      ::unsetenv("SLURM_LOCALID");
     }
   } restore;
   auto store = std::make_shared<HashStore>();
@@ -349,6 +351,12 @@ TEST_CASE("SWITCHBOARD_METRICS_PORT: unset or 0 is off, else the port plus LOCAL
       solo.init_rpc("solo", local(), 0, 1, local_options(), std::make_shared<HashStore>()),
       Catch::Contains(fmt::format("127.0.0.1:{}", port)));
   ::unsetenv("LOCAL_RANK");
+  // Under srun: SLURM_LOCALID stands in for LOCAL_RANK.
+  ::setenv("SLURM_LOCALID", "2", 1);
+  CHECK_THROWS_WITH(
+      solo.init_rpc("solo", local(), 0, 1, local_options(), std::make_shared<HashStore>()),
+      Catch::Contains(fmt::format("127.0.0.1:{}", port)));
+  ::unsetenv("SLURM_LOCALID");
   ::close(held);
   ::setenv("SWITCHBOARD_METRICS_PORT", "http", 1);
   CHECK_THROWS_WITH(
