@@ -7,8 +7,12 @@
 //                                  over the store says which (claim_group_kind)
 //   rpc/gen/...                    the static init rounds (join_static_round)
 //   rpc/<g>/...                    static round g's own keys: the agent's
-//                                  (agent_store: pipe/, rpc/pg_agent/), the
-//                                  quiet rounds of its joins
+//                                  (PIPE's under agent_store "pipe/", with
+//                                  its Gloo group and the quiet rounds of
+//                                  its joins, quiet_rounds; PROCESS_GROUP's
+//                                  names rpc/names/<r>, its Gloo group under
+//                                  rpc/pg_agent/ and its joins' rounds under
+//                                  rpc/join/, agents/process_group_wire.h)
 //   pipe/dyn/...                   a dynamic PIPE group's membership
 //                                  (DynamicKeys: the token, the members)
 //   collective/specs/<name>        a declared collective group's spec

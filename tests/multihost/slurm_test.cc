@@ -68,6 +68,25 @@ std::unique_ptr<SlurmCluster> three_nodes() {
   return slurm;
 }
 
+// A batch job: its id, how it ended and what it printed.
+struct Batch {
+  std::string id;
+  SlurmCluster::JobEnd end;
+  std::string out;
+};
+
+// Submits `script` with sbatch and waits for the job to end.
+Batch run_batch(SlurmCluster& slurm, const std::string& script) {
+  const auto started = Clock::now();
+  Batch batch;
+  batch.id = slurm.sbatch(script, {});
+  batch.end = slurm.wait_job(batch.id);
+  batch.out = read_file(slurm.output_of(batch.id));
+  fmt::print("slurm_test: job {} ended {} after {:.1f} s\n", batch.id, batch.end.state,
+             std::chrono::duration<double>(Clock::now() - started).count());
+  return batch;
+}
+
 // No process of a job is left on any host; then, once the cluster is
 // stopped, no process at all.
 void check_nothing_left(SlurmCluster& slurm) {
@@ -138,13 +157,11 @@ rm -f "$secret"
 exit $status
 )sh",
                                          sbtest::runfile("examples/rpc_minimal"));
-  const auto started = Clock::now();
-  const std::string id = slurm->sbatch(script, {});
-  const SlurmCluster::JobEnd end = slurm->wait_job(id);
-  const std::string out = read_file(slurm->output_of(id));
+  const Batch batch = run_batch(*slurm, script);
+  const std::string& out = batch.out;
+  const SlurmCluster::JobEnd& end = batch.end;
+  const std::string& id = batch.id;
   INFO("job " << id << " printed:\n" << out);
-  fmt::print("slurm_test: job {} ended {} after {:.1f} s\n", id, end.state,
-             std::chrono::duration<double>(Clock::now() - started).count());
   CHECK(end.state == "COMPLETED");
   CHECK(end.exit_code == "0:0");
   CHECK_THAT(out, Catch::Contains("secret: 600 32"));
@@ -182,13 +199,11 @@ exit $status
 )sh",
                   fmt::arg("launch", sbtest::runfile("tools/launch/launch")),
                   fmt::arg("program", sbtest::runfile("examples/rpc_minimal")));
-  const auto started = Clock::now();
-  const std::string id = slurm->sbatch(script, {});
-  const SlurmCluster::JobEnd end = slurm->wait_job(id);
-  const std::string out = read_file(slurm->output_of(id));
+  const Batch batch = run_batch(*slurm, script);
+  const std::string& out = batch.out;
+  const SlurmCluster::JobEnd& end = batch.end;
+  const std::string& id = batch.id;
   INFO("job " << id << " printed:\n" << out);
-  fmt::print("slurm_test: job {} ended {} after {:.1f} s\n", id, end.state,
-             std::chrono::duration<double>(Clock::now() - started).count());
   CHECK(end.state == "COMPLETED");
   CHECK(end.exit_code == "0:0");
   CHECK_THAT(out, Catch::Contains("master: host0"));
