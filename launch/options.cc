@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
 
+#include "rendezvous/init_method.h"
 #include "tools/cli/cli.h"
 
 namespace switchboard::launch {
@@ -49,6 +51,55 @@ constexpr const char* kFooter =
 constexpr int kMaxNodes = 4096;
 constexpr int kMaxRestarts = 10'000;
 constexpr double kMaxJoinSeconds = 7 * 24 * 3600;
+
+std::string slurm_variable(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    throw CLI::ValidationError(fmt::format(
+        "--slurm: environment variable {} is not set (run launch with srun, one task per "
+        "node)",
+        name));
+  }
+  return value;
+}
+
+int slurm_int(const char* name, int min, int max) {
+  const std::string text = slurm_variable(name);
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || value < min || value > max) {
+    throw CLI::ValidationError(fmt::format(
+        "--slurm: environment variable {}: expected an integer in [{}, {}], got \"{}\"", name,
+        min, max, text));
+  }
+  return static_cast<int>(value);
+}
+
+// --slurm: what srun tells a launcher started once per node, for the flags
+// the command line did not give.
+void apply_slurm(const CLI::App& app, LaunchOptions& options) {
+  const int nodes = slurm_int("SLURM_STEP_NUM_NODES", 1, kMaxNodes);
+  const int tasks = slurm_int("SLURM_STEP_NUM_TASKS", 1, 1 << 30);
+  if (tasks != nodes) {
+    throw CLI::ValidationError(fmt::format(
+        "--slurm: this step runs {} tasks on {} nodes; run one launch per node "
+        "(srun --ntasks-per-node=1)",
+        tasks, nodes));
+  }
+  if (app.count("--nnodes") == 0) options.nnodes = nodes;
+  if (app.count("--node-rank") == 0) options.node_rank = slurm_int("SLURM_NODEID", 0, kMaxNodes - 1);
+  const int job = slurm_int("SLURM_JOB_ID", 0, std::numeric_limits<int>::max());
+  if (app.count("--job-id") == 0) options.job_id = fmt::format("slurm-{}", job);
+  if (!options.store.empty()) return;
+  if (app.count("--master-addr") == 0) {
+    try {
+      options.master_addr = rendezvous::slurm_first_node(slurm_variable("SLURM_STEP_NODELIST"));
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError(fmt::format("--slurm: {}", e.what()));
+    }
+  }
+  if (app.count("--master-port") == 0) options.master_port = rendezvous::slurm_store_port(job);
+}
 
 bool is_executable_file(const std::string& path) {
   std::error_code error;
@@ -136,6 +187,10 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
                  "launcher runs the store server on a single node)")
       ->type_name("PATH")
       ->check(cli::non_empty("a path"));
+  app.add_flag("--slurm", options->slurm,
+               "one launch per node under srun (srun --ntasks-per-node=1): --nnodes, "
+               "--node-rank, --master-addr (the step's first node), --master-port (20000 + "
+               "the job id % 10000) and --job-id from SLURM's variables, unless given");
   app.add_flag("--no-secret", options->no_secret,
                "run the job without a secret: the store server and the workers let in "
                "anyone who can reach them");
@@ -148,7 +203,8 @@ void add_launch_flags(CLI::App& app, LaunchOptions* options) {
   // "--" or the first argument that is not a flag starts the worker command:
   // everything from there on is the worker's, flags included.
   app.positionals_at_end();
-  app.callback([options] {
+  app.callback([options, &app] {
+    if (options->slurm) apply_slurm(app, *options);
     if (options->command.empty() || options->command[0].empty()) {
       throw CLI::ValidationError("no program given (put it after --)");
     }

@@ -53,6 +53,10 @@ struct LaunchOptions {
   // launcher runs the store server on one node; none with --no-secret.
   std::string secret_file;
   bool no_secret = false;
+  // --slurm: under srun, one launch per node; the flags not given come from
+  // SLURM_STEP_NUM_NODES, SLURM_NODEID, SLURM_STEP_NODELIST's first node and
+  // SLURM_JOB_ID (master port 20000 + id % 10000, job id "slurm-<id>").
+  bool slurm = false;
   bool prefix_output = true;         // "[rank N] " before each output line
   std::vector<std::string> command;  // the worker program and its arguments
 };
@@ -66,7 +70,8 @@ struct LaunchOptions {
 // not below --nnodes, several nodes without --master-port (or --store),
 // several nodes without a job secret (--secret-file or
 // $SWITCHBOARD_SECRET_FILE) or --no-secret, --secret-file with --no-secret,
-// or a --store that is not tcp://HOST:PORT.
+// a --store that is not tcp://HOST:PORT, or --slurm outside srun (a SLURM
+// variable missing or malformed, named) or with several tasks per node.
 //
 // --nproc-per-node and --max_restarts are torchrun's spellings of --nproc
 // and --max-restarts.

@@ -176,7 +176,7 @@ exit $status
 
 TEST_CASE(
     "sbatch runs tools/launch once per node, with the first node's host name as the "
-    "master address",
+    "master address, and again with launch --slurm",
     "[multihost][slurm][launch]") {
   std::unique_ptr<SlurmCluster> slurm = three_nodes();
   if (!slurm) return;
@@ -209,6 +209,31 @@ exit $status
   CHECK_THAT(out, Catch::Contains("master: host0"));
   for (int rank = 0; rank < 6; ++rank)
     CHECK_THAT(out, Catch::Contains(minimal_line(rank, 6)));
+  CHECK(slurm->wait_quiet() == "");
+
+  // The same with `launch --slurm`, which takes the node count, its node's
+  // rank and the store's address and port from srun's variables.
+  const std::string short_script =
+      fmt::format(R"sh(#!/bin/bash
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=1
+umask 077
+export SECRET="$SLURM_SUBMIT_DIR/job-$SLURM_JOB_ID.secret"
+head -c 32 /dev/urandom > "$SECRET"
+srun {launch} --slurm --nproc-per-node 2 --secret-file "$SECRET" -- {program}
+status=$?
+rm -f "$SECRET"
+exit $status
+)sh",
+                  fmt::arg("launch", sbtest::runfile("tools/launch/launch")),
+                  fmt::arg("program", sbtest::runfile("examples/rpc_minimal")));
+  const Batch second = run_batch(*slurm, short_script);
+  INFO("job " << second.id << " (launch --slurm) printed:\n" << second.out);
+  CHECK(second.end.state == "COMPLETED");
+  CHECK(second.end.exit_code == "0:0");
+  for (int rank = 0; rank < 6; ++rank) {
+    CHECK_THAT(second.out, Catch::Contains(minimal_line(rank, 6)));
+  }
   check_nothing_left(*slurm);
 }
 

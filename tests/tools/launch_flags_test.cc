@@ -3,6 +3,8 @@
 // worker's command is passed on unchanged.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -196,4 +198,82 @@ TEST_CASE("launch flags: the help starts with the usage line and lists every fla
     CHECK_THAT(help, Catch::Contains(flag));
   }
   CHECK_THAT(help, Catch::Contains("(0 to 86400;") && Catch::Contains("default 5)"));
+}
+
+namespace {
+
+// Sets SLURM's variables for one test case and clears them afterwards.
+class SlurmEnv {
+ public:
+  explicit SlurmEnv(const std::vector<std::pair<const char*, const char*>>& values) {
+    for (const char* name : kNames) ::unsetenv(name);
+    for (const auto& [name, value] : values) ::setenv(name, value, 1);
+  }
+  ~SlurmEnv() {
+    for (const char* name : kNames) ::unsetenv(name);
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS",
+                                           "SLURM_NODEID", "SLURM_STEP_NODELIST",
+                                           "SLURM_JOB_ID", "SWITCHBOARD_SECRET_FILE"};
+};
+
+}  // namespace
+
+TEST_CASE("launch flags: --slurm takes the nodes, this node's rank, the store's address and "
+          "port and the job id from srun; flags given win",
+          "[launch][cli][slurm]") {
+  SlurmEnv env({{"SLURM_STEP_NUM_NODES", "3"},
+                {"SLURM_STEP_NUM_TASKS", "3"},
+                {"SLURM_NODEID", "2"},
+                {"SLURM_STEP_NODELIST", "gpu[07-09]"},
+                {"SLURM_JOB_ID", "4321"}});
+  Parsed p = parse({"--slurm", "--nproc", "8", "--secret-file", "/s", "--", "worker"});
+  INFO(p.outcome.error);
+  REQUIRE(p.outcome.ok());
+  CHECK(p.flags.nnodes == 3);
+  CHECK(p.flags.node_rank == 2);
+  CHECK(p.flags.master_addr == "gpu07");
+  CHECK(p.flags.master_port == 24321);
+  CHECK(p.flags.job_id == "slurm-4321");
+  Parsed given = parse({"--slurm", "--nproc", "8", "--secret-file", "/s", "--master-addr",
+                        "10.0.0.1", "--master-port", "29500", "--job-id", "j", "--", "worker"});
+  INFO(given.outcome.error);
+  REQUIRE(given.outcome.ok());
+  CHECK(given.flags.master_addr == "10.0.0.1");
+  CHECK(given.flags.master_port == 29500);
+  CHECK(given.flags.job_id == "j");
+  CHECK(given.flags.node_rank == 2);
+}
+
+TEST_CASE("launch flags: --slurm outside srun, or with several tasks per node, is refused "
+          "naming why",
+          "[launch][cli][slurm]") {
+  {
+    SlurmEnv env({});
+    Parsed p = parse({"--slurm", "--nproc", "2", "--secret-file", "/s", "worker"});
+    CHECK_FALSE(p.outcome.ok());
+    CHECK_THAT(p.outcome.error, Catch::Contains("SLURM_STEP_NUM_NODES is not set"));
+  }
+  {
+    SlurmEnv env({{"SLURM_STEP_NUM_NODES", "2"},
+                  {"SLURM_STEP_NUM_TASKS", "16"},
+                  {"SLURM_NODEID", "0"},
+                  {"SLURM_STEP_NODELIST", "n[1-2]"},
+                  {"SLURM_JOB_ID", "5"}});
+    Parsed p = parse({"--slurm", "--nproc", "2", "--secret-file", "/s", "worker"});
+    CHECK_FALSE(p.outcome.ok());
+    CHECK_THAT(p.outcome.error, Catch::Contains("16 tasks on 2 nodes"));
+  }
+  {
+    SlurmEnv env({{"SLURM_STEP_NUM_NODES", "2"},
+                  {"SLURM_STEP_NUM_TASKS", "2"},
+                  {"SLURM_NODEID", "x"},
+                  {"SLURM_STEP_NODELIST", "n[1-2]"},
+                  {"SLURM_JOB_ID", "5"}});
+    Parsed p = parse({"--slurm", "--nproc", "2", "--secret-file", "/s", "worker"});
+    CHECK_FALSE(p.outcome.ok());
+    CHECK_THAT(p.outcome.error, Catch::Contains("SLURM_NODEID") && Catch::Contains("\"x\""));
+  }
 }
