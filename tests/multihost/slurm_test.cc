@@ -87,6 +87,12 @@ Batch run_batch(SlurmCluster& slurm, const std::string& script) {
   return batch;
 }
 
+// The job ended COMPLETED with exit code 0.
+void check_completed(const Batch& batch) {
+  CHECK(batch.end.state == "COMPLETED");
+  CHECK(batch.end.exit_code == "0:0");
+}
+
 // No process of a job is left on any host; then, once the cluster is
 // stopped, no process at all.
 void check_nothing_left(SlurmCluster& slurm) {
@@ -159,18 +165,15 @@ exit $status
                                          sbtest::runfile("examples/rpc_minimal"));
   const Batch batch = run_batch(*slurm, script);
   const std::string& out = batch.out;
-  const SlurmCluster::JobEnd& end = batch.end;
-  const std::string& id = batch.id;
-  INFO("job " << id << " printed:\n" << out);
-  CHECK(end.state == "COMPLETED");
-  CHECK(end.exit_code == "0:0");
+  INFO("job " << batch.id << " printed:\n" << out);
+  check_completed(batch);
   CHECK_THAT(out, Catch::Contains("secret: 600 32"));
   // Task r is rank r: each called the next one's add.
   for (int rank = 0; rank < 6; ++rank) {
     CHECK_THAT(out, Catch::Contains(fmt::format("{}: {}", rank, minimal_line(rank, 6))));
   }
   CHECK_FALSE(
-      std::ifstream(fmt::format("{}/jobs/job-{}.secret", slurm->dir(), id)).good());
+      std::ifstream(fmt::format("{}/jobs/job-{}.secret", slurm->dir(), batch.id)).good());
   check_nothing_left(*slurm);
 }
 
@@ -201,11 +204,8 @@ exit $status
                   fmt::arg("program", sbtest::runfile("examples/rpc_minimal")));
   const Batch batch = run_batch(*slurm, script);
   const std::string& out = batch.out;
-  const SlurmCluster::JobEnd& end = batch.end;
-  const std::string& id = batch.id;
-  INFO("job " << id << " printed:\n" << out);
-  CHECK(end.state == "COMPLETED");
-  CHECK(end.exit_code == "0:0");
+  INFO("job " << batch.id << " printed:\n" << out);
+  check_completed(batch);
   CHECK_THAT(out, Catch::Contains("master: host0"));
   for (int rank = 0; rank < 6; ++rank)
     CHECK_THAT(out, Catch::Contains(minimal_line(rank, 6)));
@@ -229,8 +229,7 @@ exit $status
                   fmt::arg("program", sbtest::runfile("examples/rpc_minimal")));
   const Batch second = run_batch(*slurm, short_script);
   INFO("job " << second.id << " (launch --slurm) printed:\n" << second.out);
-  CHECK(second.end.state == "COMPLETED");
-  CHECK(second.end.exit_code == "0:0");
+  check_completed(second);
   for (int rank = 0; rank < 6; ++rank) {
     CHECK_THAT(second.out, Catch::Contains(minimal_line(rank, 6)));
   }
