@@ -24,9 +24,12 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,6 +40,7 @@
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
+#include "tests/util/subprocess.h"
 #include "tests/util/threads.h"
 
 using namespace switchboard;
@@ -420,4 +424,45 @@ TEST_CASE("concurrent workers hold the token one at a time (TcpStore clients)", 
   });
   TcpStore check("127.0.0.1", server.port(), options);
   CHECK(check.add("entries", 0) == 100);
+}
+
+TEST_CASE("concurrent workers hold the token one at a time, and a dead holder's token is "
+          "taken over, on PyTorch 1.13's own TCPStore server (torchrun's agent store)",
+          "[token][torch]") {
+  // torch's server differs from ours where the token leans on it:
+  // compare_set on a missing key with a non-empty expected value answers
+  // that value without writing it, and a WAIT is not woken by a key that
+  // compare_set created.
+  if (::access("/usr/bin/python3", X_OK) != 0) {
+    std::printf("skipped: no /usr/bin/python3 (the server is python3-torch's)\n");
+    return;
+  }
+  sbtest::Subprocess python(
+      {"/usr/bin/python3", sbtest::runfile("tests/rendezvous/torch_store_server.py")});
+  const std::string line = python.read_line();
+  REQUIRE(line.rfind("port=", 0) == 0);
+  const auto port = static_cast<uint16_t>(std::stoi(line.substr(5)));
+  TcpStoreOptions options;
+  options.timeout = kGuard;
+  auto connect = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, options); };
+  REQUIRE_FALSE(connect()->server_has_extensions());
+  contend([&](int) { return connect(); });
+  CHECK(connect()->add("entries", 0) == 100);
+
+  // A holder that died (its value stays) is taken over one lease after the
+  // waiter first saw it.
+  std::shared_ptr<Store> store = connect();
+  set_value(*store, token_value("dead-worker", 300));
+  MembershipToken waiter(store, kKey, "w1", 300ms);
+  const auto start = Steady::now();
+  waiter.acquire(kGuard);
+  CHECK(ms_since(start) >= 300);
+  CHECK(MembershipToken::holder_of(value_of(*store)) == "w1");
+  waiter.release();
+  // A renewal after the token was deleted, which torch's compare_set would
+  // answer as a success, is caught.
+  MembershipToken holder(store, kKey, "holder");
+  holder.acquire(kGuard);
+  store->delete_key(kKey);
+  CHECK_THROWS_WITH(holder.renew(), Catch::Contains("the token's key was deleted"));
 }
