@@ -3,7 +3,7 @@
 Starts it on an ephemeral port of 127.0.0.1, prints `port=N`, and serves
 until it is killed (the test kills it when it is done).
 """
-import time
+import signal
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -14,7 +14,7 @@ def main():
                           timeout=timedelta(seconds=300))
     print(f"port={store.port}", flush=True)
     while True:
-        time.sleep(3600)
+        signal.pause()  # until the test kills this process
 
 
 if __name__ == "__main__":
