@@ -1,9 +1,9 @@
 // A worker for the restart cases under torchrun and tools/launch
 // --max-restarts (examples_test, torchrun_test, launch tests): RANK and
 // WORLD_SIZE from the environment, the attempt from
-// TORCHELASTIC_RESTART_COUNT. On attempt 0, rank 1 kills itself with
-// SIGKILL right after it is in the group (mid-job, as a crash would); on
-// later attempts every worker calls "add" on the next and prints
+// TORCHELASTIC_RESTART_COUNT. On attempt 0, rank 1 joins the group, makes
+// no call, and kills itself with SIGKILL when it is first called, before
+// answering (mid-job, as a crash would); on later attempts every worker calls "add" on the next and prints
 // "worker<r> attempt <a>: <sum>". Any failure prints what failed and exits
 // 1.
 //
@@ -18,6 +18,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <signal.h>
+#include <unistd.h>
+
 
 #include <chrono>
 #include <condition_variable>
@@ -139,9 +141,19 @@ int run_dynamic(int rank, int world_size, int attempt) {
 }
 
 int run_static(int rank, int world_size, int attempt) {
-  rpc::register_function("add", [](int64_t a, int64_t b) { return a + b; });
+  // Rank 1 of attempt 0 dies serving its first call, before it answers:
+  // nothing of attempt 0 can complete through it, whatever the order in
+  // which its pool and the others run (it used to die right after
+  // init_rpc, and a call served before that line let attempt 0 complete).
+  const bool doomed = attempt == 0 && rank == 1;
+  rpc::register_function("add", [doomed](int64_t a, int64_t b) {
+    if (doomed) ::raise(SIGKILL);
+    return a + b;
+  });
   rpc::init_rpc(fmt::format("worker{}", rank), rank, world_size);
-  if (attempt == 0 && rank == 1) ::raise(SIGKILL);
+  if (doomed) {
+    for (;;) ::pause();  // until a call kills it, or the launcher stops it
+  }
   const std::string next = fmt::format("worker{}", (rank + 1) % world_size);
   const int64_t sum = rpc::rpc_sync<int64_t>(next, "add", int64_t{rank}, int64_t{40});
   fmt::print("worker{} attempt {}: {}\n", rank, attempt, sum);

@@ -124,9 +124,12 @@ TEST_CASE("under torchrun --max_restarts a worker SIGKILLed mid-job restarts the
     const std::string out = torchrun.read_all();
     const int status = torchrun.wait();
     if (std::string(restarts) == "1") {
-      // Attempt 0's rank 1 died after init_rpc; attempt 1 met under its own
-      // prefix of torchrun's store and computed the right sums.
+      // Attempt 0's rank 1 died serving rank 0's call, before answering;
+      // attempt 1 met under its own prefix of torchrun's store and computed
+      // the right sums.
       CHECK(status == 0);
+      CHECK_THAT(out, !Catch::Contains("worker0 attempt 0: ") &&
+                          !Catch::Contains("worker1 attempt 0: "));
       CHECK_THAT(out, Catch::Contains("[default0]:worker0 attempt 1: 40"));
       CHECK_THAT(out, Catch::Contains("[default1]:worker1 attempt 1: 41"));
     } else {

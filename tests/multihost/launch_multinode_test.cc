@@ -342,9 +342,10 @@ TEST_CASE(
     "[multihost][launch][restart]") {
   if (NetnsCluster::skipped()) return;
   NetnsCluster cluster({.hosts = 2});
-  // elastic_worker: rank 1 (node 1's) kills itself with SIGKILL once the RPC
-  // group of attempt 0 is formed; in attempt 1 every rank r calls "add" (r,
-  // 40) on the next one and prints the sum.
+  // elastic_worker: rank 1 (node 1's) kills itself with SIGKILL when rank 0
+  // first calls it in attempt 0, before answering, so no worker prints a
+  // result of attempt 0; in attempt 1 every rank r calls "add" (r, 40) on
+  // the next one and prints the sum.
   std::vector<Subprocess> launchers;
   for (int node = 0; node < 2; ++node) {
     launchers.push_back(launcher_of(cluster, node, 2, 1,
