@@ -716,7 +716,20 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
 
 // A dynamic group may have had several workers of one name over time (one
 // left, another joined): the one up now wins, else the latest.
-WorkerInfo PipeAgent::worker(const std::string& name) const { return impl_->peers.find(name); }
+// A worker evicted from its dynamic group says so for names it never knew
+// too (one that founded a group the store's older group took back knew
+// none).
+WorkerInfo PipeAgent::worker(const std::string& name) const {
+  try {
+    return impl_->peers.find(name);
+  } catch (const NotFoundError&) {
+    if (!impl_->membership || !impl_->membership->was_evicted()) throw;
+    throw ConnectionError(fmt::format(
+        "rpc agent \"{}\": worker \"{}\" cannot be called: this worker \"{}\" was evicted "
+        "from the dynamic group ({})",
+        impl_->name, name, impl_->name, impl_->membership->evicted()));
+  }
+}
 
 WorkerInfo PipeAgent::worker(int id) const { return impl_->peers.find(id); }
 

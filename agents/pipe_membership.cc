@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "rendezvous/membership_token.h"
 #include "rendezvous/rounds.h"
+#include "store/call_bound.h"
 #include "store/store.h"
 
 namespace switchboard::agents {
@@ -30,6 +31,7 @@ using Keys = rendezvous::DynamicKeys;
 const std::string kTokenKey = Keys::token();
 const std::string kGroupKey = Keys::group();
 const std::string kMembersKey = Keys::members();
+const std::string kProbationKey = Keys::probation();
 
 std::string rank_key(int rank) { return Keys::rank(rank); }
 std::string evicted_key(int rank) { return Keys::evicted(rank); }
@@ -89,6 +91,20 @@ std::vector<Member> read_members(Store& store) {
   return decode_members(store.get(kMembersKey));
 }
 
+// A leave's store step failed with `e` within the leave's `limit`: the
+// worker has left locally (goodbyes sent) all the same. Throws the same
+// kind of error, saying so.
+[[noreturn]] void rethrow_left_locally(const std::string& name, const Error& e, Timeout limit) {
+  const std::string what = fmt::format(
+      "rpc agent \"{}\" left the dynamic group without taking itself off the member list: "
+      "the store did not let it within the leave's {} ms ({}); the members saw its goodbye "
+      "and take it off the list themselves once the store answers",
+      name, limit.count(), e.what());
+  if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
+  if (dynamic_cast<const ConnectionError*>(&e)) throw ConnectionError(what);
+  throw Error(e.code(), what);
+}
+
 rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
   return {a.name, a.device_count, a.device_maps, a.devices};
 }
@@ -130,20 +146,25 @@ Timeout Membership::poll_interval() const {
 
 void Membership::join(const WorkerAnnouncement& mine) {
   const auto timeout = step_timeout();
-  // One bound for the whole join.
+  // One bound for the whole join, every store call included.
   const auto deadline = Clock::now() + timeout;
+  StoreCallBound bound(deadline);
   auto left = [&] {
     return std::max(Timeout(1), std::chrono::duration_cast<Timeout>(deadline - Clock::now()));
   };
   rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
   token.acquire(timeout);
 
+  bool founded = false;
   if (store_->check({kGroupKey})) {
     group_id_ = to_string(store_->get(kGroupKey));
   } else {
-    // No group in this store (or one from before group ids): found one.
+    // No group in this store (or one from before group ids): found one, on
+    // probation (see reclaim()): the store may have been restarted empty
+    // under a live group whose members have not restored it yet.
     group_id_ = new_group_id();
-    store_->set(kGroupKey, to_bytes(group_id_));
+    store_->multi_set({kGroupKey, kProbationKey}, {to_bytes(group_id_), to_bytes(group_id_)});
+    founded = true;
     spdlog::info("rpc agent \"{}\": founded dynamic group {} (the store holds no group)",
                  name_, group_id_);
   }
@@ -333,6 +354,10 @@ void Membership::join(const WorkerAnnouncement& mine) {
 
   mine_ = mine;
   listed_ = ranks_of(now);
+  // On probation for one heartbeat timeout: an older group's members see
+  // the store again within it (they poll it several times per heartbeat
+  // timeout).
+  if (founded) probation_until_ = Clock::now() + view_window(options_);
   MutexLock lock(mu_);
   watching_ = true;
   watcher_ = std::thread([this] { watch(); });
@@ -416,6 +441,10 @@ void Membership::stop() {
 
 void Membership::watch() {
   const Timeout every = poll_interval();
+  // Each store call of this thread ends within the heartbeat timeout, so
+  // that stop() (a leave, a shutdown) waits that long at most, even for a
+  // store that does not answer.
+  StoreCallBound cap(view_window(options_));
   bool failing = false;  // the last round failed (logged once per streak)
   for (;;) {
     std::map<int, std::pair<Gone, std::string>> departed;
@@ -569,6 +598,7 @@ void Membership::exchange_views(const std::set<int>& listed) {
 }
 
 void Membership::reconcile() {
+  end_probation_if_due();
   if (!store_->check({kGroupKey, kMembersKey})) {
     restore();
     return;
@@ -577,10 +607,20 @@ void Membership::reconcile() {
   const std::string group = to_string(values[0]);
   const std::vector<Member> members = decode_members(values[1]);
   if (group != group_id_) {
-    // Another group formed in the emptied store; once it has no members
-    // left, the store is this group's again.
+    // This worker's group was founded in a store restarted empty, and the
+    // older group that lives on took the store back: out, told why.
+    const std::string reclaimed = Keys::reclaimed(group_id_);
+    if (store_->check({reclaimed})) {
+      become_evicted(to_string(store_->get(reclaimed)));
+      return;
+    }
+    // Another group formed in the emptied store: taken back while it is on
+    // probation; otherwise the store is this group's again once that group
+    // has no members left.
     if (members.empty()) {
       restore();
+    } else if (on_probation(group)) {
+      reclaim(group, members);
     } else {
       report_other_group(group);
     }
@@ -631,6 +671,7 @@ void Membership::become_evicted(const std::string& why) {
     MutexLock lock(mu_);
     if (!evicted_.empty()) return;
     evicted_ = why.empty() ? std::string("(no reason recorded)") : why;
+    was_evicted_.store(true, std::memory_order_release);
   }
   spdlog::error("rpc agent \"{}\": this worker was evicted from the dynamic group {}: it is "
                 "no longer on the member list ({}); calls to the members fail from now on. "
@@ -655,10 +696,12 @@ void Membership::restore() {
   if (store_->check({kGroupKey})) group = to_string(store_->get(kGroupKey));
   const bool listed = store_->check({kMembersKey});
   if (group != group_id_) {
-    // Another group's, which keeps the store while it has members.
+    // Another group's, which keeps the store while it has members (one on
+    // probation is taken back by reconcile()).
     if (listed && !read_members(*store_).empty()) {
+      const bool young = on_probation(group);
       token.release();
-      report_other_group(group);
+      if (!young) report_other_group(group);
       return;
     }
     spdlog::warn("rpc agent \"{}\": the store's other dynamic group ({}) has no members left; "
@@ -668,24 +711,87 @@ void Membership::restore() {
     token.release();
     return;  // another member restored it first
   }
-  store_->set(kGroupKey, to_bytes(group_id_));
-  // This worker and every member it is connected to.
+  const std::string names = write_view({});
+  token.release();
+  spdlog::warn("rpc agent \"{}\": the store had lost dynamic group {}'s member list (was it "
+               "restarted?); restored it from this worker's view: {}",
+               name_, group_id_, names);
+}
+
+// This worker and every member it is connected to.
+std::vector<Member> Membership::view_now() const {
   std::set<int> ranks{rank_};
   for (int r : peers_.peers_up()) ranks.insert(r);
   std::vector<Member> members;
-  std::vector<std::string> names;
   for (int r : ranks) {
-    const WorkerAnnouncement& a = r == rank_ ? mine_ : peers_.info(r).announcement;
-    members.push_back({r, a});
-    names.push_back(fmt::format("\"{}\"", a.name));
-    store_->set(rank_key(r), to_bytes(a.name));
+    members.push_back({r, r == rank_ ? mine_ : peers_.info(r).announcement});
   }
-  store_->set(kMembersKey, encode_members(members));
-  token.release();
+  return members;
+}
+
+std::string Membership::write_view(std::vector<std::pair<std::string, Bytes>> also) {
+  const std::vector<Member> members = view_now();
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  for (auto& [key, value] : also) {
+    keys.push_back(key);
+    values.push_back(std::move(value));
+  }
+  keys.push_back(kGroupKey);
+  values.push_back(to_bytes(group_id_));
+  std::vector<std::string> names;
+  for (const Member& m : members) {
+    keys.push_back(rank_key(m.rank));
+    values.push_back(to_bytes(m.announcement.name));
+    names.push_back(fmt::format("\"{}\"", m.announcement.name));
+  }
+  keys.push_back(kMembersKey);  // last: a reader that sees it sees the rest
+  values.push_back(encode_members(members));
+  store_->multi_set(keys, values);
   listed_ = ranks_of(members);
-  spdlog::warn("rpc agent \"{}\": the store had lost dynamic group {}'s member list (was it "
-               "restarted?); restored it from this worker's view: {}",
-               name_, group_id_, fmt::join(names, ", "));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+bool Membership::on_probation(const std::string& group) {
+  return store_->check({kProbationKey}) && to_string(store_->get(kProbationKey)) == group;
+}
+
+void Membership::reclaim(const std::string& young, const std::vector<Member>& young_members) {
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  token.acquire(step_timeout(), [this] { return stopping(); });
+  // Still that group, still on probation (its founder may have ended it,
+  // or another member reclaimed the store first)?
+  if (!store_->check({kGroupKey}) || to_string(store_->get(kGroupKey)) != young ||
+      !on_probation(young)) {
+    token.release();
+    return;
+  }
+  std::vector<std::string> theirs;
+  for (const Member& m : young_members) theirs.push_back(fmt::format("\"{}\"", m.announcement.name));
+  std::vector<std::string> ours;
+  for (const Member& m : view_now()) ours.push_back(fmt::format("\"{}\"", m.announcement.name));
+  const std::string why = fmt::format(
+      "by \"{}\": the store was restarted empty and this worker's group {} (members {}) was "
+      "founded there while dynamic group {} (members {}) was still running; that group took the "
+      "store back. Join again (init_rpc) to be in it",
+      name_, young, fmt::join(theirs, ", "), group_id_, fmt::join(ours, ", "));
+  write_view({{Keys::reclaimed(young), to_bytes(why)}});
+  store_->delete_key(kProbationKey);
+  token.release();
+  reported_group_.clear();
+  spdlog::warn("rpc agent \"{}\": the store (restarted empty?) held dynamic group {} (members "
+               "{}), founded there on probation; took it back for group {}: {}; its members are "
+               "told that they are out",
+               name_, young, fmt::join(theirs, ", "), group_id_, fmt::join(ours, ", "));
+}
+
+void Membership::end_probation_if_due() {
+  if (!probation_until_ || Clock::now() < *probation_until_) return;
+  rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
+  token.acquire(step_timeout(), [this] { return stopping(); });
+  if (on_probation(group_id_)) store_->delete_key(kProbationKey);
+  token.release();
+  probation_until_.reset();
 }
 
 void Membership::report_other_group(const std::string& other) {
@@ -758,9 +864,12 @@ void Membership::set_listener(rpc::MembershipListener listener) {
 // ------------------------------------------------------------------ leaving
 
 void Membership::leave(Timeout timeout) {
-  stop();
+  // One bound for the whole leave, the watcher's last store call and every
+  // store call here included.
   const auto limit = timeout.count() > 0 ? timeout : step_timeout();
   const auto deadline = Clock::now() + limit;
+  StoreCallBound bound(deadline);
+  stop();
   if (!evicted().empty()) {
     // Off the list already: nothing to unpublish, only the calls to drain.
     peers_.close_to_newcomers();
@@ -768,10 +877,24 @@ void Membership::leave(Timeout timeout) {
     return;
   }
   rendezvous::MembershipToken token(store_, kTokenKey, name_, options_.membership_lease);
-  token.acquire(limit);
+  bool goodbyes_sent = false;
   // From the goodbye on, the others fail new calls to this worker at once;
   // calls already in flight in either direction still complete.
-  for (auto& c : peers_.close_to_newcomers()) c->enqueue_control(pipe::FrameKind::kGoodbye);
+  auto say_goodbye = [&] {
+    if (goodbyes_sent) return;
+    goodbyes_sent = true;
+    for (auto& c : peers_.close_to_newcomers()) c->enqueue_control(pipe::FrameKind::kGoodbye);
+  };
+  try {
+    token.acquire(limit);
+  } catch (const Error& e) {
+    // The store cannot be reached (or the token stays taken) within the
+    // bound: this worker leaves all the same. The members see its goodbye
+    // and take it off the list themselves once the store answers.
+    say_goodbye();
+    rethrow_left_locally(name_, e, limit);
+  }
+  say_goodbye();
   // Renew the token while waiting, so that a long drain does not lose it.
   const auto slice = std::max(Timeout(1), options_.membership_lease / 2);
   bool drained = false;
@@ -781,10 +904,14 @@ void Membership::leave(Timeout timeout) {
     if (drained || Clock::now() >= deadline) break;
     token.renew();
   }
-  std::vector<Member> members = read_members(*store_);
-  std::erase_if(members, [&](const Member& m) { return m.rank == rank_; });
-  store_->set(kMembersKey, encode_members(members));
-  token.release();
+  try {
+    std::vector<Member> members = read_members(*store_);
+    std::erase_if(members, [&](const Member& m) { return m.rank == rank_; });
+    store_->set(kMembersKey, encode_members(members));
+    token.release();
+  } catch (const Error& e) {
+    rethrow_left_locally(name_, e, limit);
+  }
   if (!drained) {
     const auto load = calls_.load();
     throw TimeoutError(fmt::format(

@@ -19,6 +19,10 @@
 //   dyn/view/<r>   member r's word on its links, rewritten at each poll: a
 //                  counter and the listed ranks it cannot reach
 //                  (agents/pipe_partition.h)
+//   dyn/probation  the id of a group founded in a store that held none,
+//                  during its founder's first heartbeat timeout
+//   dyn/reclaimed/<id>  why group <id> (founded on probation) lost the
+//                  store to an older group, for its members to read
 //
 // One view of the group: the member list in the store is the group. After
 // joining, a watcher thread keeps this worker's view equal to it:
@@ -39,8 +43,14 @@
 //     without this worker means it was evicted: it drops every member,
 //     refuses newcomers and reports itself as left;
 //   - a store that lost the group's keys (restarted empty) gets them back
-//     from this worker's view; a store that holds another group's id is
-//     logged as an error (a second group formed there), never joined.
+//     from this worker's view. A worker that finds no group there founds
+//     one on probation: within its first heartbeat timeout, the members of
+//     an older group that still run (they see the store again within it)
+//     take the store back, and every member of the young group is evicted
+//     with a reason naming the older group and its members, so that no
+//     joiner is left silently alone beside a live group. A store that
+//     holds another group's id past that is logged as an error (a second
+//     group formed there), never joined.
 //
 // Thread safety: join() once, on the constructing thread; leave() on the
 // owner's thread; the rest on any thread (hellos arrive on I/O threads).
@@ -54,13 +64,16 @@
 // joins the watcher, which may take one store call's time.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <functional>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "agents/pipe_auth.h"
@@ -127,6 +140,8 @@ class Membership {
   void stop() SB_EXCLUDES(mu_);
   // Whether the group evicted this worker, and why ("" while a member).
   std::string evicted() const SB_EXCLUDES(mu_);
+  // Whether it was evicted: one atomic load, for the send path.
+  bool was_evicted() const { return was_evicted_.load(std::memory_order_acquire); }
 
   // A member's side of a join hello on `connection` (`joiner`: its
   // announcement, decoded): admits the joiner or refuses it, answers with a
@@ -173,6 +188,21 @@ class Membership {
                             std::chrono::steady_clock::time_point deadline,
                             rendezvous::MembershipToken& token);
   void restore() SB_EXCLUDES(mu_);
+  // This worker and the members it is connected to.
+  std::vector<Member> view_now() const;
+  // Writes view_now() as the group's member list (with the group's id and
+  // the members' rank keys), and the pairs in `also`, in one request; the
+  // token is held. Returns the members' names, for logs.
+  std::string write_view(std::vector<std::pair<std::string, std::vector<uint8_t>>> also);
+  // Whether group `group` is on probation (founded in a store that held no
+  // group, within its founder's first heartbeat timeout).
+  bool on_probation(const std::string& group);
+  // Takes the store back from group `young` (on probation; its members
+  // `young_members`) for this one, recording why for its members.
+  void reclaim(const std::string& young, const std::vector<Member>& young_members)
+      SB_EXCLUDES(mu_);
+  // The founder's probation ends: its key goes (under the token).
+  void end_probation_if_due() SB_EXCLUDES(mu_);
   // This worker is off the list: drops every member, refuses newcomers.
   void become_evicted(const std::string& why) SB_EXCLUDES(mu_);
   // Why rank `r` is off the list, as its evicted/<r> key says (or a
@@ -209,8 +239,12 @@ class Membership {
   Liveness liveness_;
   std::map<int, std::string> suspects_;
   std::string undecided_logged_;
+  // When this worker's probation as the founder of the group ends (none
+  // when it did not found it, or once it has ended). Set by join().
+  std::optional<std::chrono::steady_clock::time_point> probation_until_;
 
   std::thread watcher_;
+  std::atomic<bool> was_evicted_{false};  // evicted_ is set
 
   mutable Mutex mu_;
   CondVar wake_;  // a departure to record, or stopping

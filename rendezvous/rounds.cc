@@ -67,6 +67,9 @@ std::string quiet_rounds(std::string_view scope, uint64_t n) {
 std::string DynamicKeys::rank(int rank) { return fmt::format("dyn/rank/{}", rank); }
 std::string DynamicKeys::evicted(int rank) { return fmt::format("dyn/evicted/{}", rank); }
 std::string DynamicKeys::view(int rank) { return fmt::format("dyn/view/{}", rank); }
+std::string DynamicKeys::reclaimed(const std::string& group) {
+  return fmt::format("dyn/reclaimed/{}", group);
+}
 
 std::string collective_spec_key(const std::string& group) {
   return fmt::format("collective/specs/{}", group);

@@ -105,6 +105,10 @@ struct DynamicKeys {
   static std::string rank(int rank);                      // dyn/rank/<r>
   static std::string evicted(int rank);                   // dyn/evicted/<r>
   static std::string view(int rank);                      // dyn/view/<r>
+  // The id of a group founded in a store that held none, while it is on
+  // probation (a live older group may be restoring the store).
+  static std::string probation() { return "dyn/probation"; }
+  static std::string reclaimed(const std::string& group);  // dyn/reclaimed/<id>
 };
 
 // --- named collective groups ------------------------------------------------

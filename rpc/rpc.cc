@@ -19,6 +19,7 @@
 #include "rendezvous/init_method.h"
 #include "rendezvous/rounds.h"
 #include "rpc/rref_table.h"
+#include "store/call_bound.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 #include "store/store_metrics.h"
@@ -187,6 +188,12 @@ void RpcContext::init_rpc(const std::string& name, const BackendType& backend, i
              "init_rpc(\"{}\"): world_size must be at least 1 (or kDynamicGroup), got {}",
              name, world_size.value_or(0));
   if (!options) options = construct_rpc_backend_options(backend);
+  // One bound for the whole init (rpc_timeout; 0: none), every store call
+  // included: the rendezvous, the group's rounds and the backend's own.
+  std::optional<StoreCallBound> bound;
+  if (options->rpc_timeout.count() > 0) {
+    bound.emplace(std::chrono::steady_clock::now() + options->rpc_timeout);
+  }
 
   auto state = std::make_shared<State>(
       State{backend, options, nullptr, nullptr, nullptr, std::nullopt, nullptr});

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "store/call_bound.h"
 
 namespace switchboard {
 namespace {
@@ -297,6 +298,7 @@ void FileStore::apply_record(uint8_t op, std::string_view key,
 std::vector<Bytes> FileStore::wait_for(const std::vector<std::string>& keys,
                                        Timeout timeout, const char* op) {
   using Clock = std::chrono::steady_clock;
+  timeout = StoreCallBound::bounded(timeout);
   const auto deadline = Clock::now() + timeout;
   auto pause = std::chrono::milliseconds(1);
   for (;;) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "store/call_bound.h"
 
 namespace switchboard {
 namespace {
@@ -21,6 +22,7 @@ std::vector<std::string> missing_keys(
 
 void HashStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
                             const char* op) {
+  timeout = StoreCallBound::bounded(timeout);
   auto ready = [&]() SB_REQUIRES(mutex_) { return missing_keys(map_, keys).empty(); };
   if (timeout == kNoTimeout) {
     changed_.wait(mutex_, ready);

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/mutex.h"
+#include "store/call_bound.h"
 #include "store/tcp_client_connection.h"
 #include "store/tcp_protocol.h"
 #include "store/tcp_store_server.h"
@@ -128,8 +129,10 @@ TcpStore::~TcpStore() {
 
 std::shared_ptr<const StoreMetrics> TcpStore::metrics() const { return metrics_; }
 
+// Each request's deadline: the store's timeout, cut to the calling
+// thread's StoreCallBound.
 Deadline TcpStore::request_deadline() const {
-  return tcpstore::deadline_after(timeout());
+  return tcpstore::deadline_after(StoreCallBound::bounded(timeout()));
 }
 
 int64_t TcpStore::call_i64(const Request& request) {
@@ -214,6 +217,7 @@ void TcpStore::explain_failed_add_locked(const std::string& key, int64_t delta)
 
 void TcpStore::wait_locked(const std::vector<std::string>& keys, Timeout timeout,
                            const char* op) SB_REQUIRES(connection_->mutex) {
+  timeout = StoreCallBound::bounded(timeout);
   Deadline deadline = tcpstore::deadline_after(timeout);
   connection_->send(Request{QueryType::kWait, wire_keys(keys), {}, 0}, deadline);
   // A worker that hangs in a rendezvous shows here, at debug level, which

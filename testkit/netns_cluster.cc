@@ -89,6 +89,12 @@ Output run_ip(const std::vector<std::string>& args) {
   return run(argv);
 }
 
+// Host `host`'s link-layer address on network `net`: fixed (locally
+// administered), so that other hosts' neighbor entries can name it.
+std::string mac_address(int host, int net) {
+  return fmt::format("02:5b:00:00:{:02x}:{:02x}", net, host);
+}
+
 std::vector<std::string> words(const std::string& text) {
   std::istringstream in(text);
   std::vector<std::string> out;
@@ -227,7 +233,20 @@ NetnsCluster::NetnsCluster(Options options)
         ip({"-n", switch_ns_, "link", "set", port, "up"});
         ip({"-n", ns, "addr", "add", fmt::format("198.{}.0.{}/24", 18 + net, h + 1), "dev",
             dev});
+        ip({"-n", ns, "link", "set", dev, "address", mac_address(h, net)});
         ip({"-n", ns, "link", "set", dev, "up"});
+      }
+    }
+    if (options.known_neighbors) {
+      for (int h = 0; h < options.hosts; ++h) {
+        for (int other = 0; other < options.hosts; ++other) {
+          if (other == h) continue;
+          for (int net = 0; net < networks; ++net) {
+            ip({"-n", hosts_[h], "neigh", "replace",
+                fmt::format("198.{}.0.{}", 18 + net, other + 1), "lladdr",
+                mac_address(other, net), "dev", fmt::format("eth{}", net), "nud", "permanent"});
+          }
+        }
       }
     }
     if (host_names_) write_hosts_files();

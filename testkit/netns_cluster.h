@@ -53,6 +53,13 @@ class NetnsCluster {
     // maps every host's name to its eth0 address, as a cluster's DNS would
     // (what SLURM's node names and torchrun's c10d rendezvous need).
     bool host_names = false;
+    // Every host starts with every other host's link-layer address in its
+    // neighbor table (permanent entries), as hosts that talked before have
+    // them. A cut link then drops packets silently, as across a real
+    // network: a connect to a cut host waits for its own timeout. Without
+    // them, the sender's ARP request goes unanswered and the connect fails
+    // after about 3 s with "No route to host".
+    bool known_neighbors = false;
   };
 
   // Why clusters cannot be made here (not root, no `ip`, namespaces

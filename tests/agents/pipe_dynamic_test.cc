@@ -7,6 +7,7 @@
 // as a killed joiner would have left it.
 #include <fmt/format.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -672,6 +673,183 @@ TEST_CASE("a second group founded in a store restarted empty gives the store bac
   Worker c("c", 2, client(), watched_options());
   CHECK(c.members() == std::set<std::string>{"a", "b", "c"});
   CHECK(c.ctx.rpc_sync<std::string>("a", "whoami") == "a");
+}
+
+namespace {
+
+// A store whose calls wait while the test holds it closed: a member's view
+// of the store, paused (as behind a slow or cut link) and resumed at will.
+class GatedStore : public Store {
+ public:
+  explicit GatedStore(std::shared_ptr<Store> store) : store_(std::move(store)) {
+    Store::set_timeout(store_->timeout());
+  }
+  using Store::set;
+  using Store::wait;
+  static void close() { gate(false); }
+  static void open() { gate(true); }
+
+  void set(const std::string& key, const Bytes& value) override {
+    pass();
+    store_->set(key, value);
+  }
+  Bytes get(const std::string& key) override {
+    pass();
+    return store_->get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    pass();
+    return store_->add(key, delta);
+  }
+  Bytes compare_set(const std::string& key, const Bytes& expected,
+                    const Bytes& desired) override {
+    pass();
+    return store_->compare_set(key, expected, desired);
+  }
+  void wait(const std::vector<std::string>& keys, Timeout timeout) override {
+    pass();
+    store_->wait(keys, timeout);
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    pass();
+    return store_->check(keys);
+  }
+  bool delete_key(const std::string& key) override {
+    pass();
+    return store_->delete_key(key);
+  }
+  int64_t num_keys() override {
+    pass();
+    return store_->num_keys();
+  }
+  std::vector<Bytes> multi_get(const std::vector<std::string>& keys) override {
+    pass();
+    return store_->multi_get(keys);
+  }
+  void multi_set(const std::vector<std::string>& keys, const std::vector<Bytes>& values) override {
+    pass();
+    store_->multi_set(keys, values);
+  }
+  void set_timeout(Timeout timeout) override {
+    Store::set_timeout(timeout);
+    store_->set_timeout(timeout);
+  }
+
+ private:
+  // One gate for every GatedStore of the test (open at first).
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = true;
+  };
+  static Gate& the_gate() {
+    static Gate g;
+    return g;
+  }
+  static void gate(bool open) {
+    Gate& g = the_gate();
+    std::lock_guard lock(g.mu);
+    g.open = open;
+    g.cv.notify_all();
+  }
+  static void pass() {
+    Gate& g = the_gate();
+    std::unique_lock lock(g.mu);
+    if (!g.cv.wait_for(lock, kGuard, [&] { return g.open; })) {
+      throw TimeoutError("GatedStore: the test never opened the gate");
+    }
+  }
+
+  std::shared_ptr<Store> store_;
+};
+
+}  // namespace
+
+TEST_CASE("a worker that founds a group in a store restarted empty, before the members of the "
+          "running group see the store again, is told by error once they take it back, "
+          "naming their group; the next joiner joins that group",
+          "[pipe][dynamic][membership][store]") {
+  auto server = std::make_unique<TcpStoreServer>();
+  const uint16_t port = server->port();
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
+  Worker a("a", 0, std::make_shared<GatedStore>(client()), watched_options());
+  Worker b("b", 1, std::make_shared<GatedStore>(client()), watched_options());
+  REQUIRE(a.events.wait_joined({"b"}));
+  const Bytes group = client()->get("pipe/dyn/group");
+  // The members stop seeing the store; it restarts empty; c finds no group
+  // there and founds one (on probation for its heartbeat timeout, 10 s).
+  GatedStore::close();
+  server.reset();
+  TcpStoreServerOptions same_port;
+  same_port.port = port;
+  server = std::make_unique<TcpStoreServer>(same_port);
+  Worker c("c", 2, client(), options(30s, {{"heartbeat_timeout_ms", "10000"}}));
+  CHECK(c.members() == std::set<std::string>{"c"});
+  // The members see the store again: they take it back, and c is out.
+  GatedStore::open();
+  REQUIRE(c.events.wait_left({"c"}));
+  const std::string failure = failure_of([&] { c.ctx.rpc_sync<std::string>("a", "whoami"); });
+  CHECK_THAT(failure, Catch::Contains("this worker \"c\" was evicted") &&
+                          Catch::Contains("the store was restarted empty") &&
+                          Catch::Contains(fmt::format("dynamic group {} (members \"a\", \"b\")",
+                                                      to_string(group))));
+  TcpStore store("127.0.0.1", port, client_options());
+  CHECK(store.get("pipe/dyn/group") == group);
+  CHECK(names_in_store(store) == std::set<std::string>{"a", "b"});
+  Worker d("d", 3, client(), watched_options());
+  CHECK(d.members() == std::set<std::string>{"a", "b", "d"});
+  CHECK(d.ctx.rpc_sync<std::string>("a", "whoami") == "a");
+}
+
+// A store server in a process of its own, for the test to stop or kill.
+// Says the port it listens on, then serves until killed.
+SB_CHILD_MAIN(store_server) {
+  TcpStoreServer server;
+  say(std::to_string(server.port()));
+  for (;;) ::pause();
+}
+
+TEST_CASE("a graceful leave with the store server gone returns within its timeout plus the "
+          "goodbyes' flush, naming the store, and the other member drops the leaver at once",
+          "[pipe][dynamic][membership][store]") {
+  // Killed: the connection closes and reconnecting is refused. Stopped
+  // (SIGSTOP): every request waits for an answer that never comes.
+  const int signal = GENERATE(SIGKILL, SIGSTOP);
+  INFO("the store server got signal " << signal);
+  Subprocess server = sbtest::spawn_child("store_server");
+  const uint16_t port = static_cast<uint16_t>(std::stoi(server.read_line()));
+  // The store clients wait a minute per call on their own (kGuard); the
+  // leave's one deadline is rpc_timeout, 3 s.
+  constexpr auto kRpcTimeout = 3s;
+  auto client = [&] { return std::make_shared<TcpStore>("127.0.0.1", port, client_options()); };
+  auto opts = [&] { return options(kRpcTimeout, {{"heartbeat_timeout_ms", "1000"}}); };
+  Worker a("a", 0, client(), opts());
+  Worker b("b", 1, client(), opts());
+  REQUIRE(a.events.wait_joined({"b"}));
+  server.kill(signal);
+
+  const auto began = std::chrono::steady_clock::now();
+  const std::string failure = failure_of([&] { a.ctx.shutdown(/*graceful=*/true); });
+  const auto took = std::chrono::steady_clock::now() - began;
+  INFO("shutdown threw " << failure);
+  // The documented bound: the leave's timeout, then at most 1 s flushing
+  // the goodbyes; one more second for the machine.
+  CHECK(took < kRpcTimeout + 2s);
+  CHECK_THAT(failure, Catch::Contains("left the dynamic group without taking itself off the "
+                                      "member list") &&
+                          Catch::Contains(fmt::format("127.0.0.1:{}", port)));
+  // b heard the goodbye: a is gone from its view, and calls to it fail at
+  // once, without the store.
+  REQUIRE(b.events.wait_left({"a"}));
+  CHECK(b.members() == std::set<std::string>{"b"});
+  CHECK_THAT(failure_of([&] { b.ctx.rpc_sync<std::string>("a", "whoami"); }),
+             Catch::StartsWith("ConnectionError"));
+  // b's own graceful leave is bounded the same way.
+  const auto b_began = std::chrono::steady_clock::now();
+  CHECK_THAT(failure_of([&] { b.ctx.shutdown(/*graceful=*/true); }),
+             Catch::Contains("left the dynamic group without taking itself off"));
+  CHECK(std::chrono::steady_clock::now() - b_began < kRpcTimeout + 2s);
+  server.kill(SIGKILL);
 }
 
 TEST_CASE("a dynamic worker's rank is not held to the WORLD_SIZE of its environment",

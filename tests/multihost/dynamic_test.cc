@@ -86,6 +86,9 @@ std::string group_now() {
 //   "joiner"  says the group it joined and what "a" (or args[4]) answered;
 //             stops once "done" is set.
 //   "steady"  says "ready"; leaves the group gracefully once "done" is set.
+//   "founder" (heartbeat timeout args[4] ms) says the group it joined, then
+//             waits for on_leave of itself and says "evicted" and what a
+//             call to "a" fails with.
 constexpr int kDynamicHeartbeatMs = 1500;
 
 SB_CHILD_MAIN(view_member) {
@@ -100,8 +103,27 @@ SB_CHILD_MAIN(view_member) {
   Departures departures;
   auto options = rpc::construct_rpc_backend_options(
       rpc::backend_type("PIPE"), std::chrono::seconds(10), "env://",
-      {{"heartbeat_timeout_ms", std::to_string(kDynamicHeartbeatMs)}});
+      {{"heartbeat_timeout_ms",
+        role == "founder" ? args.at(4) : std::to_string(kDynamicHeartbeatMs)}});
   rpc::init_rpc(name, "PIPE", std::stoi(args.at(1)), rpc::kDynamicGroup, options);
+  if (role == "founder") {
+    fmt::print("group: {}\n", group_now());
+    std::fflush(stdout);
+    if (!departures.wait_for(name)) {
+      fmt::print("never evicted; group: {}\n", group_now());
+      return 1;
+    }
+    fmt::print("evicted\n");
+    try {
+      rpc::rpc_sync<std::string>("a", "where");
+      fmt::print("a answered after the eviction\n");
+    } catch (const std::exception& e) {
+      fmt::print("calling a: {}\n", e.what());
+    }
+    std::fflush(stdout);
+    rpc::shutdown(false);
+    return 0;
+  }
   if (role == "joiner") {
     fmt::print("group: {}\n", group_now());
     const std::string callee = args.size() > 4 ? args.at(4) : "a";
@@ -276,6 +298,39 @@ SB_CHILD_MAIN(outsider) {
   return 0;
 }
 
+// Members "a" and "b" ("steady" view_members) of a dynamic group on hosts 1
+// and 2, over the store_server on host 0 at `store_port`, each ready.
+std::vector<Subprocess> steady_members(NetnsCluster& cluster, const ControlFile& control,
+                                       const std::string& store_port) {
+  std::vector<Subprocess> members;
+  const std::vector<std::string> names = {"a", "b"};
+  for (int i = 0; i < 2; ++i) {
+    members.push_back(cluster.spawn_child(
+        i + 1, "view_member", {names[i], std::to_string(i), "steady", control.path()},
+        dynamic_env(cluster, i + 1, store_port)));
+    REQUIRE(members.back().read_line() == "ready");
+  }
+  return members;
+}
+
+// A worker "d" of rank `rank` joins from host `host`, sees the group "a b d"
+// and calls a; then the steady `members` leave gracefully, and d stops.
+void join_then_leave(NetnsCluster& cluster, const ControlFile& control,
+                     std::vector<Subprocess>& members, const std::string& store_port, int host,
+                     int rank) {
+  Subprocess d = cluster.spawn_child(host, "view_member",
+                                     {"d", std::to_string(rank), "joiner", control.path()},
+                                     dynamic_env(cluster, host, store_port));
+  CHECK(d.read_line() == "group: a b d");
+  CHECK(d.read_line() == "a answered " + cluster.address(1));
+  control.set("done");
+  for (auto& m : members) {
+    CHECK(m.read_line() == "left");
+    CHECK(m.wait() == 0);
+  }
+  CHECK(d.wait() == 0);
+}
+
 }  // namespace
 
 TEST_CASE("a dynamic group across hosts drops a member cut off or stopped mid-run, takes new "
@@ -399,14 +454,7 @@ TEST_CASE("a store server restarted empty under a dynamic group across hosts get
   const std::string store_port = "29990";
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
   Subprocess store = cluster.spawn_store_server(0, store_port);
-  std::vector<Subprocess> members;
-  const std::vector<std::string> names = {"a", "b"};
-  for (int i = 0; i < 2; ++i) {
-    members.push_back(cluster.spawn_child(
-        i + 1, "view_member", {names[i], std::to_string(i), "steady", control.path()},
-        env_of(i + 1)));
-    REQUIRE(members.back().read_line() == "ready");
-  }
+  std::vector<Subprocess> members = steady_members(cluster, control, store_port);
   store.kill(SIGTERM);
   store.wait();
   Subprocess again = cluster.spawn_store_server(0, store_port);
@@ -415,16 +463,43 @@ TEST_CASE("a store server restarted empty under a dynamic group across hosts get
       0, "store_wait", {"pipe/dyn/group", "pipe/dyn/members"}, env_of(0));
   REQUIRE(restored.read_line() == "ok");
   CHECK(restored.wait() == 0);
-  Subprocess d = cluster.spawn_child(3, "view_member", {"d", "2", "joiner", control.path()},
-                                     env_of(3));
-  CHECK(d.read_line() == "group: a b d");
-  CHECK(d.read_line() == "a answered " + cluster.address(1));
-  control.set("done");
-  for (int i = 0; i < 2; ++i) {
-    CHECK(members[i].read_line() == "left");
-    CHECK(members[i].wait() == 0);
-  }
-  CHECK(d.wait() == 0);
+  join_then_leave(cluster, control, members, store_port, 3, 2);
+  again.kill(SIGTERM);
+  again.wait();
+}
+
+TEST_CASE("a store server restarted empty while the members cannot reach it: a worker that "
+          "founds a group there is told by error, naming the members' group, once they reach "
+          "the store again and take it back; the next joiner joins their group",
+          "[multihost][dynamic][store]") {
+  if (skipped()) return;
+  NetnsCluster cluster({.hosts = 5});
+  const ControlFile control;
+  const std::string store_port = "29995";
+  auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
+  Subprocess store = cluster.spawn_store_server(0, store_port);
+  std::vector<Subprocess> members = steady_members(cluster, control, store_port);
+  // The members lose the store's host (they still reach each other); the
+  // store restarts empty; c, on a host that reaches the store, finds no
+  // group there and founds one, on probation for its heartbeat timeout
+  // (10 s).
+  cluster.partition({{1, 2}, {0}});
+  store.kill(SIGTERM);
+  store.wait();
+  Subprocess again = cluster.spawn_store_server(0, store_port);
+  Subprocess c = cluster.spawn_child(
+      3, "view_member", {"c", "2", "founder", control.path(), "10000"}, env_of(3));
+  CHECK(c.read_line() == "group: c");
+  // The members reach the store again: they take it back, and c is out,
+  // told why.
+  cluster.heal();
+  CHECK(c.read_line() == "evicted");
+  const std::string call = c.read_line();
+  CHECK_THAT(call, Catch::Contains("this worker \"c\" was evicted") &&
+                       Catch::Contains("the store was restarted empty") &&
+                       Catch::Contains("(members \"a\", \"b\")"));
+  CHECK(c.wait() == 0);
+  join_then_leave(cluster, control, members, store_port, 4, 3);
   again.kill(SIGTERM);
   again.wait();
 }

@@ -27,6 +27,8 @@ TEST_CASE("the key scheme's names", "[rendezvous][rounds]") {
   CHECK(rendezvous::DynamicKeys::rank(7) == "dyn/rank/7");
   CHECK(rendezvous::DynamicKeys::evicted(7) == "dyn/evicted/7");
   CHECK(rendezvous::DynamicKeys::view(7) == "dyn/view/7");
+  CHECK(rendezvous::DynamicKeys::probation() == "dyn/probation");
+  CHECK(rendezvous::DynamicKeys::reclaimed("abc") == "dyn/reclaimed/abc");
 }
 
 TEST_CASE("static rounds: each run of a group gets its own round and store; a failed run "

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "store/call_bound.h"
 #include "tests/store/store_fixtures.h"
 
 using switchboard::Bytes;
@@ -42,6 +43,36 @@ TEMPLATE_TEST_CASE("get of a missing key times out naming the key",
   } catch (const switchboard::TimeoutError& e) {
     CHECK_THAT(e.what(), Catch::Contains("never_set"));
   }
+}
+
+TEMPLATE_TEST_CASE("a StoreCallBound ends get and wait that would wait forever: a deadline for "
+                   "every call of the scope, or a cap on each; leaving the scope lifts it",
+                   "[store][conformance][call_bound]", STORE_FIXTURES) {
+  using switchboard::StoreCallBound;
+  TestType fixture;
+  auto store = fixture.open();
+  store->set_timeout(Store::kNoTimeout);
+  store->set("present", "1");
+  {
+    StoreCallBound bound(std::chrono::steady_clock::now() + 50ms);
+    CHECK_THROWS_AS(store->get("never_set"), switchboard::TimeoutError);
+    // The deadline has passed: every later call of the scope ends at once.
+    CHECK_THROWS_AS(store->wait({"never_set"}, Store::kNoTimeout), switchboard::TimeoutError);
+  }
+  {
+    StoreCallBound cap(50ms);
+    try {
+      store->wait({"present", "absent"}, Store::kNoTimeout);
+      FAIL("wait returned with a key missing");
+    } catch (const switchboard::TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("absent"));
+    }
+    // Each call gets the cap afresh.
+    CHECK_THROWS_AS(store->multi_get({"present", "absent"}), switchboard::TimeoutError);
+    CHECK(to_string(store->get("present")) == "1");
+  }
+  CHECK(StoreCallBound::bounded(Store::kNoTimeout) == Store::kNoTimeout);
+  CHECK(to_string(store->get("present")) == "1");
 }
 
 TEMPLATE_TEST_CASE("get blocks until another handle sets the key",

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "store/call_bound.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 #include "tests/util/subprocess.h"
@@ -165,6 +166,31 @@ TEST_CASE("a server that goes away fails calls with ConnectionError, and a new s
   again.port = port;
   server = std::make_unique<TcpStoreServer>(again);
   CHECK(store.add("n", 1) == 1);  // a fresh server: the old keys are gone
+}
+
+TEST_CASE("with its server gone, a call that would try to reconnect forever ends at the "
+          "thread's StoreCallBound, naming the address",
+          "[store][tcp][call_bound]") {
+  auto server = std::make_unique<TcpStoreServer>();
+  const uint16_t port = server->port();
+  TcpStoreOptions options;
+  options.timeout = Store::kNoTimeout;
+  TcpStore store("127.0.0.1", port, options);
+  store.set("a", "1");
+  server->stop();
+  StoreCallBound bound(std::chrono::steady_clock::now() + 200ms);
+  // The first call may find the old connection broken at once; the next
+  // ones reconnect, refused until the bound.
+  for (int i = 0; i < 2; ++i) {
+    try {
+      (void)store.check({"a"});
+      FAIL("check() answered without a server");
+    } catch (const ConnectionError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format("127.0.0.1:{}", port)));
+    } catch (const TimeoutError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format("127.0.0.1:{}", port)));
+    }
+  }
 }
 
 TEST_CASE("a timed-out wait is cancelled on our server, so later replies stay in step",

@@ -106,11 +106,18 @@ class TcpTransport final : public PipeTransport {
     const tcp::endpoint endpoint(asio::ip::make_address(address, error),
                                  static_cast<uint16_t>(port));
     if (error) throw ConnectionError(error.message());
-    // A non-blocking connect, waited for with poll() up to `timeout`.
+    // A non-blocking connect, waited for with poll() up to `timeout`. The
+    // system call itself, not Asio's synchronous connect(), which waits
+    // without a limit even on a non-blocking socket (a peer whose packets
+    // vanish, behind a cut link with its address already resolved, held a
+    // join for the kernel's two minutes of SYN retries).
     socket.open(endpoint.protocol(), error);
     if (!error) socket.non_blocking(true, error);
     if (error) throw ConnectionError(error.message());
-    socket.connect(endpoint, error);
+    if (::connect(socket.native_handle(), endpoint.data(),
+                  static_cast<socklen_t>(endpoint.size())) != 0) {
+      error = boost::system::error_code(errno, boost::system::system_category());
+    }
     if (error == asio::error::would_block || error == asio::error::in_progress) {
       pollfd fd{socket.native_handle(), POLLOUT, 0};
       int rc = 0;
