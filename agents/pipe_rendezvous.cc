@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "collective/gloo_process_group.h"
 #include "common/check.h"
@@ -34,11 +35,19 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
   gloo_options.timeout = options_.rpc_timeout.count() > 0
                              ? options_.rpc_timeout
                              : collective::ProcessGroup::kDefaultTimeout;
+  // One bound for all of it (init_rpc's StoreCallBound covers the store
+  // calls): each step waits for what is left.
+  const auto deadline = std::chrono::steady_clock::now() + gloo_options.timeout;
+  auto left = [&] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::ceil<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
   gloo_options.hostname = mine.address;
   gloo_ = std::make_unique<collective::GlooProcessGroup>(store, rank_, world_size_,
                                                          gloo_options);
   const std::vector<WorkerAnnouncement> all =
-      allgather_announcements(*gloo_, mine, options_.rpc_timeout);
+      allgather_announcements(*gloo_, mine, left());
 
   check_unique_names(all);
   for (const auto& worker : all) check_same_tls(mine, worker, "cannot form the static group");
@@ -57,16 +66,17 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
   hello_.rank = rank_;
   hello_.name = name_;
   for (int r = 0; r < rank_; ++r) {
-    peers_.connect(r, transport_, auth_, hello_, options_.rpc_timeout);
+    peers_.connect(r, transport_, auth_, hello_, left());
   }
 
-  const std::vector<std::string> missing = peers_.wait_all_up(options_.rpc_timeout);
+  const std::vector<std::string> missing = peers_.wait_all_up(left());
   if (!missing.empty()) {
     std::vector<std::string> quoted;
     for (const auto& m : missing) quoted.push_back(fmt::format("\"{}\"", m));
     throw TimeoutError(fmt::format(
-        "PIPE agent \"{}\": no connection from worker(s) {} after {} ms", name_,
-        fmt::join(quoted, ", "), options_.rpc_timeout.count()));
+        "PIPE agent \"{}\": no connection from worker(s) {} within the static group's "
+        "rendezvous ({} ms in all)",
+        name_, fmt::join(quoted, ", "), gloo_options.timeout.count()));
   }
 }
 
