@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <iterator>
 
 namespace switchboard::tcpstore {
 namespace {
@@ -18,6 +19,24 @@ class Reader {
     if (!need(1)) return false;
     *out = data_[pos_++];
     return true;
+  }
+  bool u32(uint32_t* out) {
+    if (!need(4)) return false;
+    *out = static_cast<uint32_t>(data_[pos_]) | static_cast<uint32_t>(data_[pos_ + 1]) << 8 |
+           static_cast<uint32_t>(data_[pos_ + 2]) << 16 |
+           static_cast<uint32_t>(data_[pos_ + 3]) << 24;
+    pos_ += 4;
+    return true;
+  }
+  // Whether `n` more bytes are there (when not, the need is recorded).
+  bool has(uint64_t n) { return need(n); }
+  // Whether the 4 bytes at the current position are `value` (false also
+  // when fewer are there).
+  bool peek_u32(uint32_t value) const {
+    if (size_ - pos_ < 4) return false;
+    const uint8_t* at = data_ + pos_;
+    return (static_cast<uint32_t>(at[0]) | static_cast<uint32_t>(at[1]) << 8 |
+            static_cast<uint32_t>(at[2]) << 16 | static_cast<uint32_t>(at[3]) << 24) == value;
   }
   bool u64(uint64_t* out) {
     if (!need(8)) return false;
@@ -52,8 +71,12 @@ class Reader {
 class Parser {
  public:
   Parser(const uint8_t* data, size_t size, const Limits& limits, Request* request,
-         std::string* error)
-      : reader_(data, size), limits_(limits), request_(request), error_(error) {}
+         std::string* error, Dialect dialect)
+      : reader_(data, size),
+        limits_(limits),
+        request_(request),
+        error_(error),
+        dialect_(dialect) {}
 
   ParseStatus run(size_t* consumed) {
     ParseStatus status = fields();
@@ -62,14 +85,53 @@ class Parser {
   }
 
  private:
-  ParseStatus fields() {
-    uint8_t type = 0;
-    if (!reader_.u8(&type)) return ParseStatus::kNeedMore;
-    if (type > kMaxQueryType) {
-      return fail(fmt::format("unknown query type {}", type));
+  // The query type, as the dialect numbers it.
+  ParseStatus type() {
+    uint8_t wire = 0;
+    if (!reader_.u8(&wire)) return ParseStatus::kNeedMore;
+    if (dialect_ == Dialect::kTorch2) return torch2_type(wire);
+    if (wire == 0) {
+      // SET, or PyTorch 2.x's VALIDATE: its magic tells (a SET needs 8
+      // bytes of key length anyway).
+      if (!reader_.has(4)) return ParseStatus::kNeedMore;
+      if (reader_.peek_u32(kValidateMagic)) {
+        request_->type = QueryType::kValidate;
+        name_ = "VALIDATE";
+        return ParseStatus::kOk;
+      }
     }
-    request_->type = static_cast<QueryType>(type);
-    name_ = query_type_name(type);
+    if (wire > kMaxQueryType) return fail(fmt::format("unknown query type {}", wire));
+    request_->type = static_cast<QueryType>(wire);
+    name_ = query_type_name(wire);
+    return ParseStatus::kOk;
+  }
+
+  ParseStatus torch2_type(uint8_t wire) {
+    // PyTorch 2.x's codes 1 to 7 are the legacy 0 to 6; 8 to 12 are the same.
+    static constexpr QueryType kTypes[] = {
+        QueryType::kValidate,   QueryType::kSet,      QueryType::kCompareSet,
+        QueryType::kGet,        QueryType::kAdd,      QueryType::kCheck,
+        QueryType::kWait,       QueryType::kGetNumKeys, QueryType::kDeleteKey,
+        QueryType::kAppend,     QueryType::kMultiGet, QueryType::kMultiSet,
+        QueryType::kCancelWait, QueryType::kPing};
+    static constexpr const char* kRefused[] = {"QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN",
+                                               "LIST_KEYS"};
+    if (wire < std::size(kTypes)) {
+      request_->type = kTypes[wire];
+      name_ = torch2_query_type_name(wire);
+      return ParseStatus::kOk;
+    }
+    const size_t refused = wire - std::size(kTypes);
+    if (refused < std::size(kRefused)) {
+      return fail(fmt::format("{} (PyTorch 2.x's query type {}) is not supported by this "
+                              "server",
+                              kRefused[refused], wire));
+    }
+    return fail(fmt::format("unknown query type {} (PyTorch 2.x's numbering)", wire));
+  }
+
+  ParseStatus fields() {
+    if (ParseStatus status = type(); status != ParseStatus::kOk) return status;
     switch (request_->type) {
       case QueryType::kSet:
       case QueryType::kAppend:
@@ -91,8 +153,20 @@ class Parser {
       case QueryType::kGetNumKeys:
       case QueryType::kCancelWait:
         return ParseStatus::kOk;
+      case QueryType::kValidate:
+      case QueryType::kPing:
+        return nonce();
     }
     return fail("unhandled query type");
+  }
+
+  ParseStatus nonce() {
+    if (!reader_.u32(&request_->nonce)) return ParseStatus::kNeedMore;
+    if (request_->type == QueryType::kValidate && request_->nonce != kValidateMagic) {
+      return fail(fmt::format("magic {:#010x}, expected {:#010x}", request_->nonce,
+                              kValidateMagic));
+    }
+    return ParseStatus::kOk;
   }
 
   // Evaluates fields in order (braced-init-list order is left to right) and
@@ -175,6 +249,7 @@ class Parser {
   const Limits& limits_;
   Request* request_;
   std::string* error_;
+  const Dialect dialect_;
   std::string name_;
   bool stopped_ = false;
   ParseStatus stop_status_ = ParseStatus::kOk;
@@ -186,18 +261,32 @@ std::string query_type_name(uint8_t type) {
   static constexpr const char* kNames[] = {
       "SET",       "COMPARE_SET", "GET",     "ADD",       "CHECK",
       "WAIT",      "GETNUMKEYS",  "WATCH_KEY", "DELETE_KEY", "APPEND",
-      "MULTI_GET", "MULTI_SET",   "CANCEL_WAIT"};
-  if (type <= kMaxQueryType) return kNames[type];
+      "MULTI_GET", "MULTI_SET",   "CANCEL_WAIT", "VALIDATE",   "PING"};
+  if (type < std::size(kNames)) return kNames[type];
+  return fmt::format("UNKNOWN({})", type);
+}
+
+std::string torch2_query_type_name(uint8_t type) {
+  static constexpr const char* kNames[] = {
+      "VALIDATE",  "SET",       "COMPARE_SET", "GET",        "ADD",       "CHECK",
+      "WAIT",      "GETNUMKEYS", "DELETE_KEY", "APPEND",     "MULTI_GET", "MULTI_SET",
+      "CANCEL_WAIT", "PING",    "QUEUE_PUSH",  "QUEUE_POP",  "QUEUE_LEN", "LIST_KEYS"};
+  if (type < std::size(kNames)) return kNames[type];
   return fmt::format("UNKNOWN({})", type);
 }
 
 ParseStatus parse_request(const uint8_t* data, size_t size, const Limits& limits,
-                          Request* request, size_t* consumed, std::string* error) {
+                          Request* request, size_t* consumed, std::string* error,
+                          Dialect dialect) {
   *request = Request{};
-  return Parser(data, size, limits, request, error).run(consumed);
+  return Parser(data, size, limits, request, error, dialect).run(consumed);
 }
 
 void put_u8(Bytes& out, uint8_t value) { out.push_back(value); }
+
+void put_u32(Bytes& out, uint32_t value) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
+}
 
 void put_u64(Bytes& out, uint64_t value) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(value >> (8 * i)));
@@ -218,6 +307,12 @@ uint64_t load_u64(const uint8_t* data) {
 }
 
 void encode_request(Bytes& out, const Request& request) {
+  // VALIDATE and PING exist only in PyTorch 2.x's numbering: 0 and 13.
+  if (request.type == QueryType::kValidate || request.type == QueryType::kPing) {
+    put_u8(out, request.type == QueryType::kValidate ? 0 : 13);
+    put_u32(out, request.nonce);
+    return;
+  }
   put_u8(out, static_cast<uint8_t>(request.type));
   const auto& keys = request.keys;
   const auto& values = request.values;
@@ -256,6 +351,8 @@ void encode_request(Bytes& out, const Request& request) {
       break;
     case QueryType::kGetNumKeys:
     case QueryType::kCancelWait:
+    case QueryType::kValidate:
+    case QueryType::kPing:
       break;
   }
 }

@@ -1,5 +1,6 @@
 // The TCPStore wire protocol (PyTorch 1.13, plus the query codes later
-// PyTorch versions added: APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT).
+// PyTorch versions added: APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT), and
+// PyTorch 2.x's numbering of the same requests (Dialect).
 // docs/wire_formats.md ("The TCPStore protocol") describes it for users.
 //
 // Encoding: little-endian (the client's native order on x86-64/aarch64);
@@ -41,10 +42,32 @@ enum class QueryType : uint8_t {
   kMultiGet = 10,   // n, n x key                -> n x bytes
   kMultiSet = 11,   // n, n x (key, value)       -> (no reply)
   kCancelWait = 12, //                           -> u8 kWaitCanceled
+  // Only in PyTorch 2.x's numbering (see Dialect); no code of their own
+  // in the legacy one.
+  kValidate = 13,   // u32 kValidateMagic          -> (no reply)
+  kPing = 14,       // u32 nonce                   -> u32 the same nonce
 };
+// The last code of the legacy numbering.
 constexpr uint8_t kMaxQueryType = 12;
 // The last query type PyTorch 1.13 knows.
 constexpr QueryType kLastLegacyQuery = QueryType::kDeleteKey;
+
+// How a connection numbers the query types.
+//   kLegacy  PyTorch 1.13's numbering (SET 0 ... DELETE_KEY 8), with the
+//            codes later versions added (APPEND 9 ... CANCEL_WAIT 12): our
+//            own client, and PyTorch 1.13's.
+//   kTorch2  PyTorch 2.x's: every connection opens with VALIDATE (type 0
+//            and kValidateMagic as a u32), and the types are numbered from
+//            it: SET 1, COMPARE_SET 2, GET 3, ADD 4, CHECK 5, WAIT 6,
+//            GETNUMKEYS 7, DELETE_KEY 8 (WATCH_KEY is gone), APPEND 9,
+//            MULTI_GET 10, MULTI_SET 11, CANCEL_WAIT 12, PING 13, then
+//            QUEUE_PUSH 14, QUEUE_POP 15, QUEUE_LEN 16 and LIST_KEYS 17,
+//            which this server refuses by name (closing the connection).
+// A connection starts kLegacy and becomes kTorch2 at a VALIDATE, which
+// cannot be mistaken for a legacy request: read as SET, its key length
+// would be over 1 GB.
+enum class Dialect { kLegacy, kTorch2 };
+inline constexpr uint32_t kValidateMagic = 0x3C85F7CE;
 
 // Authentication (a server started with a job secret; not in PyTorch's
 // protocol, and never used without a secret). Before any request:
@@ -73,8 +96,11 @@ enum class WatchResponse : uint8_t {
   kCallbackRegistered = 3,
 };
 
-// Returns "SET", "COMPARE_SET", ... or "UNKNOWN(<n>)".
+// Returns "SET", "COMPARE_SET", ... or "UNKNOWN(<n>)": the names of
+// QueryType's values (the legacy numbering, then VALIDATE and PING), and of
+// PyTorch 2.x's numbering.
 std::string query_type_name(uint8_t type);
+std::string torch2_query_type_name(uint8_t type);
 
 // Bounds on what a request may announce; anything larger closes the
 // connection. Defaults are generous.
@@ -92,11 +118,13 @@ struct Limits {
 //   CHECK, WAIT, MULTI_GET: keys
 //   MULTI_SET:          keys, values (same length)
 //   GETNUMKEYS, CANCEL_WAIT: nothing
+//   VALIDATE, PING:     nonce (the magic, the ping's nonce)
 struct Request {
   QueryType type = QueryType::kSet;
   std::vector<std::string> keys;
   std::vector<Bytes> values;
   int64_t delta = 0;
+  uint32_t nonce = 0;
 };
 
 enum class ParseStatus {
@@ -105,17 +133,21 @@ enum class ParseStatus {
   kError,     // malformed or over a limit; *error says why
 };
 
-// Parses the request at the front of [data, data + size).
+// Parses the request at the front of [data, data + size), numbered as
+// `dialect` says (a kLegacy connection also accepts VALIDATE, which makes
+// it kTorch2: the caller switches when *request is one).
 //   kOk:       fills *request and sets *consumed.
 //   kNeedMore: sets *consumed to a lower bound on the bytes the complete
 //              request needs (so the caller can wait for at least that many
 //              before trying again).
 //   kError:    sets *error to a reason naming the query and the field.
 ParseStatus parse_request(const uint8_t* data, size_t size, const Limits& limits,
-                          Request* request, size_t* consumed, std::string* error);
+                          Request* request, size_t* consumed, std::string* error,
+                          Dialect dialect = Dialect::kLegacy);
 
 // Appenders that encode one field at the end of `out`.
 void put_u8(Bytes& out, uint8_t value);
+void put_u32(Bytes& out, uint32_t value);
 void put_u64(Bytes& out, uint64_t value);
 void put_i64(Bytes& out, int64_t value);
 void put_bytes(Bytes& out, const void* data, size_t size);
@@ -126,7 +158,9 @@ inline void put_bytes(Bytes& out, const Bytes& value) {
   put_bytes(out, value.data(), value.size());
 }
 
-// Encodes a whole request (as the client sends it) at the end of `out`.
+// Encodes a whole request (as the client sends it) at the end of `out`, in
+// the legacy numbering (VALIDATE and PING, which only PyTorch 2.x's has, in
+// that one).
 void encode_request(Bytes& out, const Request& request);
 
 // Little-endian decoding of a fixed-width field from 8 bytes.

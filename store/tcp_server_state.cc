@@ -32,6 +32,8 @@ bool well_formed(const Request& request) {
     case QueryType::kMultiGet:
     case QueryType::kGetNumKeys:
     case QueryType::kCancelWait:
+    case QueryType::kValidate:
+    case QueryType::kPing:
       return true;
   }
   return false;
@@ -108,6 +110,11 @@ bool ServerState::apply(ClientId id, Request& request, std::string* error) {
     case QueryType::kCancelWait:
       cancel_waits(clients_.at(id));
       put_u8(output(id), static_cast<uint8_t>(WaitResponse::kWaitCanceled));
+      return true;
+    case QueryType::kValidate:
+      return true;  // the connection's stream switched to PyTorch 2.x's numbering
+    case QueryType::kPing:
+      put_u32(output(id), request.nonce);
       return true;
   }
   *error = "unknown query type";

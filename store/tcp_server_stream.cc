@@ -23,7 +23,10 @@ ParseStatus RequestStream::next(Request* request, std::string* error) {
   if (available < needed_) return ParseStatus::kNeedMore;
   size_t consumed = 0;
   ParseStatus status = parse_request(data_.get() + begin_, available, limits_,
-                                     request, &consumed, error);
+                                     request, &consumed, error, dialect_);
+  if (status == ParseStatus::kOk && request->type == QueryType::kValidate) {
+    dialect_ = Dialect::kTorch2;
+  }
   if (status == ParseStatus::kNeedMore) {
     needed_ = std::max(consumed, available + 1);
   } else if (status == ParseStatus::kOk) {

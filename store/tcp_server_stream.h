@@ -37,7 +37,9 @@ class RequestStream {
   // Marks `size` bytes written at prepare() as received.
   void commit(size_t size);
 
-  // Parses the next complete request into *request.
+  // Parses the next complete request into *request. A VALIDATE (PyTorch
+  // 2.x's first request) switches the stream to PyTorch 2.x's numbering of
+  // the query types for the rest of the connection.
   //   kOk:       *request filled; its bytes are consumed.
   //   kNeedMore: no complete request is buffered; nothing consumed.
   //   kError:    *error says why; the stream must not be used further.
@@ -61,6 +63,8 @@ class RequestStream {
   size_t begin_ = 0;
   size_t end_ = 0;
   size_t needed_ = 1;  // do not parse before this many bytes are buffered
+  // How the client numbers its requests: legacy until a VALIDATE.
+  Dialect dialect_ = Dialect::kLegacy;
 };
 
 }  // namespace switchboard::tcpstore

@@ -38,6 +38,53 @@ TEST_CASE("parser decodes PyTorch's captured SET byte for byte", "[store][protoc
   CHECK(to_string(request.values.at(0)) == "xyz");
 }
 
+TEST_CASE("a legacy connection reads PyTorch 2.x's VALIDATE as such, and PyTorch 2.x's "
+          "numbering of the types after it",
+          "[store][protocol][torch2]") {
+  Request request;
+  size_t consumed = 0;
+  std::string error;
+  // Type 0 and fewer than 4 more bytes: VALIDATE or SET cannot be told yet.
+  CHECK(parse(hex({0x00, 0xce, 0xf7}), &request, &consumed, &error) == ParseStatus::kNeedMore);
+  CHECK(consumed == 5);
+  // Captured from PyTorch 2.11's TCPStore client: VALIDATE, PING (nonce).
+  const Bytes validate = hex({0x00, 0xce, 0xf7, 0x85, 0x3c});
+  REQUIRE(parse(validate, &request, &consumed, &error) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kValidate);
+  CHECK(request.nonce == kValidateMagic);
+  CHECK(consumed == 5);
+  auto parse2 = [&](const Bytes& wire) {
+    return parse_request(wire.data(), wire.size(), Limits{}, &request, &consumed, &error,
+                         Dialect::kTorch2);
+  };
+  REQUIRE(parse2(hex({0x0d, 0x96, 0x75, 0, 0})) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kPing);
+  CHECK(request.nonce == 0x7596);
+  // set("a", "xyz") is type 1 there, DELETE_KEY 8 and MULTI_GET 10 as in
+  // the legacy numbering.
+  REQUIRE(parse2(hex({0x01, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x61, 0x03, 0, 0, 0, 0, 0, 0, 0,
+                      0x78, 0x79, 0x7a})) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kSet);
+  CHECK(to_string(request.values.at(0)) == "xyz");
+  REQUIRE(parse2(hex({0x07})) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kGetNumKeys);
+  REQUIRE(parse2(hex({0x08, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x6b})) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kDeleteKey);
+  // What this server does not speak is refused by name.
+  CHECK(parse2(hex({0x0e, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x71})) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("QUEUE_PUSH (PyTorch 2.x's query type 14) is not supported"));
+  CHECK(parse2(hex({0x11})) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("LIST_KEYS"));
+  CHECK(parse2(hex({0x12})) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("unknown query type 18"));
+  CHECK(parse2(hex({0x00, 0x01, 0x02, 0x03, 0x04})) == ParseStatus::kError);
+  CHECK_THAT(error, Catch::Contains("VALIDATE: magic"));
+  // The legacy numbering is unchanged: type 0 with a plain key length is a SET.
+  REQUIRE(parse(hex({0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x6b, 0x00, 0, 0, 0, 0, 0, 0, 0}),
+                &request, &consumed, &error) == ParseStatus::kOk);
+  CHECK(request.type == QueryType::kSet);
+}
+
 TEST_CASE("encode_request produces PyTorch's bytes for ADD", "[store][protocol]") {
   Request request{QueryType::kAdd, {"/cnt"}, {}, -7};
   Bytes out;

@@ -44,6 +44,62 @@ TEST_CASE("PyTorch's captured set and get exchange gets identical bytes",
   CHECK(client.read(11) == hex({0x03, 0, 0, 0, 0, 0, 0, 0, 0x78, 0x79, 0x7a}));
 }
 
+// Bytes as written in a capture: "00cef7853c".
+Bytes from_hex(const std::string& text) {
+  Bytes out;
+  for (size_t i = 0; i + 1 < text.size(); i += 2) {
+    out.push_back(static_cast<uint8_t>(std::stoi(text.substr(i, 2), nullptr, 16)));
+  }
+  return out;
+}
+
+TEST_CASE("PyTorch 2.11's captured session (VALIDATE, PING, set, get, add, check) gets "
+          "identical bytes",
+          "[store][server][bytes][torch2]") {
+  TcpStoreServer server;
+  RawTcpClient client(server.port());
+  // TCPStore("127.0.0.1", port, is_master=False): VALIDATE with the magic
+  // and PING with its nonce (the pid), in one packet; the nonce comes back.
+  client.send(from_hex("00cef7853c0d96750000"));
+  CHECK(client.read(4) == from_hex("96750000"));
+  // set("a", "xyz"), get("a") = WAIT ["/a"] + GET "/a", add("cnt", 5),
+  // check(["a"]), numbered as PyTorch 2.x numbers them.
+  client.send(from_hex("0102000000000000002f61030000000000000078797a"));
+  client.send(from_hex("06010000000000000002000000000000002f61"));
+  CHECK(client.read(1) == from_hex("00"));
+  client.send(from_hex("0302000000000000002f61"));
+  CHECK(client.read(11) == from_hex("030000000000000078797a"));
+  client.send(from_hex("0404000000000000002f636e740500000000000000"));
+  CHECK(client.read(8) == from_hex("0500000000000000"));
+  client.send(from_hex("05010000000000000002000000000000002f61"));
+  CHECK(client.read(1) == from_hex("00"));
+  // A PyTorch 1.13 client on another connection sees the same keys.
+  RawTcpClient legacy(server.port());
+  legacy.send(get_request("/a"));
+  CHECK(legacy.read_value() == to_bytes("xyz"));
+}
+
+TEST_CASE("PyTorch 2.x's queue requests close the connection, which the server names; other "
+          "connections go on",
+          "[store][server][torch2]") {
+  TcpStoreServer server;
+  RawTcpClient other(server.port());
+  other.send(set_request("/k", "v"));
+  for (int type : {14, 15, 16, 17}) {
+    INFO("query type " << type);
+    RawTcpClient client(server.port());
+    client.send(from_hex("00cef7853c"));
+    client.send(Bytes{static_cast<uint8_t>(type), 1, 0, 0, 0, 0, 0, 0, 0, 'q'});
+    CHECK_THAT(client.read_close(), Catch::Equals("eof") || Catch::Equals("reset"));
+  }
+  // A VALIDATE with another magic is refused too.
+  RawTcpClient wrong(server.port());
+  wrong.send(from_hex("00cef7853c00cef7853d"));
+  CHECK_THAT(wrong.read_close(), Catch::Equals("eof") || Catch::Equals("reset"));
+  other.send(get_request("/k"));
+  CHECK(other.read_value() == to_bytes("v"));
+}
+
 TEST_CASE("ADD replies the new value as i64 and stores it as ASCII",
           "[store][server][bytes]") {
   TcpStoreServer server;

@@ -40,19 +40,25 @@ struct Parsed {
 };
 
 bool same(const Request& a, const Request& b) {
-  return a.type == b.type && a.keys == b.keys && a.values == b.values && a.delta == b.delta;
+  return a.type == b.type && a.keys == b.keys && a.values == b.values && a.delta == b.delta &&
+         a.nonce == b.nonce;
 }
 
-// Parses requests from the front until one is incomplete or bad.
+// Parses requests from the front until one is incomplete or bad, switching
+// to PyTorch 2.x's numbering at a VALIDATE as a connection does.
 Parsed parse_all(const uint8_t* data, size_t size, const Limits& limits) {
   Parsed parsed;
   size_t offset = 0;
+  Dialect dialect = Dialect::kLegacy;
   for (;;) {
     Request request;
     size_t consumed = 0;
     std::string error;
-    ParseStatus status =
-        parse_request(data + offset, size - offset, limits, &request, &consumed, &error);
+    ParseStatus status = parse_request(data + offset, size - offset, limits, &request,
+                                       &consumed, &error, dialect);
+    if (status == ParseStatus::kOk && request.type == QueryType::kValidate) {
+      dialect = Dialect::kTorch2;
+    }
     if (status == ParseStatus::kOk) {
       FUZZ_CHECK(consumed > 0 && consumed <= size - offset);
       offset += consumed;
