@@ -121,7 +121,8 @@ void ClientConnection::ensure_open(Deadline deadline, bool retry) {
     int error = try_connect(deadline);
     if (error == 0) {
       if (secret_) authenticate(deadline);
-      return;
+      if (dialect_ == Dialect::kLegacy || validate(deadline)) return;
+      continue;  // closed at the VALIDATE: again, in the legacy numbering
     }
     if (!retry || !retryable(error) || Clock::now() + backoff >= deadline) {
       throw ConnectionError(fmt::format("TcpStore could not connect to {}: {}",
@@ -130,6 +131,32 @@ void ClientConnection::ensure_open(Deadline deadline, bool retry) {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+}
+
+bool ClientConnection::validate(Deadline deadline) {
+  const uint32_t nonce = static_cast<uint32_t>(::getpid());
+  Bytes hello;
+  encode_request(hello, Request{QueryType::kValidate, {}, {}, 0, kValidateMagic});
+  encode_request(hello, Request{QueryType::kPing, {}, {}, 0, nonce});
+  uint8_t reply[4];
+  try {
+    write(hello, deadline);
+    read(reply, sizeof(reply), deadline);
+  } catch (const ConnectionError&) {
+    if (!peer_closed_) throw;
+    close();
+    peer_closed_ = false;
+    dialect_ = Dialect::kLegacy;
+    return false;
+  }
+  const uint32_t echoed = static_cast<uint32_t>(reply[0]) | static_cast<uint32_t>(reply[1]) << 8 |
+                          static_cast<uint32_t>(reply[2]) << 16 |
+                          static_cast<uint32_t>(reply[3]) << 24;
+  if (echoed != nonce) {
+    fail("validate with", fmt::format("PING answered {:#x}, not its nonce {:#x}", echoed, nonce));
+  }
+  dialect_ = Dialect::kTorch2;
+  return true;
 }
 
 void ClientConnection::authenticate(Deadline deadline) {

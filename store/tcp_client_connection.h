@@ -15,11 +15,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/auth.h"
 #include "store/store.h"
+#include "store/tcp_protocol.h"
 
 namespace switchboard::tcpstore {
 
@@ -66,6 +68,16 @@ class ClientConnection {
   bool peer_closed() const { return peer_closed_; }
   std::string address() const;
 
+  // How the server numbers the query types (tcp_protocol.h, Dialect),
+  // learned on the first connection that opened: every new connection
+  // starts with PyTorch 2.x's VALIDATE and a PING. A server that answers
+  // the PING (PyTorch 2.x's, or ours) is spoken to in PyTorch 2.x's
+  // numbering; one that closes the connection at the VALIDATE (PyTorch
+  // 1.13's, or an older Switchboard store server) is reached again and
+  // spoken to in the legacy numbering, on every later connection too.
+  // Valid once ensure_open() has returned.
+  Dialect dialect() const { return dialect_.value_or(Dialect::kLegacy); }
+
  private:
   // One connection attempt; returns 0 or the errno that made it fail.
   int try_connect(Deadline deadline);
@@ -77,6 +89,9 @@ class ClientConnection {
   [[noreturn]] void fail(const std::string& what, const std::string& reason);
   // The client's side of the handshake on a new connection.
   void authenticate(Deadline deadline);
+  // VALIDATE and PING on a new connection (see dialect()). False when the
+  // server closed the connection instead: it speaks the legacy numbering.
+  bool validate(Deadline deadline);
 
   const std::string host_;
   const uint16_t port_;
@@ -87,6 +102,7 @@ class ClientConnection {
   size_t begin_ = 0;
   size_t end_ = 0;
   bool peer_closed_ = false;
+  std::optional<Dialect> dialect_;  // unknown until a connection opened
 };
 
 }  // namespace switchboard::tcpstore

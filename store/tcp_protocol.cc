@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <iterator>
+#include <stdexcept>
 
 namespace switchboard::tcpstore {
 namespace {
@@ -306,14 +307,35 @@ uint64_t load_u64(const uint8_t* data) {
   return value;
 }
 
-void encode_request(Bytes& out, const Request& request) {
+// The code of `type` in PyTorch 2.x's numbering.
+uint8_t torch2_code(QueryType type) {
+  switch (type) {
+    case QueryType::kValidate:
+      return 0;
+    case QueryType::kPing:
+      return 13;
+    case QueryType::kWatchKey:
+      throw std::invalid_argument("WATCH_KEY has no code in PyTorch 2.x's numbering");
+    case QueryType::kDeleteKey:
+    case QueryType::kAppend:
+    case QueryType::kMultiGet:
+    case QueryType::kMultiSet:
+    case QueryType::kCancelWait:
+      return static_cast<uint8_t>(type);
+    default:  // SET to GETNUMKEYS: one more than the legacy code
+      return static_cast<uint8_t>(static_cast<uint8_t>(type) + 1);
+  }
+}
+
+void encode_request(Bytes& out, const Request& request, Dialect dialect) {
   // VALIDATE and PING exist only in PyTorch 2.x's numbering: 0 and 13.
   if (request.type == QueryType::kValidate || request.type == QueryType::kPing) {
-    put_u8(out, request.type == QueryType::kValidate ? 0 : 13);
+    put_u8(out, torch2_code(request.type));
     put_u32(out, request.nonce);
     return;
   }
-  put_u8(out, static_cast<uint8_t>(request.type));
+  put_u8(out, dialect == Dialect::kTorch2 ? torch2_code(request.type)
+                                          : static_cast<uint8_t>(request.type));
   const auto& keys = request.keys;
   const auto& values = request.values;
   switch (request.type) {

@@ -159,9 +159,13 @@ inline void put_bytes(Bytes& out, const Bytes& value) {
 }
 
 // Encodes a whole request (as the client sends it) at the end of `out`, in
-// the legacy numbering (VALIDATE and PING, which only PyTorch 2.x's has, in
-// that one).
-void encode_request(Bytes& out, const Request& request);
+// `dialect`'s numbering (VALIDATE and PING, which only PyTorch 2.x's has,
+// always in that one). std::invalid_argument for WATCH_KEY in kTorch2,
+// which has no code there.
+void encode_request(Bytes& out, const Request& request,
+                    Dialect dialect = Dialect::kLegacy);
+// The code of `type` in PyTorch 2.x's numbering (same errors).
+uint8_t torch2_code(QueryType type);
 
 // Little-endian decoding of a fixed-width field from 8 bytes.
 uint64_t load_u64(const uint8_t* data);

@@ -48,7 +48,7 @@ class TcpStore::Connection {
   void send(const Request& request, Deadline deadline) SB_REQUIRES(mutex) {
     socket.ensure_open(deadline);
     out.clear();
-    tcpstore::encode_request(out, request);
+    tcpstore::encode_request(out, request, socket.dialect());
     socket.write(out, deadline);
   }
 
@@ -56,6 +56,12 @@ class TcpStore::Connection {
   // PyTorch 2.x) answers WAIT_CANCELED; PyTorch 1.13 closes the connection.
   bool probe_extensions(Deadline deadline) SB_REQUIRES(mutex) {
     if (has_extensions) return *has_extensions;
+    socket.ensure_open(deadline);
+    // PyTorch 2.x's numbering has them all (ours and PyTorch 2.x's servers).
+    if (socket.dialect() == tcpstore::Dialect::kTorch2) {
+      has_extensions = true;
+      return true;
+    }
     try {
       send(Request{QueryType::kCancelWait, {}, {}, 0}, deadline);
       uint8_t reply = socket.read_u8(deadline);
@@ -162,6 +168,12 @@ void TcpStore::wait_for_workers(int world_size) {
 bool TcpStore::server_has_extensions() {
   MutexLock lock(connection_->mutex);
   return connection_->probe_extensions(request_deadline());
+}
+
+bool TcpStore::server_speaks_torch2() {
+  MutexLock lock(connection_->mutex);
+  connection_->socket.ensure_open(request_deadline());
+  return connection_->socket.dialect() == tcpstore::Dialect::kTorch2;
 }
 
 void TcpStore::set(const std::string& key, const Bytes& value) {
@@ -330,7 +342,8 @@ std::vector<Bytes> TcpStore::multi_get(const std::vector<std::string>& keys) {
       connection_->out.clear();
       for (const auto& key : keys) {
         tcpstore::encode_request(connection_->out,
-                                 Request{QueryType::kGet, {wire_key(key)}, {}, 0});
+                                 Request{QueryType::kGet, {wire_key(key)}, {}, 0},
+                                 connection_->socket.dialect());
       }
       connection_->socket.write(connection_->out, deadline);
     }
@@ -361,7 +374,8 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
     connection_->out.clear();
     for (size_t i = 0; i < keys.size(); ++i) {
       tcpstore::encode_request(connection_->out,
-                               Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0});
+                               Request{QueryType::kSet, {wire_key(keys[i])}, {values[i]}, 0},
+                               connection_->socket.dialect());
     }
     connection_->socket.write(connection_->out, deadline);
   });

@@ -105,6 +105,10 @@ class TcpStore : public Store {
   // Whether the server understands the post-1.13 query codes; probes the
   // server on first use.
   bool server_has_extensions();
+  // Whether the server numbers the query types as PyTorch 2.x does (ours
+  // and PyTorch 2.x's servers; the client then speaks that numbering),
+  // rather than as PyTorch 1.13 does. Connects first if needed.
+  bool server_speaks_torch2();
 
  private:
   class Connection;

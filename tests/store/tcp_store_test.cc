@@ -193,10 +193,14 @@ TEST_CASE("with its server gone, a call that would try to reconnect forever ends
   }
 }
 
-TEST_CASE("a timed-out wait is cancelled on our server, so later replies stay in step",
+TEST_CASE("our client speaks PyTorch 2.x's numbering to our server, and a timed-out wait is "
+          "cancelled there, so later replies stay in step",
           "[store][tcp]") {
   TcpStoreServer server;
   TcpStore store("127.0.0.1", server.port());
+  // Our server answered the client's VALIDATE and PING: PyTorch 2.x's
+  // numbering, which has CANCEL_WAIT.
+  CHECK(store.server_speaks_torch2());
   CHECK(store.server_has_extensions());
   CHECK_THROWS_AS(store.wait({"missing"}, 50ms), TimeoutError);
   store.set("missing", "now");  // would release a stale wait, if one were left
