@@ -1,8 +1,9 @@
-"""A real PyTorch 1.13 TCPStore client against a server given on argv.
+"""A real PyTorch TCPStore client (1.13, or 2.x) against a server given on argv.
 
 Run by tcp_store_interop_test: exercises every operation PyTorch 1.13's
-Python TCPStore has, checks the keys the C++ side set, and leaves keys for
-it to check. Prints one line per step; exits non-zero on the first failure.
+Python TCPStore has (and, with PyTorch 2.x, multi_set, multi_get and append),
+checks the keys the C++ side set, and leaves keys for it to check. Prints
+one line per step; exits non-zero on the first failure.
 """
 import sys
 from datetime import timedelta
@@ -15,6 +16,15 @@ def expect(what, got, want):
         print(f"FAIL {what}: got {got!r}, want {want!r}", flush=True)
         sys.exit(1)
     print(f"ok {what}", flush=True)
+
+
+def timed_out(error):
+    """A wait's timeout as the client's PyTorch reports it: 1.13's
+    RuntimeError("Socket Timeout"), 2.x's DistStoreError."""
+    store_error = getattr(dist, "DistStoreError", None)
+    if store_error is not None and isinstance(error, store_error):
+        return "timeout" in str(error)
+    return "Socket Timeout" in str(error)
 
 
 def main():
@@ -48,7 +58,7 @@ def main():
         print("FAIL wait on a missing key returned", flush=True)
         sys.exit(1)
     except RuntimeError as e:
-        expect("wait timeout raises Socket Timeout", "Socket Timeout" in str(e), True)
+        expect("wait timeout raises PyTorch's timeout error", timed_out(e), True)
     # After a timed-out wait a 1.13 client's connection owes a STOP_WAITING;
     # use a fresh store for the rest, as PyTorch users must.
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
@@ -58,8 +68,14 @@ def main():
         print("FAIL get of a missing key returned", flush=True)
         sys.exit(1)
     except RuntimeError as e:
-        expect("get timeout after set_timeout", "Socket Timeout" in str(e), True)
+        expect("get timeout after set_timeout", timed_out(e), True)
     store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+    if hasattr(store, "multi_set"):  # PyTorch 2.x
+        store.multi_set(["ms1", "ms2"], ["one", "two"])
+        expect("multi_get", store.multi_get(["ms1", "ms2"]), [b"one", b"two"])
+        store.append("ms1", "+")
+        expect("append", store.get("ms1"), b"one+")
+        expect("check", store.check(["ms1", "ms2"]), True)
     store.set("torch_done", "1")
     print("ALL OK", flush=True)
 
