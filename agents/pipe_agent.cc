@@ -780,7 +780,6 @@ void PipeAgent::shutdown() {
   pool()->shutdown();
   for (auto& connection : connections) connection->close_now();
   s.transport->join();
-  if (s.rendezvous) s.rendezvous->close();
 }
 
 std::string PipeAgent::listen_address() const { return impl_->transport->address(); }

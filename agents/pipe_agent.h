@@ -8,7 +8,7 @@
 // docs/wire_formats.md its frames; docs/thread_model.md its threads.
 //
 // Thread safety: as RpcAgent (rpc/agent.h). Ownership: shares the store
-// (construction and join()); owns its sockets, threads and Gloo group.
+// (construction and join()); owns its sockets and threads.
 #pragma once
 
 #include <chrono>
@@ -30,9 +30,8 @@ namespace switchboard::agents {
 
 class PipeAgent final : public rpc::RpcAgent {
  public:
-  // Static group: listens, all-gathers every worker's address and device
-  // maps over a Gloo group "pipe", validates them and connects to every
-  // worker. Dynamic group (`world_size` nullopt): takes the store's
+  // Static group: listens, exchanges every worker's address and device
+  // maps through the store, validates them and connects to every worker. Dynamic group (`world_size` nullopt): takes the store's
   // membership token and introduces itself to every member. Throws
   // std::invalid_argument (a bad name or option, a duplicate name, a bad
   // device map, a rank taken, a member's refusal naming the member and its

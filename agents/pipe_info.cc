@@ -8,8 +8,6 @@
 #include <msgpack.hpp>
 #include <stdexcept>
 
-#include "collective/process_group.h"
-#include "collective/work.h"
 #include "common/error.h"
 
 namespace switchboard::agents {
@@ -101,39 +99,6 @@ WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size) {
   }
   for (const auto& d : devices) a.devices.push_back(Device::parse(d));
   return a;
-}
-
-std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup& group,
-                                                        const WorkerAnnouncement& mine,
-                                                        std::chrono::milliseconds timeout) {
-  const std::vector<uint8_t> bytes = encode_announcement(mine);
-  const int n = group.size();
-  auto wait = [&](const collective::Work& work) {
-    if (timeout.count() > 0) {
-      work.wait(timeout);
-    } else {
-      work.wait();
-    }
-  };
-  Tensor length = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(bytes.size())});
-  std::vector<Tensor> lengths;
-  for (int r = 0; r < n; ++r) lengths.push_back(Tensor::empty({1}, DType::kInt64));
-  wait(group.allgather(lengths, length));
-  int64_t longest = 0;
-  for (const Tensor& l : lengths) longest = std::max(longest, l.data_as<int64_t>()[0]);
-
-  Tensor padded = Tensor::zeros({longest}, DType::kUInt8);
-  std::memcpy(padded.data(), bytes.data(), bytes.size());
-  std::vector<Tensor> gathered;
-  for (int r = 0; r < n; ++r) gathered.push_back(Tensor::empty({longest}, DType::kUInt8));
-  wait(group.allgather(gathered, padded));
-
-  std::vector<WorkerAnnouncement> all;
-  for (int r = 0; r < n; ++r) {
-    all.push_back(decode_announcement(static_cast<const uint8_t*>(gathered[r].data()),
-                                      static_cast<size_t>(lengths[r].data_as<int64_t>()[0])));
-  }
-  return all;
 }
 
 void check_same_tls(const WorkerAnnouncement& mine, const WorkerAnnouncement& other,

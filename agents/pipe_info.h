@@ -1,5 +1,6 @@
-// What PIPE workers tell each other at rendezvous (all-gathered over the
-// Gloo group) and in a connection's hello frame. Internal to agents/.
+// What PIPE workers tell each other at rendezvous (exchanged through the
+// static group's store) and in a connection's hello frame. Internal to
+// agents/.
 #pragma once
 
 #include <chrono>
@@ -12,9 +13,6 @@
 #include "core/tensor.h"
 #include "rpc/device_map.h"
 
-namespace switchboard::collective {
-class ProcessGroup;
-}
 
 namespace switchboard::agents {
 
@@ -49,12 +47,6 @@ struct WorkerAnnouncement {
 // msgpack; decode throws ProtocolError (common/error.h) on malformed bytes.
 std::vector<uint8_t> encode_announcement(const WorkerAnnouncement& a);
 WorkerAnnouncement decode_announcement(const uint8_t* data, size_t size);
-
-// Every rank's announcement, by rank (two Gloo allgathers: the lengths, then
-// the padded bytes). TimeoutError after `timeout` (0: the group's).
-std::vector<WorkerAnnouncement> allgather_announcements(collective::ProcessGroup& group,
-                                                        const WorkerAnnouncement& mine,
-                                                        std::chrono::milliseconds timeout);
 
 // std::invalid_argument naming a name used by several ranks, and the ranks.
 void check_unique_names(const std::vector<WorkerAnnouncement>& all);

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 
-#include "collective/gloo_process_group.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "store/store.h"
@@ -29,25 +28,52 @@ StaticRendezvous::StaticRendezvous(std::string name, int rank, int world_size,
 
 StaticRendezvous::~StaticRendezvous() = default;
 
+namespace {
+
+// Every rank's announcement, by rank, through the static group's round of
+// the store: each worker sets its own under "announce/<rank>", then reads
+// them all once every rank's is there. TimeoutError naming the ranks whose
+// announcement did not come within `timeout`.
+std::vector<WorkerAnnouncement> exchange_announcements(Store& store, const std::string& name,
+                                                       int rank, int world_size,
+                                                       const WorkerAnnouncement& mine,
+                                                       std::chrono::milliseconds timeout) {
+  auto key = [](int r) { return fmt::format("announce/{}", r); };
+  store.set(key(rank), encode_announcement(mine));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({key(r)})) missing.push_back(r);
+    }
+    throw TimeoutError(fmt::format(
+        "PIPE agent \"{}\" (rank {} of {}): ranks [{}] did not arrive within {} ms", name,
+        rank, world_size, fmt::join(missing, ", "), timeout.count()));
+  }
+  const std::vector<Bytes> values = store.multi_get(keys);
+  std::vector<WorkerAnnouncement> all;
+  for (const Bytes& value : values) all.push_back(decode_announcement(value.data(), value.size()));
+  return all;
+}
+
+}  // namespace
+
 void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
-  collective::GlooOptions gloo_options;
-  gloo_options.group_name = "pipe";
-  gloo_options.timeout = options_.rpc_timeout.count() > 0
-                             ? options_.rpc_timeout
-                             : collective::ProcessGroup::kDefaultTimeout;
+  const std::chrono::milliseconds timeout =
+      options_.rpc_timeout.count() > 0 ? options_.rpc_timeout : std::chrono::minutes(5);
   // One bound for all of it (init_rpc's StoreCallBound covers the store
   // calls): each step waits for what is left.
-  const auto deadline = std::chrono::steady_clock::now() + gloo_options.timeout;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
     return std::max(std::chrono::milliseconds(1),
                     std::chrono::ceil<std::chrono::milliseconds>(
                         deadline - std::chrono::steady_clock::now()));
   };
-  gloo_options.hostname = mine.address;
-  gloo_ = std::make_unique<collective::GlooProcessGroup>(store, rank_, world_size_,
-                                                         gloo_options);
   const std::vector<WorkerAnnouncement> all =
-      allgather_announcements(*gloo_, mine, left());
+      exchange_announcements(store, name_, rank_, world_size_, mine, left());
 
   check_unique_names(all);
   for (const auto& worker : all) check_same_tls(mine, worker, "cannot form the static group");
@@ -76,7 +102,7 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
     throw TimeoutError(fmt::format(
         "PIPE agent \"{}\": no connection from worker(s) {} within the static group's "
         "rendezvous ({} ms in all)",
-        name_, fmt::join(quoted, ", "), gloo_options.timeout.count()));
+        name_, fmt::join(quoted, ", "), timeout.count()));
   }
 }
 
@@ -103,7 +129,5 @@ void StaticRendezvous::reconnect(int peer, std::chrono::milliseconds timeout) {
              "below it, not {}", name_, rank_, peer);
   peers_.connect(peer, transport_, auth_, hello_, timeout);
 }
-
-void StaticRendezvous::close() { gloo_.reset(); }
 
 }  // namespace switchboard::agents

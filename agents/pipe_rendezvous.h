@@ -1,7 +1,7 @@
 // StaticRendezvous: how the workers of a static PIPE group (world_size
 // given) find each other (agents/pipe_agent.h, "Construction of a static
-// group"): the all-gather of every worker's announcement over a Gloo
-// group, the name and device-map checks, connecting the mesh (rank i
+// group"): the exchange of every worker's announcement through the group's
+// round of the store, the name and device-map checks, connecting the mesh (rank i
 // connects to every rank below it) and waiting until every peer is
 // connected; then the hellos of the higher ranks, also those that
 // reconnect after a connection was lost (the higher rank of a pair makes
@@ -9,10 +9,9 @@
 // store: rendezvous/quiet_group.h.) Internal to //agents.
 //
 // Thread safety: run() once, on the constructing thread; check_hello() on
-// any thread (it reads what run() published in the peer table); close() on
-// the owner's thread (shutdown()).
-// Ownership: owns the Gloo group; shares nothing else (the store, peer
-// table and transport are the agent's and outlive this).
+// any thread (it reads what run() published in the peer table).
+// Ownership: shares everything (the store, peer table and transport are
+// the agent's and outlive this).
 #pragma once
 
 #include <chrono>
@@ -25,10 +24,6 @@
 #include "agents/pipe_info.h"
 #include "agents/pipe_peers.h"
 #include "agents/pipe_transport.h"
-
-namespace switchboard::collective {
-class GlooProcessGroup;
-}
 
 namespace switchboard {
 class Store;
@@ -63,9 +58,6 @@ class StaticRendezvous {
   // Throws what PeerTable::connect throws. After run(), on any thread.
   void reconnect(int peer, std::chrono::milliseconds timeout);
 
-  // Destroys the Gloo group (shutdown).
-  void close();
-
  private:
   const std::string name_;
   const int rank_;
@@ -74,7 +66,6 @@ class StaticRendezvous {
   PeerTable& peers_;
   PipeTransport& transport_;
   const PipeAuth& auth_;
-  std::unique_ptr<collective::GlooProcessGroup> gloo_;  // see Thread safety
   Hello hello_;  // this worker's static hello, set by run()
 };
 

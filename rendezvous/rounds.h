@@ -7,9 +7,10 @@
 //                                  over the store says which (claim_group_kind)
 //   rpc/gen/...                    the static init rounds (join_static_round)
 //   rpc/<g>/...                    static round g's own keys: the agent's
-//                                  (PIPE's under agent_store "pipe/", with
-//                                  its Gloo group and the quiet rounds of
-//                                  its joins, quiet_rounds; PROCESS_GROUP's
+//                                  (PIPE's under agent_store "pipe/": the
+//                                  workers' announce/<r> and the quiet
+//                                  rounds of its joins, quiet_rounds;
+//                                  PROCESS_GROUP's
 //                                  names rpc/names/<r>, its Gloo group under
 //                                  rpc/pg_agent/ and its joins' rounds under
 //                                  rpc/join/, agents/process_group_wire.h)

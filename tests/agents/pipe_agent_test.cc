@@ -170,6 +170,35 @@ TEST_CASE(
   w2.shutdown(false);
 }
 
+// ---- a rank that never arrives ---------------------------------------------------
+
+TEST_CASE(
+    "a static group whose rank 2 never arrives fails init_rpc on the others within "
+    "rpc_timeout, naming rank 2, though their store waits a minute per call",
+    "[pipe][failure]") {
+  TcpStoreServer server;
+  constexpr auto kRpcTimeout = 2s;
+  std::vector<std::string> failures(2);
+  const auto began = Clock::now();
+  rethrow_first(on_threads(2, [&](int rank) {
+    RpcContext context;
+    auto store = std::make_shared<TcpStore>("127.0.0.1", server.port(), client_options());
+    try {
+      context.init_rpc(worker_name(rank), "PIPE", rank, 3, pipe_options({}, kRpcTimeout), store);
+      failures[rank] = "none";
+    } catch (const TimeoutError& e) {
+      failures[rank] = e.what();
+    }
+  }));
+  const auto took = Clock::now() - began;
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << failures[rank]);
+    CHECK_THAT(failures[rank], Catch::Contains("ranks [2] did not arrive within"));
+  }
+  // One bound for the whole init; a second for the machine.
+  CHECK(took < kRpcTimeout + 1s);
+}
+
 // ---- 2. a peer that stops answering -------------------------------------------
 
 TEST_CASE(
