@@ -12,6 +12,9 @@ namespace switchboard::torch_rpc {
 
 namespace {
 
+// What "no timeout" is passed to torch as: a year.
+constexpr std::chrono::milliseconds kForever = std::chrono::hours(24 * 365);
+
 std::string joined(const std::vector<std::string>& keys) {
   return fmt::format("{}", fmt::join(keys, ", "));
 }
@@ -58,7 +61,10 @@ Bytes TorchStore::compare_set(const std::string& key, const Bytes& expected,
 }
 
 void TorchStore::wait(const std::vector<std::string>& keys, Timeout timeout) {
-  translated("wait", joined(keys), [&] { store_->wait(keys, timeout); });
+  // Our kNoTimeout (0) is "forever"; PyTorch 2.x's TCPStore client reads a
+  // 0 ms wait as one that times out at once.
+  const Timeout torch_timeout = timeout == kNoTimeout ? kForever : timeout;
+  translated("wait", joined(keys), [&] { store_->wait(keys, torch_timeout); });
 }
 
 bool TorchStore::check(const std::vector<std::string>& keys) {
