@@ -11,7 +11,7 @@
 //   ours:  a TcpStore master in this process, and `world` copies of this
 //          binary in worker mode (`bench collective --worker WORLD RANK PORT`)
 //          that each build a GlooProcessGroup on a TcpStore client;
-//   torch: /usr/bin/python3 tools/bench/torch_collective.py (or
+//   torch: the venv's Python (@sb_venv) tools/bench/torch_collective.py (or
 //          $SB_TORCH_COLLECTIVE for the script), which starts a
 //          torch.distributed.TCPStore master and `world` ranks calling
 //          init_process_group("gloo").
@@ -57,7 +57,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kHost = "127.0.0.1";
-constexpr const char* kPython = "/usr/bin/python3";
 constexpr int kWorldSizes[] = {2, 4};
 // The goal: our time per op at most this multiple of PyTorch's, every case.
 constexpr double kTargetRatio = 1.10;
@@ -229,7 +228,7 @@ Results run_ours(int world) {
   return collect(store, pids, fmt::format("ours, {} ranks", world));
 }
 
-// PyTorch's side. The first launch tells whether python3-torch is here;
+// PyTorch's side. The first launch tells whether the venv's PyTorch is here;
 // without it every run() returns nullopt.
 class TorchBaseline {
  public:
@@ -239,7 +238,7 @@ class TorchBaseline {
   // Throws std::runtime_error when it starts but fails.
   std::optional<Results> run(int world) {
     if (!available_) return std::nullopt;
-    std::vector<std::string> argv = {kPython, script_, fmt::format("--world={}", world)};
+    std::vector<std::string> argv = {torch_python(), script_, fmt::format("--world={}", world)};
     for (const Case& c : kCases) argv.push_back(fmt::format("--case={}", c.spec()));
     std::unique_ptr<ChildProcess> launcher;
     uint16_t port = 0;
@@ -279,7 +278,7 @@ void print_header(const Flags& flags) {
   int cpus = usable_cpus();
   fmt::print(
       "# collective: ours = GlooProcessGroup, torch = PyTorch's ProcessGroupGloo "
-      "(/usr/bin/python3); float32, loopback 127.0.0.1, one process per rank, all "
+      "(PyTorch 2.11, the project venv); float32, loopback 127.0.0.1, one process per rank, all "
       "ranks sharing {} usable cores\n",
       cpus);
   fmt::print(

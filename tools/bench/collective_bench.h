@@ -5,7 +5,7 @@
 //
 // Each round launches both sides as fresh rank processes on 127.0.0.1
 // (ours: this binary in its `--worker` mode; PyTorch's:
-// tools/bench/torch_collective.py under /usr/bin/python3). Prints `# ...`
+// tools/bench/torch_collective.py under the project venv's Python, PyTorch 2.11). Prints `# ...`
 // header lines and `name=value` result lines on stdout.
 #pragma once
 

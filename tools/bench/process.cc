@@ -89,6 +89,13 @@ std::string find_runfile(const std::string& argv0, const std::string& runfile,
       fmt::join(candidates, ", "), env_override));
 }
 
+std::string torch_python() {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  const std::string argv0 = n > 0 ? std::string(self, static_cast<size_t>(n)) : "bench";
+  return find_runfile(argv0, "external/sb_venv/python", "SB_PYTHON");
+}
+
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) : name_(argv.at(0)) {
   int in[2];
   int out[2];

@@ -21,6 +21,11 @@ namespace switchboard::bench {
 std::string find_runfile(const std::string& argv0, const std::string& runfile,
                          const char* env_override);
 
+// The Python that runs PyTorch's side of a comparison: the project's
+// virtual environment's (@sb_venv//:python, PyTorch 2.11 from PyPI; made by
+// tools/setup), or $SB_PYTHON. Throws std::runtime_error as find_runfile().
+std::string torch_python();
+
 // Runs argv[0] with arguments argv[1..] on our stdin, stdout and stderr and
 // waits for it; returns its exit status (128 + the signal that killed it).
 // Throws std::runtime_error when it cannot be spawned.

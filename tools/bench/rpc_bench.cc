@@ -13,7 +13,7 @@
 //           client measures, and both shut down gracefully (PIPE twice:
 //           over plain TCP, then inside mutual TLS with a CA and a
 //           certificate made for the run);
-//   torch:  /usr/bin/python3 tools/bench/torch_rpc.py (or $SB_TORCH_RPC), a
+//   torch:  the venv's Python (@sb_venv) tools/bench/torch_rpc.py (or $SB_TORCH_RPC), a
 //           launcher that hosts a torch TCPStore, prints port=N and runs the
 //           same two roles with PyTorch's TensorPipe backend.
 // The RPC sides run the same measurements with the same counts (the script
@@ -71,7 +71,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-constexpr const char* kPython = "/usr/bin/python3";
 constexpr const char* kServer = "server";
 constexpr const char* kClient = "client";
 
@@ -440,12 +439,15 @@ std::optional<Figures> run_ours(const Backend& backend, bool quick, const Placem
 std::optional<Figures> run_torch(const std::string& script, const Counts& counts,
                                  std::string& why_not, std::string& version,
                                  const std::vector<std::string>& extra = {}) {
-  if (::access(kPython, X_OK) != 0) {
-    why_not = fmt::format("no {}", kPython);
+  std::string python;
+  try {
+    python = torch_python();
+  } catch (const std::exception& e) {
+    why_not = e.what();
     return std::nullopt;
   }
   std::vector<std::string> argv = {
-      kPython,
+      python,
       script,
       fmt::format("--rtt-warmup={}", counts.rtt_warmup),
       fmt::format("--rtt-calls={}", counts.rtt_calls),
@@ -462,7 +464,7 @@ std::optional<Figures> run_torch(const std::string& script, const Counts& counts
     launcher = std::make_unique<ChildProcess>(argv);
     port = launcher->read_port(kStartTimeout);
   } catch (const std::exception& e) {
-    why_not = fmt::format("{} (is python3-torch installed? see stderr)", e.what());
+    why_not = fmt::format("{} (is the project venv made? tools/setup; see stderr)", e.what());
     return std::nullopt;
   }
   TcpStoreOptions options;
@@ -488,7 +490,7 @@ void print_header(const Counts& counts, bool quick, const Placement& where) {
       "# rpc: every figure between two processes on {} sharing {} usable cores; "
       "ours = this binary's worker mode per backend (a server and a client, rendezvous "
       "through a TcpStore in the bench); torch = PyTorch's TensorPipe RPC "
-      "(/usr/bin/python3 tools/bench/torch_rpc.py, num_worker_threads=16, "
+      "(PyTorch 2.11 from the project venv, tools/bench/torch_rpc.py, num_worker_threads=16, "
       "TP_SOCKET_IFNAME=lo)\n",
       hosts ? fmt::format("{} and {}", where.client, where.server) : "127.0.0.1", cpus);
   fmt::print(
@@ -572,7 +574,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
     fmt::print("torch: skipped (not run across hosts)\n");
   } else if (only.empty() || only == "torch") ok &= run_side("torch", [&] {
     std::string why_not, version;
-    progress("rpc: PyTorch's TensorPipe RPC (/usr/bin/python3)");
+    progress("rpc: PyTorch's TensorPipe RPC (the project venv)");
     torch = run_torch(script, counts, why_not, version);
     if (!torch) {
       fmt::print("torch: skipped ({})\n", why_not);
@@ -604,7 +606,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
             package);
         return;
       }
-      progress("rpc: PyTorch's RPC over the SWITCHBOARD backend (/usr/bin/python3)");
+      progress("rpc: PyTorch's RPC over the SWITCHBOARD backend (the project venv)");
       torch_sb = run_torch(script, counts, why_not, version,
                            {"--backend=switchboard", "--pythonpath=" + package});
       if (!torch_sb) {

@@ -6,7 +6,7 @@
 // Measures, in one run: a raw TCP baseline (ping-pong round trip, one-way
 // bandwidth), then for each built-in backend (PIPE, PROCESS_GROUP; skipped
 // with the reason when not registered) and for PyTorch 1.13's TensorPipe
-// backend (/usr/bin/python3 tools/bench/torch_rpc.py, or $SB_TORCH_RPC for
+// backend (the project venv's Python, PyTorch 2.11: tools/bench/torch_rpc.py, or $SB_TORCH_RPC for
 // the script): rpc_sync round trip, rpc_async throughput with a window of
 // calls in flight, echo of 1 MiB and 64 MiB float32 tensors, and peak RSS.
 // Then prints the ratios and whether each target was met. `--quick` shrinks

@@ -20,7 +20,6 @@ namespace switchboard::bench {
 namespace {
 
 constexpr const char* kHost = "127.0.0.1";
-constexpr const char* kPython = "/usr/bin/python3";
 constexpr int kClientCounts[] = {1, 16, 64};
 // The goal: our server at least this many times PyTorch's at 64 clients.
 constexpr double kTargetRatioC64 = 2.0;
@@ -52,7 +51,7 @@ struct Servers {
   explicit Servers(const std::string& argv0)
       : ours({find_runfile(argv0, "tools/store_server/store_server", "SB_STORE_SERVER"),
               "--host", kHost, "--port", "0", "--quiet"}),
-        torch({kPython, find_runfile(argv0, "tools/bench/torch_store_server.py",
+        torch({torch_python(), find_runfile(argv0, "tools/bench/torch_store_server.py",
                                      "SB_TORCH_STORE_SERVER")}) {
     ours_port = ours.read_port(std::chrono::seconds(30));
     torch_port = torch.read_port(std::chrono::seconds(120));  // imports torch
