@@ -1,4 +1,5 @@
-"""A bare PyTorch 1.13 TCPStore server, as torchrun's elastic agent hosts one.
+"""A bare PyTorch TCPStore server (1.13, or 2.x with its default libuv
+implementation), as torchrun's elastic agent hosts one.
 
 Starts it on an ephemeral port of 127.0.0.1, prints `port=N`, and serves
 until it is killed (the test kills it when it is done).
