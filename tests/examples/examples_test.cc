@@ -34,11 +34,19 @@ int free_port() {
   return ntohs(addr.sin_port);
 }
 
+// torchrun: PyTorch 2.11's, from the project's virtual environment
+// (@sb_venv).
+std::vector<std::string> torchrun_command() {
+  return {sbtest::runfile("external/sb_venv/python"), "-m", "torch.distributed.run"};
+}
+
 // True (after printing why) where torchrun cannot run.
 bool skip_without_torchrun() {
-  if (::access("/usr/bin/python3", X_OK) == 0) return false;
-  WARN("skipped: no /usr/bin/python3 (torchrun is python3-torch's)");
-  std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's)\n");
+  Subprocess probe({torchrun_command()[0], "-c", "import torch.distributed.run"});
+  probe.read_all();
+  if (probe.wait() == 0) return false;
+  WARN("skipped: no PyTorch in the project's virtual environment (tools/setup)");
+  std::printf("skipped: no PyTorch in the project's virtual environment (tools/setup)\n");
   return true;
 }
 
@@ -87,18 +95,15 @@ TEST_CASE("the minimal RPC example runs under torchrun, with the static and the 
           "rendezvous",
           "[examples][torchrun]") {
   if (skip_without_torchrun()) return;
-  // Debian's torchrun (PyTorch 1.13 on Python 3.11) fails in its own
-  // argument parsing unless --redirects and --tee are given as 1 or 2.
   const std::string port = std::to_string(free_port());
   const std::vector<std::vector<std::string>> rendezvous = {
       {"--master_addr", "127.0.0.1", "--master_port", port},
       {"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:" + port}};
   for (const auto& how : rendezvous) {
     INFO(how[0]);
-    std::vector<std::string> argv = {"/usr/bin/python3", "-m",   "torch.distributed.run",
-                                     "--nnodes",         "1",    "--nproc_per_node",
-                                     "2",                "--redirects", "1",
-                                     "--tee",            "1"};
+    std::vector<std::string> argv = torchrun_command();
+    argv.insert(argv.end(), {"--nnodes", "1", "--nproc_per_node", "2", "--redirects", "1",
+                             "--tee", "1"});
     argv.insert(argv.end(), how.begin(), how.end());
     argv.insert(argv.end(), {"--no_python", sbtest::runfile("examples/rpc_minimal")});
     Subprocess torchrun(argv);
@@ -115,12 +120,13 @@ TEST_CASE("under torchrun --max_restarts a worker SIGKILLed mid-job restarts the
   if (skip_without_torchrun()) return;
   for (const char* restarts : {"1", "0"}) {
     INFO("--max_restarts " << restarts);
-    Subprocess torchrun({"/usr/bin/python3", "-m", "torch.distributed.run", "--nnodes", "1",
-                         "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
-                         "--max_restarts", restarts, "--monitor_interval", "1",
-                         "--master_addr", "127.0.0.1", "--master_port",
-                         std::to_string(free_port()), "--no_python",
-                         sbtest::runfile("tests/examples/elastic_worker")});
+    std::vector<std::string> argv = torchrun_command();
+    argv.insert(argv.end(),
+                {"--nnodes", "1", "--nproc_per_node", "2", "--redirects", "1", "--tee", "1",
+                 "--max_restarts", restarts, "--monitor_interval", "1", "--master_addr",
+                 "127.0.0.1", "--master_port", std::to_string(free_port()), "--no_python",
+                 sbtest::runfile("tests/examples/elastic_worker")});
+    Subprocess torchrun(argv);
     const std::string out = torchrun.read_all();
     const int status = torchrun.wait();
     if (std::string(restarts) == "1") {
