@@ -19,19 +19,21 @@ std::string joined(const std::vector<std::string>& keys) {
   return fmt::format("{}", fmt::join(keys, ", "));
 }
 
-// Runs `f`, turning torch's errors into Switchboard's (see the header).
+// Runs `f`, turning torch's errors into Switchboard's by their type (see
+// the header).
 template <typename F>
 auto translated(const char* what, const std::string& keys, F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const c10::DistStoreError& e) {
+    throw TimeoutError(fmt::format("torch store {} of [{}] timed out: {}", what, keys,
+                                   e.what_without_backtrace()));
+  } catch (const c10::DistNetworkError& e) {
+    throw ConnectionError(fmt::format("torch store {} of [{}] failed: {}", what, keys,
+                                      e.what_without_backtrace()));
   } catch (const c10::Error& e) {
-    const std::string message = e.what_without_backtrace();
-    if (message.find("imeout") != std::string::npos ||
-        message.find("timed out") != std::string::npos) {
-      throw TimeoutError(fmt::format("torch store {} of [{}] timed out: {}", what, keys, message));
-    }
-    throw Error(ErrorCode::kUnavailable,
-                fmt::format("torch store {} of [{}] failed: {}", what, keys, message));
+    throw Error(ErrorCode::kUnavailable, fmt::format("torch store {} of [{}] failed: {}", what,
+                                                     keys, e.what_without_backtrace()));
   }
 }
 

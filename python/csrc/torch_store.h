@@ -3,9 +3,10 @@
 // the store torch made from init_method (tcp://, file://, env://), as
 // TensorPipe does.
 //
-// Errors: torch's store throws c10::Error; a wait or get that ran out of
-// time becomes TimeoutError naming the keys, anything else Error
-// (kUnavailable) with torch's message.
+// Errors, by torch's exception type: c10::DistStoreError (what PyTorch 2.x's
+// stores throw when a wait or get runs out of time) becomes TimeoutError
+// naming the keys, c10::DistNetworkError ConnectionError, any other
+// c10::Error Error(kUnavailable), each with torch's message.
 //
 // Thread safety: as the wrapped store (c10d's stores are thread-safe).
 #pragma once
