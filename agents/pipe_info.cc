@@ -118,7 +118,7 @@ void check_unique_names(const std::vector<WorkerAnnouncement>& all) {
   for (size_t r = 0; r < all.size(); ++r) ranks[all[r].name].push_back(static_cast<int>(r));
   for (const auto& [name, used_by] : ranks) {
     if (used_by.size() > 1) {
-      throw std::invalid_argument(fmt::format(
+      throw DuplicateNameError(fmt::format(
           "rpc worker name \"{}\" is used by ranks {}; names must be unique in the group",
           name, fmt::join(used_by, ", ")));
     }

@@ -178,7 +178,7 @@ void Membership::join(const WorkerAnnouncement& mine) {
   std::vector<rpc::WorkerDevices> gathered;
   for (const Member& m : members) {
     if (m.announcement.name == name_) {
-      throw std::invalid_argument(fmt::format(
+      throw DuplicateNameError(fmt::format(
           "rpc worker name \"{}\" is used by rank {} in this dynamic group; names must be "
           "unique in the group",
           name_, m.rank));

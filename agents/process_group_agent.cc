@@ -245,8 +245,10 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
             fmt::format("\"{}\" is used by ranks {}", worker_name, and_list(ranks)));
       }
     }
-    SB_REQUIRE(duplicates.empty(), "rpc worker names must be unique: {}",
-               fmt::join(duplicates, "; "));
+    if (!duplicates.empty()) {
+      throw DuplicateNameError(
+          fmt::format("rpc worker names must be unique: {}", fmt::join(duplicates, "; ")));
+    }
     for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
   }
 

@@ -88,6 +88,17 @@ class AuthenticationError : public Error {
       : Error(ErrorCode::kUnauthenticated, message) {}
 };
 
+// A worker name that another worker of the group uses too: a static group
+// whose ranks share a name (on every worker, naming the name and its ranks),
+// or a dynamic joiner whose name a member has. A std::invalid_argument (the
+// job's configuration is wrong; retrying will not help), typed so that
+// callers can tell it from other bad arguments without reading the message
+// (the torch backend answers it as PyTorch's agents do: "is not unique").
+class DuplicateNameError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // A registry rejected a registration or lookup (duplicate or unknown name).
 class RegistryError : public Error {
  public:

@@ -127,13 +127,11 @@ SwitchboardAgent::SwitchboardAgent(const c10::intrusive_ptr<c10d::Store>& store,
         config_.name, "PIPE", config_.rank,
         config_.world_size ? config_.world_size : std::optional<int>(rpc::kDynamicGroup),
         pipe_options(config_), std::make_shared<TorchStore>(store));
+  } catch (const DuplicateNameError& e) {
+    throw std::runtime_error(fmt::format(
+        "SWITCHBOARD agent \"{}\": the worker name is not unique: {}", config_.name, e.what()));
   } catch (const std::exception& e) {
-    const std::string what = e.what();
-    if (what.find("must be unique") != std::string::npos) {
-      throw std::runtime_error(fmt::format(
-          "SWITCHBOARD agent \"{}\": the worker name is not unique: {}", config_.name, what));
-    }
-    throw std::runtime_error(fmt::format("SWITCHBOARD agent \"{}\": {}", config_.name, what));
+    throw std::runtime_error(fmt::format("SWITCHBOARD agent \"{}\": {}", config_.name, e.what()));
   }
   for (const rpc::WorkerInfo& info : context_.get_worker_infos()) remember(info);
 }

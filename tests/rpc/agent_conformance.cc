@@ -294,8 +294,10 @@ TEST_CASE("duplicate worker names fail on every worker, naming the name and its 
   for (int rank = 0; rank < 3; ++rank) {
     INFO("rank " << rank);
     REQUIRE(errors[rank] != nullptr);
-    // "ranks 0 and 2" (LOCAL, PROCESS_GROUP) or "ranks 0, 2" (PIPE).
-    CHECK_THAT(what_thrown<std::invalid_argument>([&] { rethrow_first({errors[rank]}); }),
+    // "ranks 0 and 2" (LOCAL, PROCESS_GROUP) or "ranks 0, 2" (PIPE); a
+    // DuplicateNameError (a std::invalid_argument), so that callers tell it
+    // by its type.
+    CHECK_THAT(what_thrown<DuplicateNameError>([&] { rethrow_first({errors[rank]}); }),
                Catch::Matches(R"(.*"a" is used by ranks 0(,| and) 2\b.*)"));
   }
 }

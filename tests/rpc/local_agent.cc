@@ -382,8 +382,10 @@ struct Impl : std::enable_shared_from_this<Impl> {
             fmt::format("\"{}\" is used by ranks {}", worker_name, and_list(ranks)));
       }
     }
-    SB_REQUIRE(duplicates.empty(), "rpc worker names must be unique: {}",
-               fmt::join(duplicates, "; "));
+    if (!duplicates.empty()) {
+      throw DuplicateNameError(
+          fmt::format("rpc worker names must be unique: {}", fmt::join(duplicates, "; ")));
+    }
     for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
     for (const auto& w : workers) {
       peers.push_back(w.id == rank ? nullptr : metrics->peer(w.id, w.name));
