@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <charconv>
@@ -89,6 +90,29 @@ void wait_for_round(const QuietGroup& group, const std::vector<std::string>& key
   }
 }
 
+// After the quiet round `round`: every rank says it has read it, and rank 0
+// returns only once all have (or one is gone, or the deadline passed).
+// Rank 0 may host the store (an in-process TcpStore server): leaving
+// first, it would fail the others' last reads of the round. The others'
+// key here is their last store call of the join.
+void leave_after_all_read(const QuietGroup& group, int round,
+                          std::optional<Clock::time_point> deadline) {
+  const int world = static_cast<int>(group.names.size());
+  if (world == 1) return;
+  std::vector<std::string> keys;
+  for (int r = 0; r < world; ++r) {
+    keys.push_back(fmt::format("{}{}/read/{}", group.prefix, round, r));
+  }
+  group.store->set(keys[group.rank], "1");
+  if (group.rank != 0) return;
+  try {
+    wait_for_round(group, keys, deadline);
+  } catch (const std::exception& e) {
+    // The group was quiet: this is only about leaving last.
+    spdlog::debug("{}: not every worker said it read the last round: {}", group.who, e.what());
+  }
+}
+
 }  // namespace
 
 int wait_for_quiet_group(const QuietGroup& group) {
@@ -131,7 +155,10 @@ int wait_for_quiet_group(const QuietGroup& group) {
     for (int r = 0; r < world; ++r) {
       if (parse_count(values[r], keys[r]) > 0) busy.push_back(r);
     }
-    if (busy.empty()) return round;
+    if (busy.empty()) {
+      leave_after_all_read(group, round, deadline);
+      return round;
+    }
     if (deadline && Clock::now() >= *deadline) {
       throw TimeoutError(fmt::format(
           "{}: timed out after {} ms: the group was not quiet after {} rounds (workers {} "

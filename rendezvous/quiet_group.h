@@ -19,6 +19,11 @@
 // that hands work to a thread of its own, to call later, escapes this, as it
 // escapes PyTorch's check.)
 //
+// After the quiet round, rank 0 returns only once every other rank has said
+// it read it (or is gone, or the timeout passed): rank 0 may host the store
+// (an in-process TcpStore server), and leaving first it would fail the
+// others' last reads.
+//
 // Errors, each naming `who` and, where it applies, the workers:
 //   TimeoutError after `timeout` (0: none): this worker still had calls in
 //     flight or requests being handled; or workers did not report (named);
