@@ -75,6 +75,26 @@ std::string group_now() {
   return fmt::format("{}", fmt::join(names, " "));
 }
 
+// Waits (a minute at most) for on_leave of this worker, `name` (the group
+// evicted it), says "evicted" and what a call to "a" fails with, and stops.
+// Returns the child's exit status.
+int report_eviction(Departures& departures, const std::string& name) {
+  if (!departures.wait_for(name)) {
+    fmt::print("never learned that it was evicted; group: {}\n", group_now());
+    return 1;
+  }
+  fmt::print("evicted\n");
+  try {
+    rpc::rpc_sync<std::string>("a", "where");
+    fmt::print("a answered after the eviction\n");
+  } catch (const std::exception& e) {
+    fmt::print("calling a: {}\n", e.what());
+  }
+  std::fflush(stdout);
+  rpc::shutdown(false);
+  return 0;
+}
+
 // A member of a dynamic PIPE group for the dynamic partition case (heartbeat
 // timeout 1.5 s), args: name, rank, role, control FileStore path.
 //   "member"  says "ready"; once the control key "cut" is set, waits for
@@ -109,20 +129,7 @@ SB_CHILD_MAIN(view_member) {
   if (role == "founder") {
     fmt::print("group: {}\n", group_now());
     std::fflush(stdout);
-    if (!departures.wait_for(name)) {
-      fmt::print("never evicted; group: {}\n", group_now());
-      return 1;
-    }
-    fmt::print("evicted\n");
-    try {
-      rpc::rpc_sync<std::string>("a", "where");
-      fmt::print("a answered after the eviction\n");
-    } catch (const std::exception& e) {
-      fmt::print("calling a: {}\n", e.what());
-    }
-    std::fflush(stdout);
-    rpc::shutdown(false);
-    return 0;
+    return report_eviction(departures, name);
   }
   if (role == "joiner") {
     fmt::print("group: {}\n", group_now());
@@ -141,22 +148,7 @@ SB_CHILD_MAIN(view_member) {
     fmt::print("left\n");
     return 0;
   }
-  if (role == "cutoff") {
-    if (!departures.wait_for(name)) {
-      fmt::print("never learned that it was evicted\n");
-      return 1;
-    }
-    fmt::print("evicted\n");
-    try {
-      rpc::rpc_sync<std::string>("a", "where");
-      fmt::print("a answered after the eviction\n");
-    } catch (const std::exception& e) {
-      fmt::print("calling a: {}\n", e.what());
-    }
-    std::fflush(stdout);
-    rpc::shutdown(false);
-    return 0;
-  }
+  if (role == "cutoff") return report_eviction(departures, name);
   control.wait({"cut"}, milliseconds(120'000));
   const auto cut = Clock::now();
   if (!departures.wait_for("c")) {
