@@ -65,11 +65,26 @@ HostPort parse_host_port(std::string_view what, std::string_view text) {
 
 // Under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the elastic agent
 // already hosts the store at MASTER_ADDR:MASTER_PORT: every worker, rank 0
-// included, is its client, under the attempt's prefix
-// "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>", as torch's own env:// and
-// tcp:// rendezvous do, so that a restarted group never reads the failed
-// attempt's keys. The agent's store is torch's: no job secret is proven to
-// it (PIPE's hellos still prove it).
+// included, is its client, under the attempt's prefix "/worker/attempt_<n>",
+// so that a restarted group never reads the failed attempt's keys. The
+// agent's store is torch's: no job secret is proven to it (PIPE's hellos
+// still prove it).
+//
+// The attempt n is not TORCHELASTIC_RESTART_COUNT. PyTorch 2.x's agents
+// count restarts per node: the node whose worker failed counts one more,
+// while a node restarted because another node re-joined the rendezvous
+// keeps its count, so after a failure the nodes' workers would look for
+// each other under different prefixes. (2.x's own env:// uses no prefix at
+// all, and its agent store outlives the rounds.) Instead each worker counts
+// its rank's starts in the agent's store: the n-th worker started as rank r
+// (the n-th round, since every round restarts every rank) uses attempt n-1.
+// The agent's store lives as long as the job's agents, so the count is the
+// same on every node. Its limit: a worker that dies before init_rpc counts
+// no start for its rank, and a rank added when the world grows starts
+// from 0; both leave that rank one round behind (named by the static
+// rendezvous as ranks that did not arrive), and torchrun's next restart
+// starts every rank again.
+constexpr std::string_view kElasticStartsKey = "switchboard/elastic/starts/";
 bool use_agent_store() {
   const std::optional<std::string> value = env("TORCHELASTIC_USE_AGENT_STORE");
   return value && *value == "True";
@@ -84,23 +99,26 @@ std::optional<int> elastic_attempt() {
                    std::numeric_limits<int>::max());
 }
 
-std::shared_ptr<Store> agent_store(const HostPort& at, std::optional<int> world_size,
+std::shared_ptr<Store> agent_store(const HostPort& at, int rank, std::optional<int> world_size,
                                    std::chrono::milliseconds timeout) {
-  const int attempt = elastic_attempt().value_or(0);
   TcpStoreOptions options;
   options.is_master = false;
   options.world_size = world_size;
   options.wait_for_workers = false;
   options.timeout = timeout;
-  return std::make_shared<PrefixStore>(
-      elastic_attempt_prefix(attempt), std::make_shared<TcpStore>(at.host, at.port, options));
+  auto store = std::make_shared<TcpStore>(at.host, at.port, options);
+  const int64_t starts = store->add(fmt::format("{}{}", kElasticStartsKey, rank), 1);
+  return std::make_shared<PrefixStore>(elastic_attempt_prefix(static_cast<int>(starts - 1)),
+                                       std::move(store));
 }
 
 // `where` names the setting that gave `at` (e.g. "MASTER_ADDR").
 std::shared_ptr<Store> tcp_store(const HostPort& at, std::string_view where, int rank,
                                  std::optional<int> world_size,
                                  std::chrono::milliseconds timeout) {
-  if (use_agent_store() && !env("SWITCHBOARD_STORE")) return agent_store(at, world_size, timeout);
+  if (use_agent_store() && !env("SWITCHBOARD_STORE")) {
+    return agent_store(at, rank, world_size, timeout);
+  }
   TcpStoreOptions options;
   options.is_master = rank == 0 && world_size.has_value() && !env("SWITCHBOARD_STORE");
   // Rank 0 hosts the store at the address it was given: that address must

@@ -19,12 +19,15 @@
 // client, and the store outlives any one worker. Dynamic groups (no world
 // size) always need a standalone store.
 //
-// Elastic jobs: under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) every
-// worker is a client of the agent's store; there, and with SWITCHBOARD_STORE
-// wherever TORCHELASTIC_RESTART_COUNT is set (tools/launch --max-restarts
-// sets it), the worker sees the store under the attempt's prefix
-// "/worker/attempt_<n>" (rendezvous/rounds.h): a restarted group meets in a
-// fresh round and reads nothing of the failed attempt.
+// Elastic jobs: a restarted group meets in a fresh round and reads nothing
+// of the failed attempt, because each worker sees the store under its
+// attempt's prefix "/worker/attempt_<n>" (rendezvous/rounds.h):
+//  - under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) every worker is a
+//    client of the agent's store, and n counts the starts of the worker's
+//    rank in that store ("switchboard/elastic/starts/<rank>"), the same on
+//    every node (PyTorch 2.x's TORCHELASTIC_RESTART_COUNT is per node);
+//  - with SWITCHBOARD_STORE, wherever TORCHELASTIC_RESTART_COUNT is set
+//    (tools/launch --max-restarts sets it the same on every node), n is it.
 //
 // Errors: std::invalid_argument naming the missing or malformed variable or
 // URL; whatever the store throws while connecting (ConnectionError,

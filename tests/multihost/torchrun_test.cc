@@ -1,5 +1,6 @@
-// Switchboard workers under real torchrun (Debian's python3-torch, PyTorch
-// 1.13's torch.distributed.run with --no_python) across hosts (network
+// Switchboard workers under real torchrun (PyTorch 2.11's
+// torch.distributed.run from the project's virtual environment, @sb_venv,
+// with --no_python) across hosts (network
 // namespaces with host names, as a cluster's DNS gives them): the static
 // rendezvous (torchrun's agent hosts the store, workers are its clients
 // under the attempt's prefix) and the c10d rendezvous (the agents meet at an
@@ -26,26 +27,29 @@ using sbtest::Subprocess;
 
 constexpr const char* kPort = "29400";  // each cluster is a network of its own
 
+// The project's virtual environment's Python, whose PyTorch runs torchrun.
+std::string venv_python() { return sbtest::runfile("external/sb_venv/python"); }
+
 // True (after printing why) where torchrun cannot run.
 bool skip_without_torchrun() {
   if (NetnsCluster::skipped()) return true;
-  if (::access("/usr/bin/python3", X_OK) == 0 && ::access("/usr/bin/unshare", X_OK) == 0) {
-    return false;
-  }
-  std::printf("skipped: no /usr/bin/python3 (torchrun is python3-torch's) or unshare\n");
+  Subprocess probe({venv_python(), "-c", "import torch.distributed.run"});
+  probe.read_all();
+  if (probe.wait() == 0 && ::access("/usr/bin/unshare", X_OK) == 0) return false;
+  std::printf("skipped: no PyTorch in the project's virtual environment (tools/setup) or no "
+              "unshare\n");
   return true;
 }
 
 // torchrun on host `node` of `nnodes`, `nproc` workers of `program`, with
 // the rendezvous flags `rendezvous`, `extra` flags, stdout and stderr on the
-// pipe. Debian's torchrun (PyTorch 1.13 on Python 3.11) fails in its own
-// argument parsing unless --redirects and --tee are given as 1 or 2.
+// pipe.
 Subprocess torchrun(const NetnsCluster& cluster, int node, int nnodes, int nproc,
                     const std::vector<std::string>& rendezvous, const std::string& program,
                     const std::vector<std::string>& extra = {},
                     const std::vector<std::string>& program_args = {}) {
   std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
-                                   "/usr/bin/python3", "-m", "torch.distributed.run",
+                                   venv_python(), "-m", "torch.distributed.run",
                                    "--nnodes", std::to_string(nnodes), "--nproc_per_node",
                                    std::to_string(nproc), "--redirects", "1", "--tee", "1",
                                    "--monitor_interval", "1"};
