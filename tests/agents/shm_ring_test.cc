@@ -141,6 +141,27 @@ TEST_CASE("close() wakes a side waiting for data or room", "[shm]") {
   CHECK_FALSE(out.wait_space(stop, 10s));
 }
 
+TEST_CASE("a side's spin shrinks to about a microsecond while the other side answers late, "
+          "and grows back to catch quick answers",
+          "[shm]") {
+  SpinBudget spin;
+  CHECK(spin.budget_ns() == SpinBudget::kMaxNs);
+  // A peer that runs Python between messages: every wait ended 150 us in,
+  // long after any spin would.
+  for (int i = 0; i < 6; ++i) spin.slept(150'000);
+  CHECK(spin.budget_ns() == SpinBudget::kMinNs);
+  // Quick answers again (a ping-pong of 10 us): a spin of about twice that
+  // would have caught them.
+  for (int i = 0; i < 8; ++i) spin.slept(10'000);
+  CHECK(spin.budget_ns() >= 19'000);
+  CHECK(spin.budget_ns() <= 20'000);
+  // Never beyond the longest spin, never below the shortest.
+  for (int i = 0; i < 8; ++i) spin.slept(SpinBudget::kMaxNs);
+  CHECK(spin.budget_ns() == SpinBudget::kMaxNs);
+  for (int i = 0; i < 8; ++i) spin.slept(0);
+  CHECK(spin.budget_ns() == SpinBudget::kMinNs);
+}
+
 TEST_CASE("the ring fuzz target survives 20,000 hostile writers", "[shm][fuzz]") {
   std::mt19937_64 random(20261125);
   std::vector<uint8_t> input;

@@ -23,9 +23,14 @@ namespace {
 
 constexpr uint32_t kMagic = 0x53425249;  // "SBRI"
 constexpr uint32_t kVersion = 1;
-// Spins before sleeping: a reply that comes within a few microseconds is
-// picked up without a system call on either side.
-constexpr int kSpins = 2000;
+// Spinning before sleeping: bytes that come within the spin are picked up
+// without a system call on either side. How long a side spins adapts to
+// the gaps it sees (SpinBudget, shm_ring.h): up to kMaxNs while the other
+// side answers within it (a ping-pong of small calls), down to kMinNs
+// while it does not (a peer that runs Python between messages), so that
+// the spin never takes a core from the work that makes the next message.
+// Clock reads while spinning: one every this many pauses (~20 ns each).
+constexpr int kPausesPerClockRead = 16;
 // How much a writer copies before it publishes the bytes to the reader.
 constexpr size_t kChunk = 16 * 1024;
 
@@ -52,6 +57,24 @@ inline void cpu_relax() {
 #else
   std::this_thread::yield();
 #endif
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Spins until `ready()` or `done()`, for at most `budget_ns` since `start`;
+// true when `ready()`.
+template <typename Ready, typename Done>
+bool spin(int64_t start, int64_t budget_ns, Ready ready, Done done) {
+  for (int i = 1;; ++i) {
+    if (ready()) return true;
+    if (done()) return false;
+    cpu_relax();
+    if (i % kPausesPerClockRead == 0 && now_ns() - start >= budget_ns) return ready();
+  }
 }
 
 }  // namespace
@@ -259,18 +282,19 @@ bool ShmRing::wait_space(const std::atomic<bool>& stop, std::chrono::microsecond
   auto room = [&] {
     return position_ - header_->tail.load(std::memory_order_seq_cst) < capacity_;
   };
-  for (int i = 0; i < kSpins; ++i) {
-    if (room()) return true;
-    if (closed() || stop.load(std::memory_order_relaxed)) return false;
-    cpu_relax();
-  }
+  auto done = [&] { return closed() || stop.load(std::memory_order_relaxed); };
+  const int64_t start = now_ns();
+  if (spin(start, spin_.budget_ns(), room, done)) return true;
+  if (done()) return false;
   const uint32_t seen = header_->space_word.load(std::memory_order_seq_cst);
   header_->producer_sleeping.store(1, std::memory_order_seq_cst);
   if (!room() && !closed() && !stop.load(std::memory_order_seq_cst)) {
     futex_wait(&header_->space_word, seen, timeout);
   }
   header_->producer_sleeping.store(0, std::memory_order_seq_cst);
-  return room();
+  const bool ok = room();
+  if (ok) spin_.slept(now_ns() - start);
+  return ok;
 }
 
 std::pair<const uint8_t*, size_t> ShmRing::readable() {
@@ -296,18 +320,27 @@ void ShmRing::consume(size_t n) {
 
 bool ShmRing::wait_data(const std::atomic<bool>& stop, std::chrono::microseconds timeout) {
   auto ready = [&] { return header_->head.load(std::memory_order_seq_cst) != position_; };
-  for (int i = 0; i < kSpins; ++i) {
-    if (ready()) return true;
-    if (closed() || stop.load(std::memory_order_relaxed)) return false;
-    cpu_relax();
-  }
+  auto done = [&] { return closed() || stop.load(std::memory_order_relaxed); };
+  const int64_t start = now_ns();
+  if (spin(start, spin_.budget_ns(), ready, done)) return true;
+  if (done()) return false;
   const uint32_t seen = header_->data_word.load(std::memory_order_seq_cst);
   header_->consumer_sleeping.store(1, std::memory_order_seq_cst);
   if (!ready() && !closed() && !stop.load(std::memory_order_seq_cst)) {
     futex_wait(&header_->data_word, seen, timeout);
   }
   header_->consumer_sleeping.store(0, std::memory_order_seq_cst);
-  return ready();
+  const bool ok = ready();
+  if (ok) spin_.slept(now_ns() - start);
+  return ok;
+}
+
+void SpinBudget::slept(int64_t waited_ns) {
+  // Bytes that came within twice the longest spin would have been caught
+  // by a spin of twice this wait (the next gap is likely alike); later
+  // ones say that spinning is wasted here: halve it.
+  budget_ns_ = waited_ns <= kMaxNs ? std::clamp((budget_ns_ + 2 * waited_ns) / 2, kMinNs, kMaxNs)
+                                   : std::max(kMinNs, budget_ns_ / 2);
 }
 
 void ShmRing::close() {

@@ -35,7 +35,10 @@
 //
 // Wake-ups: a side that finds nothing to do spins briefly, then sleeps on
 // a futex word in the header; the other side wakes it only when it said it
-// sleeps. Waits are bounded (they return to let the caller check its own
+// sleeps. How long it spins adapts to the gaps it sees (SpinBudget): long
+// while the other side answers quickly, about a microsecond while it does
+// not, so that a peer busy between messages (Python) never finds its core
+// taken by our spin. Waits are bounded (they return to let the caller check its own
 // stop flag), so a peer that never wakes us cannot hold a thread forever.
 //
 // Thread safety: one producer thread at a time and one consumer thread at a
@@ -95,6 +98,24 @@ class ShmSegment {
   int fd_ = -1;         // create()'s file, kept open for the reader
 };
 
+// How long one side of a ring spins before it sleeps, in nanoseconds:
+// starts at the longest spin, and after each sleep moves towards twice the
+// time the wait took, or halves when that was longer than any spin.
+// Not thread-safe: each side's waits run on one thread at a time.
+class SpinBudget {
+ public:
+  static constexpr int64_t kMinNs = 1'000;
+  static constexpr int64_t kMaxNs = 50'000;
+
+  int64_t budget_ns() const { return budget_ns_; }
+  // A wait that spun all of its budget and then slept ended, with bytes
+  // (or room), `waited_ns` after it began.
+  void slept(int64_t waited_ns);
+
+ private:
+  int64_t budget_ns_ = kMaxNs;
+};
+
 class ShmRing {
  public:
   enum Role { kProducer, kConsumer };
@@ -138,6 +159,7 @@ class ShmRing {
   uint8_t* data_;
   size_t capacity_;    // validated once; never read from the segment again
   uint64_t position_;  // our own head (producer) or tail (consumer)
+  SpinBudget spin_;    // of wait_space (producer) or wait_data (consumer)
 };
 
 }  // namespace switchboard::agents
