@@ -1,7 +1,9 @@
 """@sb_venv: the project's virtual environment, made by tools/setup.
 
 The environment lives in the checkout's .venv (Python 3.12 with PyTorch 2.x
-from PyPI, never the system's Python). This rule finds it from the
+from PyPI, never the system's Python), or where the repository environment
+variable SWITCHBOARD_VENV says (bazel build --repo_env=SWITCHBOARD_VENV=DIR:
+building against another PyTorch). This rule finds it from the
 checkout, never from a hard-coded path, asks its interpreter where PyTorch
 and Python keep their headers and libraries, and offers:
 
@@ -16,6 +18,9 @@ and Python keep their headers and libraries, and offers:
                       include path: it would shadow Debian's, which spdlog
                       needs. Without the environment, building it fails
                       saying to run tools/setup.
+  @sb_venv//:versions.txt  "torch=<torch.__version__>" and
+                      "python_tag=cp<major><minor>" (the wheel's tags,
+                      python/make_wheel.py); absent without the environment.
 
 PyTorch's C++ ABI must be this build's (CXX11 ABI 1; PyPI's wheels are so
 from 2.7 on); another is an error naming both.
@@ -25,11 +30,12 @@ running server down after it changes the environment).
 """
 
 _PROBE = """
-import sysconfig, torch, torch.utils
+import sys, sysconfig, torch, torch.utils
 print(torch.__version__)
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(torch.utils.cmake_prefix_path.rsplit('/share/cmake', 1)[0])
 print(sysconfig.get_paths()['include'])
+print('cp%d%d' % sys.version_info[:2])
 """
 
 _MISSING = """#error "no project virtual environment with PyTorch at {venv}: run tools/setup ({why})"
@@ -92,7 +98,7 @@ cc_library(
 
 def _sb_venv_impl(ctx):
     root = ctx.path(Label("//:WORKSPACE")).dirname
-    venv = "%s/.venv" % root
+    venv = ctx.os.environ.get("SWITCHBOARD_VENV", "%s/.venv" % root)
     python = "%s/bin/python" % venv
     ctx.file("python", _python_script(python), executable = True)
     build = 'exports_files(["python"])\n'
@@ -101,12 +107,18 @@ def _sb_venv_impl(ctx):
     else:
         probe = ctx.execute([python, "-c", _PROBE])
         lines = probe.stdout.strip().split("\n")
-        if probe.return_code != 0 or len(lines) != 4:
+        if probe.return_code != 0 or len(lines) != 5:
             build += _missing(ctx, venv, "its Python cannot import torch: " + probe.stderr.strip()[-300:])
         elif lines[1] != "1":
             fail("@sb_venv: PyTorch %s in %s is built with the C++ ABI %s; this build uses the CXX11 ABI 1" % (lines[0], venv, lines[1]))
         else:
             build += _torch(ctx, lines[2], lines[3])
+            ctx.file("versions.txt", "torch=%s\npython_tag=%s\n" % (lines[0], lines[4]))
+            build += 'exports_files(["versions.txt"])\n'
     ctx.file("BUILD.bazel", build)
 
-sb_venv = repository_rule(implementation = _sb_venv_impl, local = True)
+sb_venv = repository_rule(
+    implementation = _sb_venv_impl,
+    local = True,
+    environ = ["SWITCHBOARD_VENV"],
+)
