@@ -1,4 +1,4 @@
-"""switchboard.torch_rpc as a user runs it: PyTorch 1.13's torch.distributed.rpc
+"""switchboard.torch_rpc as a user runs it: PyTorch 2.11's torch.distributed.rpc
 with backend=BackendType.SWITCHBOARD, workers in processes of their own on
 127.0.0.1.
 

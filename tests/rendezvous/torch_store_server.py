@@ -1,4 +1,4 @@
-"""A bare PyTorch TCPStore server (1.13, or 2.x with its default libuv
+"""A bare PyTorch TCPStore server (PyTorch 2.x, with its default libuv
 implementation), as torchrun's elastic agent hosts one.
 
 Starts it on an ephemeral port of 127.0.0.1, prints `port=N`, and serves

@@ -1,8 +1,9 @@
 // Interoperability with real PyTorch TCPStores: PyTorch's client against our
-// server, and our client against PyTorch's server, with Debian's PyTorch
-// 1.13 (/usr/bin/python3, python3-torch) and with PyTorch 2.11 from PyPI in
-// the project's virtual environment (@sb_venv, made by tools/setup), whose
-// server runs with libuv (its default) and without.
+// server, and our client against PyTorch's server, with PyTorch 2.11 from
+// PyPI in the project's virtual environment (@sb_venv, made by
+// tools/setup), whose server runs with libuv (its default) and without.
+// (PyTorch 1.13's numbering of the query types is checked without 1.13:
+// tcp_store_test's LegacyServer, tcp_store_server_test's captured bytes.)
 #include <catch2/catch.hpp>
 
 #include <string>
@@ -26,25 +27,21 @@ int finish(sbtest::Subprocess& python) {
   return status;
 }
 
-// A PyTorch to talk to.
+// A PyTorch server to talk to.
 struct Torch {
   const char* what;
-  bool torch2;       // PyTorch 2.x: its numbering of the query types
-  const char* mode;  // the master's server: "libuv", "nolibuv", or "" (1.13's only)
-  std::string python() const {
-    return torch2 ? sbtest::runfile("external/sb_venv/python") : "/usr/bin/python3";
-  }
+  const char* mode;  // the master's server: "libuv" or "nolibuv"
+  std::string python() const { return sbtest::runfile("external/sb_venv/python"); }
 };
 
-const Torch kTorch113{"Debian's PyTorch 1.13", false, ""};
-const Torch kTorch2Libuv{"PyTorch 2.11 (libuv server)", true, "libuv"};
-const Torch kTorch2Classic{"PyTorch 2.11 (the server without libuv)", true, "nolibuv"};
+const Torch kTorch2Libuv{"PyTorch 2.11 (libuv server)", "libuv"};
+const Torch kTorch2Classic{"PyTorch 2.11 (the server without libuv)", "nolibuv"};
 
 }  // namespace
 
 TEST_CASE("a PyTorch TCPStore client works against our server for every operation",
           "[store][interop][torch]") {
-  const Torch torch = GENERATE(kTorch113, kTorch2Libuv);
+  const Torch torch = kTorch2Libuv;  // its client is the same with either server
   INFO(torch.what);
   TcpStoreServer server;
   TcpStoreOptions options;
@@ -64,11 +61,11 @@ TEST_CASE("a PyTorch TCPStore client works against our server for every operatio
 
 TEST_CASE("our client works against a PyTorch TCPStore master",
           "[store][interop][torch]") {
-  const Torch torch = GENERATE(kTorch113, kTorch2Libuv, kTorch2Classic);
+  const Torch torch = GENERATE(kTorch2Libuv, kTorch2Classic);
   INFO(torch.what);
   std::vector<std::string> argv = {torch.python(),
                                    sbtest::runfile("tests/store/torch_store_master.py")};
-  if (*torch.mode) argv.push_back(torch.mode);
+  argv.push_back(torch.mode);
   sbtest::Subprocess python(argv);
   std::string line = python.read_line();
   REQUIRE(line.rfind("port=", 0) == 0);
@@ -78,10 +75,9 @@ TEST_CASE("our client works against a PyTorch TCPStore master",
   TcpStore store("127.0.0.1", port, options);
   CHECK(to_string(store.get("from_torch")) == "torch-value");
   // PyTorch 2.x's server answered the client's VALIDATE and PING, and has
-  // every query; PyTorch 1.13's closed the connection there: the client
-  // reconnected and speaks its numbering, emulating what 1.13 lacks.
-  CHECK(store.server_speaks_torch2() == torch.torch2);
-  CHECK(store.server_has_extensions() == torch.torch2);
+  // every query.
+  CHECK(store.server_speaks_torch2());
+  CHECK(store.server_has_extensions());
   store.set("from_cpp", "cpp-value");
   CHECK(store.add("cpp_cnt", 1) == 1);
   CHECK(store.add("cpp_cnt", 2) == 3);
@@ -90,9 +86,8 @@ TEST_CASE("our client works against a PyTorch TCPStore master",
   CHECK(store.check({"from_torch", "cas"}));
   CHECK(store.delete_key("cas"));
   CHECK_FALSE(store.check({"cas"}));
-  // A timed-out wait: cancelled (2.x), or against 1.13 (no CANCEL_WAIT) the
-  // client reopens its connection; either way a late STOP_WAITING cannot
-  // corrupt later replies.
+  // A timed-out wait is cancelled: a late STOP_WAITING cannot corrupt later
+  // replies.
   try {
     store.wait({"late_key"}, 200ms);
     FAIL("wait returned for a missing key");
@@ -102,7 +97,7 @@ TEST_CASE("our client works against a PyTorch TCPStore master",
   store.set("late_key", "now");
   CHECK(store.add("after_timeout", 1) == 1);
   CHECK(store.add("after_timeout", 1) == 2);
-  // Operations 1.13 lacks (emulated there).
+  // Operations PyTorch 1.13 lacked (our client emulates them there).
   store.append("appended", to_bytes("ab"));
   store.append("appended", to_bytes("cd"));
   store.multi_set({"m1", "m2"}, {to_bytes("one"), to_bytes("two")});

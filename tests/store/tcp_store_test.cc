@@ -1,11 +1,22 @@
 // TcpStore against TcpStoreServer across real processes on 127.0.0.1:
 // contention, blocked gets woken from another process, timeouts, reconnects.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <cstring>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "common/error.h"
 #include "store/call_bound.h"
@@ -23,6 +34,109 @@ TcpStore connect(const std::string& port) {
   options.timeout = 60s;
   return TcpStore("127.0.0.1", static_cast<uint16_t>(std::stoi(port)), options);
 }
+
+// Stands in for PyTorch 1.13's TCPStore server, whose numbering of the
+// query types predates 2.x's: a connection that opens with 2.x's VALIDATE
+// is closed at once, as 1.13 closes it (it reads a SET of a key it cannot
+// hold); any other is relayed to `upstream`, our server, which reads a
+// connection that did not validate in 1.13's numbering.
+class LegacyServer {
+ public:
+  explicit LegacyServer(uint16_t upstream) : upstream_(upstream) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(at);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&at), length) == 0);
+    REQUIRE(::listen(listener_, 16) == 0);
+    REQUIRE(::getsockname(listener_, reinterpret_cast<sockaddr*>(&at), &length) == 0);
+    port_ = ntohs(at.sin_port);
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  ~LegacyServer() {
+    stopping_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+    }
+    acceptor_.join();
+    for (std::thread& relay : relays_) relay.join();
+    for (int fd : open_) ::close(fd);
+    ::close(listener_);
+  }
+  uint16_t port() const { return port_; }
+  int refused() const { return refused_; }
+
+ private:
+  void accept_loop() {
+    while (!stopping_) {
+      const int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.push_back(client);
+      relays_.emplace_back([this, client] { relay(client); });
+    }
+  }
+  int connect_upstream() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    at.sin_port = htons(upstream_);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0) {
+      ::close(fd);
+      return -1;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.push_back(fd);
+    return fd;
+  }
+  void relay(int client) {
+    // The first query's type (1 byte) and what follows it (4 bytes): 2.x's
+    // VALIDATE is type 0 followed by its magic.
+    uint8_t first[5];
+    size_t got = 0;
+    while (got < sizeof(first)) {
+      const ssize_t n = ::read(client, first + got, sizeof(first) - got);
+      if (n <= 0) return;
+      got += static_cast<size_t>(n);
+    }
+    uint32_t magic;
+    std::memcpy(&magic, first + 1, sizeof(magic));
+    if (first[0] == 0 && magic == 0x3C85F7CE) {
+      ++refused_;
+      ::shutdown(client, SHUT_RDWR);
+      return;
+    }
+    const int server = connect_upstream();
+    if (server < 0 || ::write(server, first, sizeof(first)) != sizeof(first)) return;
+    pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
+    uint8_t buffer[64 * 1024];
+    while (::poll(fds, 2, -1) > 0) {
+      for (int i = 0; i < 2; ++i) {
+        if (fds[i].revents == 0) continue;
+        const ssize_t n = ::read(fds[i].fd, buffer, sizeof(buffer));
+        if (n <= 0 || ::write(fds[1 - i].fd, buffer, static_cast<size_t>(n)) != n) {
+          ::shutdown(client, SHUT_RDWR);
+          ::shutdown(server, SHUT_RDWR);
+          return;
+        }
+      }
+    }
+  }
+
+  const uint16_t upstream_;
+  int listener_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> refused_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<int> open_;  // every socket, shut down and closed at the end
+  std::vector<std::thread> relays_;
+};
 
 }  // namespace
 
@@ -207,6 +321,34 @@ TEST_CASE("our client speaks PyTorch 2.x's numbering to our server, and a timed-
   CHECK(store.add("x", 1) == 1);
   CHECK(store.add("x", 1) == 2);
   CHECK(server.num_connections() == 1);  // cancelled, not reconnected
+}
+
+TEST_CASE("against a server of PyTorch 1.13's numbering, our client falls back to it when "
+          "the server closes at the VALIDATE, and every operation works",
+          "[store][tcp]") {
+  TcpStoreServer server;
+  LegacyServer legacy(server.port());
+  TcpStoreOptions options;
+  options.timeout = 30s;
+  TcpStore store("127.0.0.1", legacy.port(), options);
+  CHECK_FALSE(store.server_speaks_torch2());
+  CHECK(legacy.refused() == 1);
+  store.set("a", "xyz");
+  CHECK(to_string(store.get("a")) == "xyz");
+  CHECK(store.add("n", 2) == 2);
+  CHECK(to_string(store.compare_set("cas", {}, to_bytes("v"))) == "v");
+  CHECK(store.check({"a", "cas"}));
+  CHECK(store.delete_key("cas"));
+  CHECK_FALSE(store.check({"cas"}));
+  CHECK(store.num_keys() >= 2);
+  CHECK_THROWS_AS(store.wait({"missing"}, 50ms), TimeoutError);
+  CHECK(store.add("n", 1) == 3);
+  // Our server took every query in 1.13's numbering: a key set through the
+  // relay is the key a 2.x client reads directly.
+  TcpStore direct("127.0.0.1", server.port(), options);
+  CHECK(direct.server_speaks_torch2());
+  CHECK(to_string(direct.get("a")) == "xyz");
+  CHECK(server.protocol_errors() == 0);
 }
 
 TEST_CASE("the in-process master serves several clients and stops with its owner",

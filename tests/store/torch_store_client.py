@@ -1,4 +1,4 @@
-"""A real PyTorch TCPStore client (1.13, or 2.x) against a server given on argv.
+"""A real PyTorch TCPStore client (PyTorch 2.x) against a server given on argv.
 
 Run by tcp_store_interop_test: exercises every operation PyTorch 1.13's
 Python TCPStore has (and, with PyTorch 2.x, multi_set, multi_get and append),

@@ -1,4 +1,4 @@
-"""A real PyTorch TCPStore master (1.13, or 2.x) for our C++ client to talk to.
+"""A real PyTorch TCPStore master (PyTorch 2.x) for our C++ client to talk to.
 
 Starts the server on an ephemeral port, prints `port=N`, sets a key for the
 C++ side, then waits (up to 60 s) for the C++ client's "cpp_done" key and
