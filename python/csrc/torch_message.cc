@@ -1,6 +1,8 @@
 #include "python/csrc/torch_message.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -92,6 +94,24 @@ void require_strided(const at::Tensor& tensor, size_t index) {
   }
 }
 
+// PIPE reads a CUDA tensor after the work queued on its device's default
+// stream (docs/pipe.md, "Streams"); torch's promise, as TensorPipe keeps
+// it, is the work queued on the caller's current stream. When they
+// differ, the default stream is made to wait for the current one (an event,
+// no host wait), so that a tensor written on a side stream is read only
+// once written.
+void order_after_current_stream(const at::Tensor& tensor) {
+  if (!tensor.is_cuda()) return;
+  const c10::Device device = tensor.device();
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
+  const c10::Stream current = impl->getStream(device);
+  const c10::Stream fallback = impl->getDefaultStream(device);
+  if (current == fallback) return;
+  c10::Event written(device.type());
+  written.record(current);
+  written.block(fallback);
+}
+
 Tensor to_switchboard(const at::Tensor& tensor, size_t index) {
   Device device;
   if (tensor.device().is_cuda()) {
@@ -154,6 +174,7 @@ rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
     put<uint8_t>(out.payload, static_cast<uint8_t>(t.dim()));
     for (int64_t size : t.sizes()) put<int64_t>(out.payload, size);
     for (int64_t stride : t.strides()) put<int64_t>(out.payload, stride);
+    order_after_current_stream(t);
     out.tensors.push_back(to_switchboard(t, i));
   }
   out.payload.insert(out.payload.end(), payload.begin(), payload.end());

@@ -18,6 +18,12 @@
 // torch's own pickle keeps them, and PIPE moves the bytes (the same-host
 // lane, device maps and CUDA channels included).
 //
+// CUDA streams: encode() orders PIPE's read of each CUDA tensor after the
+// work queued on the calling thread's current stream of its device (as
+// TensorPipe records it), without waiting on the host; a received tensor
+// is ready on every stream when decode() sees it (PIPE finishes its copies
+// first).
+//
 // Errors: encode() throws std::invalid_argument for a tensor Switchboard
 // cannot carry (a sparse or quantized one, a device other than CPU and
 // CUDA), naming it. decode() throws std::invalid_argument naming what is

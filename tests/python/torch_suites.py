@@ -1,16 +1,19 @@
 """PyTorch's own agent-agnostic RPC suites on SWITCHBOARD, and on TENSORPIPE in
 the same command.
 
-torch.testing._internal.distributed.rpc_utils.GENERIC_TESTS (PyTorch 1.13:
+torch.testing._internal.distributed.rpc_utils.GENERIC_TESTS (PyTorch 2.11:
 RpcTest, DistAutogradTest, JitRpcTest, RemoteModuleTest, DistOptimizerTest,
 JitDistAutogradTest, DdpUnderDistAutogradTest, DdpComparisonTest,
 ThreeWorkersRemoteModuleTest, ParameterServerTest,
-ReinforcementLearningRpcTest: 365 tests) are instantiated once per agent with
-generate_tests(), as PyTorch's own test_tensorpipe_agent.py does, with a
-fixture that names the backend and its options.
+ReinforcementLearningRpcTest: 366 tests), or with --suite cuda its
+GENERIC_CUDA_TESTS (CudaRpcTest, CudaDistAutogradTest, CudaRemoteModuleTest,
+CudaDdpComparisonTest: 9 tests; those that need more GPUs than the machine
+has skip themselves), are instantiated once per agent with generate_tests(),
+as PyTorch's own test_tensorpipe_agent.py does, with a fixture that names
+the backend and its options.
 
-  torch_suites.py [--backend switchboard|tensorpipe|both] [--subset] [-k TEXT]...
-                  [--list]
+  torch_suites.py [--backend switchboard|tensorpipe|both] [--suite generic|cuda]
+                  [--subset] [-k TEXT]... [--list]
 
 --subset runs the few tests of each class that tools/test runs (SUBSET below);
 -k keeps the tests whose id contains TEXT (any of them). Every test's result
@@ -33,6 +36,7 @@ from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture i
     TensorPipeRpcAgentTestFixture,
 )
 from torch.testing._internal.distributed.rpc_utils import (  # noqa: E402
+    GENERIC_CUDA_TESTS,
     GENERIC_TESTS,
     generate_tests,
 )
@@ -70,8 +74,10 @@ class SwitchboardRpcAgentTestFixture(RpcAgentTestFixture):
         return "RPC ran for more than"
 
 
-globals().update(generate_tests("Switchboard", SwitchboardRpcAgentTestFixture, GENERIC_TESTS, __name__))
-globals().update(generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture, GENERIC_TESTS, __name__))
+SUITES = {"generic": GENERIC_TESTS, "cuda": GENERIC_CUDA_TESTS}
+for _suite in SUITES.values():
+    globals().update(generate_tests("Switchboard", SwitchboardRpcAgentTestFixture, _suite, __name__))
+    globals().update(generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture, _suite, __name__))
 
 # A few tests of each class: calls, RRefs, errors, timeouts, shutdown,
 # autograd, the optimizer, TorchScript, RemoteModule, DDP. DdpComparisonTest
@@ -111,12 +117,12 @@ SUBSET = {
 BACKENDS = {"switchboard": "Switchboard", "tensorpipe": "TensorPipe"}
 
 
-def selected_tests(backends, subset, patterns):
+def selected_tests(backends, suite, subset, patterns):
     loader = unittest.TestLoader()
     tests = []
     for backend in backends:
         prefix = BACKENDS[backend]
-        for test_class in GENERIC_TESTS:
+        for test_class in SUITES[suite]:
             generated = globals()[prefix + test_class.__name__]
             names = loader.getTestCaseNames(generated)
             if subset:
@@ -132,12 +138,13 @@ def selected_tests(backends, subset, patterns):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=["switchboard", "tensorpipe", "both"], default="both")
+    parser.add_argument("--suite", choices=sorted(SUITES), default="generic")
     parser.add_argument("--subset", action="store_true")
     parser.add_argument("-k", action="append", default=[], dest="patterns")
     parser.add_argument("--list", action="store_true")
     args, _ = parser.parse_known_args()
     backends = ["switchboard", "tensorpipe"] if args.backend == "both" else [args.backend]
-    tests = selected_tests(backends, args.subset, args.patterns)
+    tests = selected_tests(backends, args.suite, args.subset, args.patterns)
     if args.list:
         for t in tests:
             print(t.id())
