@@ -4,9 +4,12 @@
 // TensorPipe does.
 //
 // Errors, by torch's exception type: c10::DistStoreError (what PyTorch 2.x's
-// stores throw when a wait or get runs out of time) becomes TimeoutError
-// naming the keys, c10::DistNetworkError ConnectionError, any other
-// c10::Error Error(kUnavailable), each with torch's message.
+// TCPStore and HashStore throw when a wait or get runs out of time) becomes
+// TimeoutError naming the keys, c10::DistNetworkError ConnectionError, any
+// other c10::Error Error(kUnavailable), each with torch's message. A wait
+// or get that fails after its whole timeout is a TimeoutError whatever
+// torch threw: PyTorch 2.11's FileStore (file://, what torch's own RPC tests
+// use) throws a plain c10::Error then.
 //
 // Thread safety: as the wrapped store (c10d's stores are thread-safe).
 #pragma once
