@@ -17,19 +17,33 @@
 using namespace switchboard;
 using namespace std::chrono_literals;
 
-TEST_CASE("a wait or get that runs out of time in torch's store is a TimeoutError naming the "
-          "keys",
-          "[torch][store]") {
-  auto torch_store = c10::make_intrusive<c10d::HashStore>();
+namespace {
+
+// Over `torch_store` (its timeout set to 50 ms): a wait and a get that run
+// out of time are TimeoutErrors naming the keys. Returns the wait's message.
+std::string require_timeouts(const c10::intrusive_ptr<c10d::Store>& torch_store) {
   torch_store->setTimeout(50ms);
   torch_rpc::TorchStore store(torch_store);
+  std::string message;
   try {
     store.wait({"never"}, 50ms);
     FAIL("wait returned for a key never set");
   } catch (const TimeoutError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("torch store wait of [never] timed out"));
+    message = e.what();
+    CHECK_THAT(message, Catch::Contains("torch store wait of [never] timed out"));
   }
   CHECK_THROWS_AS(store.get("missing"), TimeoutError);
+  store.set("k", to_bytes("v"));
+  store.wait({"k"}, 50ms);
+  return message;
+}
+
+}  // namespace
+
+TEST_CASE("a wait or get that runs out of time in torch's store is a TimeoutError naming the "
+          "keys",
+          "[torch][store]") {
+  require_timeouts(c10::make_intrusive<c10d::HashStore>());
 }
 
 TEST_CASE("a wait or get that runs out of time in torch's FileStore (file://) is a TimeoutError "
@@ -43,20 +57,8 @@ TEST_CASE("a wait or get that runs out of time in torch's FileStore (file://) is
   const int fd = ::mkstemp(path);
   REQUIRE(fd >= 0);
   ::close(fd);
-  {
-    auto torch_store = c10::make_intrusive<c10d::FileStore>(path, 1);
-    torch_store->setTimeout(50ms);
-    torch_rpc::TorchStore store(torch_store);
-    try {
-      store.wait({"never"}, 50ms);
-      FAIL("wait returned for a key never set");
-    } catch (const TimeoutError& e) {
-      CHECK_THAT(e.what(), Catch::Contains("torch store wait of [never] timed out after 50 ms"));
-    }
-    CHECK_THROWS_AS(store.get("missing"), TimeoutError);
-    store.set("k", to_bytes("v"));
-    store.wait({"k"}, 50ms);
-  }
+  CHECK_THAT(require_timeouts(c10::make_intrusive<c10d::FileStore>(path, 1)),
+             Catch::Contains("timed out after 50 ms"));
   ::unlink(path);
 }
 
