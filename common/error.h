@@ -99,6 +99,17 @@ class DuplicateNameError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A worker would join a static group (world_size given) through a store
+// that holds a dynamic one, or the other way round: the job's
+// configuration is wrong; typed so that callers can tell it from other bad
+// arguments without reading the message (the torch backend answers it in
+// TensorPipe's words: "RPC group mixes statically and dynamically
+// initialized members which is not supported.").
+class GroupKindMismatchError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 // A registry rejected a registration or lookup (duplicate or unknown name).
 class RegistryError : public Error {
  public:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/error.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
 
@@ -17,7 +18,7 @@ void claim_group_kind(Store& store, const std::string& worker, std::optional<int
   const Bytes found = store.compare_set("rpc/group_kind", {}, desired);
   if (found == desired) return;
   const std::string theirs(found.begin(), found.end());
-  throw std::invalid_argument(fmt::format(
+  throw GroupKindMismatchError(fmt::format(
       "init_rpc(\"{}\"): this worker would join a {} group{}, but its store holds a {} "
       "group; static (world_size given) and dynamic (no world_size) workers cannot form one "
       "group",

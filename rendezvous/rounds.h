@@ -31,7 +31,8 @@
 // function.
 //
 // Errors: what the store throws (ConnectionError, TimeoutError, ...);
-// claim_group_kind throws std::invalid_argument as documented there.
+// claim_group_kind throws GroupKindMismatchError (common/error.h, a
+// std::invalid_argument) as documented there.
 // Thread safety: the functions are safe to call from any thread; they
 // share nothing but the store (which serializes its own requests).
 #pragma once
@@ -59,7 +60,7 @@ struct Round {
 
 // One store hosts one kind of group: the first init_rpc over it records
 // "static" or "dynamic" (compare_set, so racing workers agree); a worker of
-// the other kind gets std::invalid_argument naming `worker` and both kinds.
+// the other kind gets GroupKindMismatchError naming `worker` and both kinds.
 void claim_group_kind(Store& store, const std::string& worker, std::optional<int> world_size);
 
 // The static group's round on a store that may host many runs, of any world

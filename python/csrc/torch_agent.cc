@@ -130,6 +130,11 @@ SwitchboardAgent::SwitchboardAgent(const c10::intrusive_ptr<c10d::Store>& store,
   } catch (const DuplicateNameError& e) {
     throw std::runtime_error(fmt::format(
         "SWITCHBOARD agent \"{}\": the worker name is not unique: {}", config_.name, e.what()));
+  } catch (const GroupKindMismatchError& e) {
+    throw std::runtime_error(fmt::format(
+        "SWITCHBOARD agent \"{}\": RPC group mixes statically and dynamically initialized "
+        "members which is not supported. {}",
+        config_.name, e.what()));
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("SWITCHBOARD agent \"{}\": {}", config_.name, e.what()));
   }

@@ -178,6 +178,30 @@ def _dynamic_worker(rank, init, events):
         w1_left.set()
 
 
+def _mixed_worker(rank, init, events):
+    static_up, refused = events
+    options = _options(init)
+    if rank == 0:
+        rpc.init_rpc("w0", rank=0, world_size=1, backend=rpc.BackendType.SWITCHBOARD,
+                     rpc_backend_options=options)
+        static_up.set()
+        assert refused.wait(60)
+        rpc.shutdown()
+    else:
+        assert static_up.wait(60)
+        try:
+            rpc.init_rpc("w1", rank=1, backend=rpc.BackendType.SWITCHBOARD,
+                         rpc_backend_options=options)
+            raise AssertionError("a dynamic worker joined a static group")
+        except RuntimeError as e:
+            # TensorPipe's words (torch's own test_dynamic_and_static_init_rpc_together).
+            assert ("RPC group mixes statically and dynamically initialized members which is "
+                    "not supported.") in str(e), str(e)
+            assert "holds a static group" in str(e), str(e)
+        finally:
+            refused.set()
+
+
 def _free_port():
     import socket
     with socket.socket() as s:
@@ -264,6 +288,12 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
         events = tuple(ctx.Event() for _ in range(4))
         init = f"tcp://127.0.0.1:{_free_port()}"
         mp.spawn(_dynamic_worker, args=(init, events), nprocs=2, join=True)
+
+    def test_a_dynamic_worker_is_refused_by_a_static_group_in_tensorpipes_words(self):
+        ctx = mp.get_context("spawn")
+        events = (ctx.Event(), ctx.Event())
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        mp.spawn(_mixed_worker, args=(init, events), nprocs=2, join=True)
 
     def test_a_group_of_one_calls_itself(self):
         with tempfile.TemporaryDirectory() as tmp:

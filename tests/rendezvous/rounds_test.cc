@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/error.h"
 #include "store/hash_store.h"
 
 using namespace switchboard;
@@ -86,6 +87,10 @@ TEST_CASE("one store hosts one kind of group: the second kind is refused, naming
   rendezvous::claim_group_kind(other, "d0", std::nullopt);
   CHECK_THROWS_WITH(rendezvous::claim_group_kind(other, "s0", 2),
                     Contains("static group (world_size 2)") && Contains("holds a dynamic group"));
+  // Typed, so that the torch backend answers it in TensorPipe's words.
+  CHECK_THROWS_AS(rendezvous::claim_group_kind(other, "s1", 3), GroupKindMismatchError);
+  CHECK_THROWS_AS(rendezvous::claim_group_kind(store, "d1", std::nullopt),
+                  GroupKindMismatchError);
 }
 
 TEST_CASE("an agent's store and a prefix of the job's store see only their own keys",
