@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <string>
+#include <vector>
 
 #include "common/check.h"
 #include "common/error.h"
+#include "store/call_bound.h"
 
 namespace switchboard::rendezvous {
 
@@ -36,10 +39,31 @@ uint64_t parse_count(const Bytes& bytes, const std::string& key) {
   return value;
 }
 
-// Waits until every rank's key of a round is in the store; throws as the
-// header says when the deadline passes or a rank is gone.
+// The ranks a wait has found gone, and how, kept across its rounds: the
+// others go on without them, and the wait fails naming them once the rest
+// of the group is quiet (quiet_group.h).
+struct Gone {
+  explicit Gone(size_t world) : out(world, false) {}
+  std::vector<bool> out;          // by rank
+  std::vector<int> ranks;         // in the order they were found
+  std::vector<std::string> how;   // "\"w2\" shut down", ...
+  bool all_shut_down = true;
+
+  bool any() const { return !ranks.empty(); }
+  std::vector<std::string> live_keys(const std::vector<std::string>& keys) const {
+    std::vector<std::string> live;
+    for (size_t r = 0; r < keys.size(); ++r) {
+      if (!out[r]) live.push_back(keys[r]);
+    }
+    return live;
+  }
+};
+
+// Waits until the key of every rank not gone is in the store; a missing
+// rank that `group.gone` reports gone joins `gone` instead. Throws as the
+// header says when the deadline passes or this worker shut down.
 void wait_for_round(const QuietGroup& group, const std::vector<std::string>& keys,
-                    std::optional<Clock::time_point> deadline) {
+                    std::optional<Clock::time_point> deadline, Gone& gone) {
   for (;;) {
     auto slice = kGoneCheckInterval;
     if (deadline) {
@@ -48,13 +72,13 @@ void wait_for_round(const QuietGroup& group, const std::vector<std::string>& key
       slice = std::clamp(left, std::chrono::milliseconds(1), slice);
     }
     try {
-      group.store->wait(keys, slice);
+      group.store->wait(gone.live_keys(keys), slice);
       return;
     } catch (const TimeoutError&) {
     }
     std::vector<int> missing;
     for (size_t r = 0; r < keys.size(); ++r) {
-      if (!group.store->check({keys[r]})) missing.push_back(static_cast<int>(r));
+      if (!gone.out[r] && !group.store->check({keys[r]})) missing.push_back(static_cast<int>(r));
     }
     if (missing.empty()) return;
     if (group.calls->closed()) {
@@ -63,24 +87,19 @@ void wait_for_round(const QuietGroup& group, const std::vector<std::string>& key
                               group.calls->agent_name()));
     }
     if (group.gone) {
-      std::vector<int> gone;
-      std::vector<std::string> how;
-      bool all_shut_down = true;
+      std::vector<int> still;
       for (int r : missing) {
         if (std::optional<std::string> h = group.gone(r)) {
-          gone.push_back(r);
-          how.push_back(fmt::format("\"{}\" {}", group.names[r], *h));
-          all_shut_down &= *h == "shut down";
+          gone.out[r] = true;
+          gone.ranks.push_back(r);
+          gone.how.push_back(fmt::format("\"{}\" {}", group.names[r], *h));
+          gone.all_shut_down &= *h == "shut down";
+        } else {
+          still.push_back(r);
         }
       }
-      if (!gone.empty()) {
-        throw ConnectionError(
-            all_shut_down
-                ? fmt::format("{}: workers {} shut down without joining", group.who,
-                              quoted_names(group, gone))
-                : fmt::format("{}: workers {} are gone without joining ({})", group.who,
-                              quoted_names(group, gone), fmt::join(how, "; ")));
-      }
+      if (still.empty()) return;
+      missing = std::move(still);
     }
     if (deadline && Clock::now() >= *deadline) {
       throw TimeoutError(fmt::format("{}: timed out after {} ms waiting for workers {} to join",
@@ -96,7 +115,7 @@ void wait_for_round(const QuietGroup& group, const std::vector<std::string>& key
 // first, it would fail the others' last reads of the round. The others'
 // key here is their last store call of the join.
 void leave_after_all_read(const QuietGroup& group, int round,
-                          std::optional<Clock::time_point> deadline) {
+                          std::optional<Clock::time_point> deadline, Gone& gone) {
   const int world = static_cast<int>(group.names.size());
   if (world == 1) return;
   std::vector<std::string> keys;
@@ -106,7 +125,7 @@ void leave_after_all_read(const QuietGroup& group, int round,
   group.store->set(keys[group.rank], "1");
   if (group.rank != 0) return;
   try {
-    wait_for_round(group, keys, deadline);
+    wait_for_round(group, keys, deadline, gone);
   } catch (const std::exception& e) {
     // The group was quiet: this is only about leaving last.
     spdlog::debug("{}: not every worker said it read the last round: {}", group.who, e.what());
@@ -122,7 +141,14 @@ int wait_for_quiet_group(const QuietGroup& group) {
              group.timeout.count());
   const int world = static_cast<int>(group.names.size());
   std::optional<Clock::time_point> deadline;
-  if (group.timeout.count() > 0) deadline = Clock::now() + group.timeout;
+  // Every store call of the wait ends by its deadline too: a store whose
+  // server went away is given up on then, not after the store's timeout.
+  std::optional<StoreCallBound> bound;
+  if (group.timeout.count() > 0) {
+    deadline = Clock::now() + group.timeout;
+    bound.emplace(*deadline);
+  }
+  Gone gone(group.names.size());
   uint64_t reported_started = group.calls->activity().started;
   for (int round = 1;; ++round) {
     // This worker first: its own calls and requests.
@@ -145,18 +171,31 @@ int wait_for_quiet_group(const QuietGroup& group) {
     std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) keys.push_back(fmt::format("{}{}/{}", group.prefix, round, r));
     group.store->set(keys[group.rank], std::to_string(activity));
-    wait_for_round(group, keys, deadline);
+    wait_for_round(group, keys, deadline, gone);
     // Every rank has read the previous round before writing this one.
     if (round > 1) {
       group.store->delete_key(fmt::format("{}{}/{}", group.prefix, round - 1, group.rank));
     }
-    const std::vector<Bytes> values = group.store->multi_get(keys);
-    std::vector<int> busy;
+    std::vector<int> live;
     for (int r = 0; r < world; ++r) {
-      if (parse_count(values[r], keys[r]) > 0) busy.push_back(r);
+      if (!gone.out[r]) live.push_back(r);
+    }
+    const std::vector<Bytes> values = group.store->multi_get(gone.live_keys(keys));
+    std::vector<int> busy;
+    for (size_t i = 0; i < live.size(); ++i) {
+      if (parse_count(values[i], keys[live[i]]) > 0) busy.push_back(live[i]);
     }
     if (busy.empty()) {
-      leave_after_all_read(group, round, deadline);
+      leave_after_all_read(group, round, deadline, gone);
+      if (gone.any()) {
+        // The rest of the group is quiet and may stop: now say who is missing.
+        throw ConnectionError(
+            gone.all_shut_down
+                ? fmt::format("{}: workers {} shut down without joining", group.who,
+                              quoted_names(group, gone.ranks))
+                : fmt::format("{}: workers {} are gone without joining ({})", group.who,
+                              quoted_names(group, gone.ranks), fmt::join(gone.how, "; ")));
+      }
       return round;
     }
     if (deadline && Clock::now() >= *deadline) {

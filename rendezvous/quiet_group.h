@@ -24,12 +24,21 @@
 // (an in-process TcpStore server), and leaving first it would fail the
 // others' last reads.
 //
+// A worker that is gone (`gone` says so while it is awaited) is left out of
+// the rounds from then on: the workers still there go on until they are
+// quiet among themselves, so that none stops while another still calls it,
+// and then every one of them fails, naming the workers that are gone.
+// The timeout bounds every store call of the wait as well
+// (store/call_bound.h): a store whose server went away fails the wait by
+// then.
+//
 // Errors, each naming `who` and, where it applies, the workers:
 //   TimeoutError after `timeout` (0: none): this worker still had calls in
 //     flight or requests being handled; or workers did not report (named);
 //     or the group was still busy (the workers still at work named);
-//   ConnectionError: workers that `gone` reports gone (shut down without
-//     joining, lost) before they reported;
+//   ConnectionError: workers that `gone` reported gone (shut down without
+//     joining, lost) before they reported, once the others were quiet; or
+//     the store could not be reached;
 //   Error(kCancelled): this worker's table was closed meanwhile.
 // Thread safety: one call per worker at a time (join() is serialized).
 #pragma once

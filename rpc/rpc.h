@@ -208,7 +208,8 @@ class RpcContext {
   // Graceful, static group: waits (the agent's join()) until the whole
   // group is quiet: no worker has calls outstanding or will make more
   // (rendezvous/quiet_group.h), then stops; a failing wait (TimeoutError;
-  // ConnectionError for workers that shut down without joining) still
+  // ConnectionError for workers that shut down without joining or were
+  // lost, raised once the workers left are quiet among themselves) still
   // stops this worker, then rethrows. Graceful, dynamic group: leaves
   // (takes the membership token, says goodbye, finishes its calls in
   // flight). Ungraceful: stops at once, failing pending futures with

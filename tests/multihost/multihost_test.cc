@@ -447,6 +447,12 @@ TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout
     const size_t after = out[r].rfind(" after ");
     const int ms = std::stoi(out[r].substr(after + 7));
     CHECK(ms <= kShutdownBoundMs + 3000);
+    // Both wait for each other (the one that hosts the store does not leave
+    // the other without it), then fail naming the lost worker.
+    CHECK_THAT(out[r].substr(at), Catch::StartsWith(fmt::format(
+                                      "graceful shutdown failed (join on rpc worker \"w{}\": "
+                                      "workers [\"w2\"] are gone without joining",
+                                      r)));
   }
   CHECK_THAT(out[2], Catch::Contains("stopped"));
 }

@@ -50,8 +50,9 @@ enum class Limitation {
   // joining").
   kJoinNamesMissingWorkers,
   // join() cannot tell that a worker shut down without joining: it waits
-  // until its timeout (the cases "join fails at once with ConnectionError
-  // when a worker shut down without joining" and the one naming them).
+  // until its timeout (the cases "join fails with ConnectionError, once the
+  // workers left have met, when a worker shut down without joining" and the
+  // one naming them).
   kJoinSeesWorkersThatShutDown,
   // The per-peer metrics cannot tell that a peer shut down: its entry
   // stays "connected" (case "per-peer metrics count an echo ...").

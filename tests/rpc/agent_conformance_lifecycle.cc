@@ -219,7 +219,8 @@ std::vector<std::exception_ptr> join_after_w2_shut_down() {
   return errors;
 }
 
-TEST_CASE("join fails at once with ConnectionError when a worker shut down without joining",
+TEST_CASE("join fails with ConnectionError, once the workers left have met, when a worker "
+          "shut down without joining",
           "[agent][join][shutdown]") {
   if (skipped_unless_workers(3) || skipped_for(Limitation::kJoinSeesWorkersThatShutDown)) {
     return;
