@@ -84,13 +84,16 @@ at::Tensor travelling(const at::Tensor& tensor) {
 }
 
 // Throws std::invalid_argument, naming tensor `index`, for a layout that
-// has no flat bytes to send.
-void require_strided(const at::Tensor& tensor, size_t index) {
-  if (tensor.is_sparse() || tensor.is_quantized() || tensor.is_mkldnn()) {
+// has no flat bytes to send and no encoding here (sparse COO has one: its
+// indices and values).
+void require_carried(const at::Tensor& tensor, size_t index) {
+  if (tensor.layout() == c10::kSparse) return;
+  if (tensor.layout() != c10::kStrided || tensor.is_quantized() || tensor.is_mkldnn()) {
     throw std::invalid_argument(fmt::format(
-        "torch message: tensor {} ({}) has a layout Switchboard does not carry (sparse, "
-        "quantized and MKL-DNN tensors are not supported)",
-        index, tensor.toString()));
+        "torch message: tensor {} ({}, layout {}) has a layout Switchboard does not carry "
+        "(strided and sparse COO tensors are carried; sparse CSR/CSC/BSR/BSC, quantized and "
+        "MKL-DNN tensors are not)",
+        index, tensor.toString(), c10::str(tensor.layout())));
   }
 }
 
@@ -148,6 +151,47 @@ at::Tensor to_torch(const Tensor& tensor, c10::ScalarType dtype,
 
 }  // namespace
 
+namespace {
+
+// One strided tensor's entry (dtype, flags, ndim, sizes, strides) and its
+// Switchboard tensor.
+void encode_strided(const at::Tensor& tensor, uint8_t flags, size_t index, rpc::Message& out) {
+  const at::Tensor t = travelling(tensor);
+  if (t.dim() > kMaxDims) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: tensor {} has {} dimensions, more than {}", index, t.dim(), kMaxDims));
+  }
+  put<int8_t>(out.payload, static_cast<int8_t>(t.scalar_type()));
+  put<uint8_t>(out.payload, flags);
+  put<uint8_t>(out.payload, static_cast<uint8_t>(t.dim()));
+  for (int64_t size : t.sizes()) put<int64_t>(out.payload, size);
+  for (int64_t stride : t.strides()) put<int64_t>(out.payload, stride);
+  order_after_current_stream(t);
+  out.tensors.push_back(to_switchboard(t, index));
+}
+
+// A sparse COO tensor's entry (values' dtype, flags with kSparseCoo, ndim,
+// sizes), then its indices' and its values' strided entries.
+void encode_sparse_coo(const at::Tensor& tensor, size_t index, rpc::Message& out) {
+  if (tensor.dim() > kMaxDims) {
+    throw std::invalid_argument(fmt::format("torch message: tensor {} has {} dimensions, more "
+                                            "than {}",
+                                            index, tensor.dim(), kMaxDims));
+  }
+  uint8_t flags = kSparseCoo;
+  if (tensor.requires_grad()) flags |= kRequiresGrad;
+  if (tensor.is_coalesced()) flags |= kCoalesced;
+  put<int8_t>(out.payload, static_cast<int8_t>(tensor.scalar_type()));
+  put<uint8_t>(out.payload, flags);
+  put<uint8_t>(out.payload, static_cast<uint8_t>(tensor.dim()));
+  for (int64_t size : tensor.sizes()) put<int64_t>(out.payload, size);
+  const at::Tensor plain = tensor.detach();
+  encode_strided(plain._indices(), 0, index, out);
+  encode_strided(plain._values(), 0, index, out);
+}
+
+}  // namespace
+
 rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
   rpc::Message out;
   out.type = type;
@@ -163,23 +207,132 @@ rpc::Message encode(const trpc::Message& m, rpc::MessageType type) {
   put<uint32_t>(out.payload, static_cast<uint32_t>(tensors.size()));
   out.tensors.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
-    require_strided(tensors[i], i);
-    const at::Tensor t = travelling(tensors[i]);
-    if (t.dim() > kMaxDims) {
-      throw std::invalid_argument(fmt::format(
-          "torch message: tensor {} has {} dimensions, more than {}", i, t.dim(), kMaxDims));
+    require_carried(tensors[i], i);
+    if (tensors[i].layout() == c10::kSparse) {
+      encode_sparse_coo(tensors[i], i, out);
+    } else {
+      encode_strided(tensors[i], tensors[i].requires_grad() ? kRequiresGrad : 0, i, out);
     }
-    put<int8_t>(out.payload, static_cast<int8_t>(t.scalar_type()));
-    put<uint8_t>(out.payload, tensors[i].requires_grad() ? kRequiresGrad : 0);
-    put<uint8_t>(out.payload, static_cast<uint8_t>(t.dim()));
-    for (int64_t size : t.sizes()) put<int64_t>(out.payload, size);
-    for (int64_t stride : t.strides()) put<int64_t>(out.payload, stride);
-    order_after_current_stream(t);
-    out.tensors.push_back(to_switchboard(t, i));
   }
   out.payload.insert(out.payload.end(), payload.begin(), payload.end());
   return out;
 }
+
+namespace {
+
+// Reads the Switchboard tensors of a message in order, never past the last.
+class TensorCursor {
+ public:
+  explicit TensorCursor(const std::vector<Tensor>& tensors) : tensors_(tensors) {}
+  const Tensor* next() { return at_ < tensors_.size() ? &tensors_[at_++] : nullptr; }
+  size_t taken() const { return at_; }
+  size_t size() const { return tensors_.size(); }
+
+ private:
+  const std::vector<Tensor>& tensors_;
+  size_t at_ = 0;
+};
+
+c10::ScalarType read_dtype(Reader& in, size_t index) {
+  const auto raw_dtype = in.take<int8_t>("dtype");
+  if (raw_dtype < 0 || raw_dtype >= static_cast<int8_t>(c10::ScalarType::NumOptions) ||
+      raw_dtype == static_cast<int8_t>(c10::ScalarType::Undefined)) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: tensor {} has dtype {}, not one of torch's", index,
+        static_cast<int>(raw_dtype)));
+  }
+  return static_cast<c10::ScalarType>(raw_dtype);
+}
+
+std::vector<int64_t> read_dims(Reader& in, size_t ndim, const char* what, size_t index) {
+  std::vector<int64_t> dims(ndim);
+  for (auto& d : dims) {
+    d = in.take<int64_t>(what);
+    if (d < 0) {
+      throw std::invalid_argument(
+          fmt::format("torch message: tensor {} has a negative {} entry {}", index, what, d));
+    }
+  }
+  return dims;
+}
+
+uint8_t read_ndim(Reader& in, size_t index) {
+  const auto ndim = in.take<uint8_t>("dimension count");
+  if (ndim > kMaxDims) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: tensor {} has {} dimensions, more than {}", index, ndim, kMaxDims));
+  }
+  return ndim;
+}
+
+// The rest of a strided entry (its dtype and flags read): sizes, strides,
+// checked against the next Switchboard tensor's bytes.
+at::Tensor decode_strided(Reader& in, c10::ScalarType dtype, TensorCursor& cursor,
+                          size_t index) {
+  const uint8_t ndim = read_ndim(in, index);
+  const std::vector<int64_t> sizes = read_dims(in, ndim, "sizes", index);
+  const std::vector<int64_t> strides = read_dims(in, ndim, "strides", index);
+  // The bytes the view spans, checked against the bytes that came: no
+  // overflow (max stands for "more than any message").
+  const uint64_t elements = span_elements(sizes, strides);
+  const uint64_t bytes = elements > std::numeric_limits<uint64_t>::max() / 16
+                             ? std::numeric_limits<uint64_t>::max()
+                             : elements * c10::elementSize(dtype);
+  const Tensor* t = cursor.next();
+  if (t == nullptr) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: tensor {} needs one more Switchboard tensor than the {} that came",
+        index, cursor.size()));
+  }
+  if (!t->defined() || t->dtype() != DType::kUInt8 || t->dim() != 1 ||
+      static_cast<uint64_t>(t->nbytes()) != bytes || !t->is_contiguous()) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: tensor {} is {} of shape [{}] and strides [{}]: {} bytes, but {} "
+        "came ({})",
+        index, c10::toString(dtype), fmt::join(sizes, ", "), fmt::join(strides, ", "), bytes,
+        t->defined() ? t->nbytes() : 0, t->describe()));
+  }
+  return to_torch(*t, dtype, sizes, strides);
+}
+
+// A sparse COO entry (its dtype and flags read): sizes, then the indices'
+// and the values' strided entries, checked as torch checks a
+// sparse_coo_tensor's arguments (indices in bounds, shapes that agree).
+at::Tensor decode_sparse_coo(Reader& in, c10::ScalarType dtype, uint8_t flags,
+                             TensorCursor& cursor, size_t index) {
+  const uint8_t ndim = read_ndim(in, index);
+  const std::vector<int64_t> sizes = read_dims(in, ndim, "sizes", index);
+  at::Tensor parts[2];
+  for (at::Tensor& part : parts) {
+    const c10::ScalarType part_dtype = read_dtype(in, index);
+    const auto part_flags = in.take<uint8_t>("flags");
+    if (part_flags != 0) {
+      throw std::invalid_argument(fmt::format(
+          "torch message: sparse tensor {}: a part has flags {:#x}", index, part_flags));
+    }
+    part = decode_strided(in, part_dtype, cursor, index);
+  }
+  const at::Tensor& indices = parts[0];
+  const at::Tensor& values = parts[1];
+  if (indices.scalar_type() != c10::kLong || values.scalar_type() != dtype) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: sparse tensor {} of {} has indices of {} and values of {}", index,
+        c10::toString(dtype), c10::toString(indices.scalar_type()),
+        c10::toString(values.scalar_type())));
+  }
+  const bool coalesced = (flags & kCoalesced) != 0;
+  try {
+    at::_validate_sparse_coo_tensor_args(indices, values, sizes);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: sparse tensor {} of size [{}]: {}", index, fmt::join(sizes, ", "),
+        e.what()));
+  }
+  return at::_sparse_coo_tensor_unsafe(indices, values, sizes,
+                                       values.options().layout(c10::kSparse), coalesced);
+}
+
+}  // namespace
 
 c10::intrusive_ptr<trpc::Message> decode(const rpc::Message& m, int64_t id) {
   Reader in(m.payload);
@@ -190,65 +343,31 @@ c10::intrusive_ptr<trpc::Message> decode(const rpc::Message& m, int64_t id) {
   }
   const auto type = in.take<int32_t>("message type");
   const auto count = in.take<uint32_t>("tensor count");
-  if (count != m.tensors.size()) {
+  if (count > m.tensors.size()) {
     throw std::invalid_argument(fmt::format(
         "torch message: the header names {} tensors, {} came", count, m.tensors.size()));
   }
   std::vector<at::Tensor> tensors;
   tensors.reserve(count);
+  TensorCursor cursor(m.tensors);
   for (uint32_t i = 0; i < count; ++i) {
-    const auto raw_dtype = in.take<int8_t>("dtype");
-    if (raw_dtype < 0 || raw_dtype >= static_cast<int8_t>(c10::ScalarType::NumOptions) ||
-        raw_dtype == static_cast<int8_t>(c10::ScalarType::Undefined)) {
-      throw std::invalid_argument(
-          fmt::format("torch message: tensor {} has dtype {}, not one of torch's", i,
-                      static_cast<int>(raw_dtype)));
-    }
-    const auto dtype = static_cast<c10::ScalarType>(raw_dtype);
+    const c10::ScalarType dtype = read_dtype(in, i);
     const auto flags = in.take<uint8_t>("flags");
-    if ((flags & ~kRequiresGrad) != 0) {
+    if ((flags & ~(kRequiresGrad | kSparseCoo | kCoalesced)) != 0 ||
+        ((flags & kCoalesced) != 0 && (flags & kSparseCoo) == 0)) {
       throw std::invalid_argument(
           fmt::format("torch message: tensor {} has unknown flags {:#x}", i, flags));
     }
-    const auto ndim = in.take<uint8_t>("dimension count");
-    if (ndim > kMaxDims) {
-      throw std::invalid_argument(fmt::format(
-          "torch message: tensor {} has {} dimensions, more than {}", i, ndim, kMaxDims));
-    }
-    std::vector<int64_t> sizes(ndim), strides(ndim);
-    for (auto& size : sizes) {
-      size = in.take<int64_t>("sizes");
-      if (size < 0) {
-        throw std::invalid_argument(
-            fmt::format("torch message: tensor {} has a negative size {}", i, size));
-      }
-    }
-    for (auto& stride : strides) {
-      stride = in.take<int64_t>("strides");
-      if (stride < 0) {
-        throw std::invalid_argument(
-            fmt::format("torch message: tensor {} has a negative stride {}", i, stride));
-      }
-    }
-    // The bytes the view spans, checked against the bytes that came: no
-    // overflow (max stands for "more than any message").
-    const uint64_t elements = span_elements(sizes, strides);
-    const uint64_t bytes = elements > std::numeric_limits<uint64_t>::max() / 16
-                               ? std::numeric_limits<uint64_t>::max()
-                               : elements * c10::elementSize(dtype);
-    const Tensor& t = m.tensors[i];
-    if (!t.defined() || t.dtype() != DType::kUInt8 || t.dim() != 1 ||
-        static_cast<uint64_t>(t.nbytes()) != bytes || !t.is_contiguous()) {
-      throw std::invalid_argument(fmt::format(
-          "torch message: tensor {} is {} of shape [{}] and strides [{}]: {} bytes, but {} "
-          "came ({})",
-          i, c10::toString(dtype), fmt::join(sizes, ", "), fmt::join(strides, ", "), bytes,
-          t.defined() ? t.nbytes() : 0, t.describe()));
-    }
-    tensors.push_back(to_torch(t, dtype, sizes, strides));
+    tensors.push_back((flags & kSparseCoo) != 0 ? decode_sparse_coo(in, dtype, flags, cursor, i)
+                                                : decode_strided(in, dtype, cursor, i));
     // What torch's own pickle of the tensor list keeps: distributed autograd
     // attaches its RecvRpcBackward to the received tensors that need grad.
     if ((flags & kRequiresGrad) != 0) tensors.back().set_requires_grad(true);
+  }
+  if (cursor.taken() != m.tensors.size()) {
+    throw std::invalid_argument(fmt::format(
+        "torch message: the header's {} tensors take {} Switchboard tensors, {} came", count,
+        cursor.taken(), m.tensors.size()));
   }
   std::vector<char> payload(m.payload.begin() + static_cast<std::ptrdiff_t>(in.at()),
                             m.payload.end());

@@ -143,9 +143,111 @@ TEST_CASE("a view that spans much more than its elements goes as a compact copy"
 
 TEST_CASE("tensors Switchboard cannot carry are refused at encode, naming them",
           "[torch_rpc][codec]") {
-  std::vector<at::Tensor> tensors = {at::ones({2}), at::ones({3, 3}).to_sparse()};
-  auto m = c10::make_intrusive<trpc::Message>(std::vector<char>{}, std::move(tensors),
+  const at::Tensor csr = at::ones({3, 3}).to_sparse_csr();
+  const at::Tensor quantized = at::quantize_per_tensor(at::ones({4}), 0.1, 0, at::kQUInt8);
+  for (const at::Tensor& bad : {csr, quantized}) {
+    INFO(bad.toString());
+    std::vector<at::Tensor> tensors = {at::ones({2}), bad};
+    auto m = c10::make_intrusive<trpc::Message>(std::vector<char>{}, std::move(tensors),
+                                                trpc::MessageType::PYTHON_CALL, 0);
+    CHECK_THROWS_WITH(torch_rpc::encode(*m, rpc::MessageType::kRequest),
+                      Contains("tensor 1") && Contains("does not carry"));
+  }
+}
+
+namespace {
+
+// A 4 x 3 x 2 sparse COO tensor (two sparse dims, one dense), its indices
+// not coalesced (one repeated, out of order) unless `coalesce`.
+at::Tensor sparse_sample(bool coalesce) {
+  const at::Tensor indices = at::tensor({2, 0, 2, 1, 2, 1}, at::kLong).reshape({2, 3});
+  const at::Tensor values = at::arange(6, at::kFloat).reshape({3, 2});
+  at::Tensor t = at::sparse_coo_tensor(indices, values, {4, 3, 2});
+  return coalesce ? t.coalesce() : t;
+}
+
+rpc::Message sparse_wire(const at::Tensor& t) {
+  std::vector<at::Tensor> tensors = {at::ones({2}), t};
+  auto m = c10::make_intrusive<trpc::Message>(std::vector<char>{'x'}, std::move(tensors),
                                               trpc::MessageType::PYTHON_CALL, 0);
-  CHECK_THROWS_WITH(torch_rpc::encode(*m, rpc::MessageType::kRequest),
-                    Contains("tensor 1") && Contains("sparse"));
+  return torch_rpc::encode(*m, rpc::MessageType::kRequest);
+}
+
+// Where the sparse tensor's parts start in sparse_wire()'s payload: after
+// the dense tensor (3 + 16 bytes) and the sparse header (3 + 3 * 8).
+constexpr size_t kSparseIndices = kFirstTensor + 3 + 16 + 3 + 24;
+constexpr size_t kSparseValues = kSparseIndices + 3 + 32;
+
+}  // namespace
+
+TEST_CASE("a sparse COO tensor crosses as its indices and values, coalesced or not, grad "
+          "flag kept",
+          "[torch_rpc][codec][sparse]") {
+  for (bool coalesce : {false, true}) {
+    INFO("coalesced " << coalesce);
+    at::Tensor original = sparse_sample(coalesce);
+    original.set_requires_grad(true);
+    const rpc::Message wire = sparse_wire(original);
+    REQUIRE(wire.tensors.size() == 3);  // the dense one, indices, values
+    const auto back = torch_rpc::decode(wire, 7);
+    REQUIRE(back->tensors().size() == 2);
+    const at::Tensor& got = back->tensors()[1];
+    CHECK(got.is_sparse());
+    CHECK(got.sizes() == original.sizes());
+    CHECK(got.sparse_dim() == 2);
+    CHECK(got.dense_dim() == 1);
+    CHECK(got.is_coalesced() == coalesce);
+    CHECK(got.requires_grad());
+    CHECK(at::equal(got._indices(), original._indices()));
+    CHECK(at::equal(got._values(), original._values().detach()));
+    CHECK(at::equal(got.to_dense(), original.detach().to_dense()));
+    CHECK(std::string(back->payload().begin(), back->payload().end()) == "x");
+  }
+}
+
+TEST_CASE("a sparse tensor from the network whose parts disagree, or whose indices fall "
+          "outside it, is refused with the reason",
+          "[torch_rpc][codec][sparse][hostile]") {
+  const rpc::Message good = sparse_wire(sparse_sample(false));
+  auto refused = [](const rpc::Message& m, const std::string& why) {
+    CHECK_THROWS_WITH(torch_rpc::decode(m, 1), Contains(why));
+  };
+  SECTION("an index past the size") {
+    rpc::Message m = good;
+    const std::vector<int64_t> indices = {2, 0, 9, 1, 2, 1};  // row 0: 2, 0, 9
+    std::vector<uint8_t> bytes(indices.size() * sizeof(int64_t));
+    std::memcpy(bytes.data(), indices.data(), bytes.size());
+    m.tensors[1] = Tensor::from_vector(bytes);
+    refused(m, "sparse tensor 1 of size [4, 3, 2]");
+  }
+  SECTION("indices that are not int64") {
+    rpc::Message m = good;
+    m.payload[kSparseIndices] = static_cast<char>(c10::ScalarType::Int);
+    m.tensors[1] = Tensor::zeros({24}, DType::kUInt8);
+    refused(m, "indices of Int");
+  }
+  SECTION("values of another dtype than the header's") {
+    rpc::Message m = good;
+    m.payload[kSparseValues] = static_cast<char>(c10::ScalarType::Int);
+    m.tensors[2] = Tensor::zeros({24}, DType::kUInt8);
+    refused(m, "values of Int");
+  }
+  SECTION("a part that is missing") {
+    rpc::Message m = good;
+    m.tensors.pop_back();
+    refused(m, "needs one more Switchboard tensor than the 2 that came");
+  }
+  SECTION("a Switchboard tensor left over") {
+    rpc::Message m = good;
+    m.tensors.push_back(Tensor::zeros({4}, DType::kUInt8));
+    refused(m, "take 3 Switchboard tensors, 4 came");
+  }
+  SECTION("flags on a part, or kCoalesced on a strided tensor") {
+    rpc::Message m = good;
+    m.payload[kSparseIndices + 1] = torch_rpc::kRequiresGrad;
+    refused(m, "a part has flags 0x1");
+    m = good;
+    m.payload[kFirstTensor + 1] = torch_rpc::kCoalesced;
+    refused(m, "unknown flags 0x4");
+  }
 }

@@ -8,11 +8,15 @@ ThreeWorkersRemoteModuleTest, ParameterServerTest,
 ReinforcementLearningRpcTest: 366 tests), or with --suite cuda its
 GENERIC_CUDA_TESTS (CudaRpcTest, CudaDistAutogradTest, CudaRemoteModuleTest,
 CudaDdpComparisonTest: 9 tests; those that need more GPUs than the machine
-has skip themselves), are instantiated once per agent with generate_tests(),
+has skip themselves), or with --suite tensorpipe the TENSORPIPE_TESTS that
+test behaviour rather than TensorPipe's options (TensorPipeAgentRpcTest,
+TensorPipeAgentDistAutogradTest less TENSORPIPE_OPTIONS_TESTS below: dynamic
+groups, RRef timeouts, sparse tensors), are instantiated once per agent with generate_tests(),
 as PyTorch's own test_tensorpipe_agent.py does, with a fixture that names
 the backend and its options.
 
-  torch_suites.py [--backend switchboard|tensorpipe|both] [--suite generic|cuda]
+  torch_suites.py [--backend switchboard|tensorpipe|both]
+                  [--suite generic|cuda|tensorpipe]
                   [--subset] [-k TEXT]... [--list]
 
 --subset runs the few tests of each class that tools/test runs (SUBSET below);
@@ -38,6 +42,7 @@ from torch.testing._internal.distributed.rpc.tensorpipe_rpc_agent_test_fixture i
 from torch.testing._internal.distributed.rpc_utils import (  # noqa: E402
     GENERIC_CUDA_TESTS,
     GENERIC_TESTS,
+    TENSORPIPE_TESTS,
     generate_tests,
 )
 
@@ -74,7 +79,21 @@ class SwitchboardRpcAgentTestFixture(RpcAgentTestFixture):
         return "RPC ran for more than"
 
 
-SUITES = {"generic": GENERIC_TESTS, "cuda": GENERIC_CUDA_TESTS}
+SUITES = {"generic": GENERIC_TESTS, "cuda": GENERIC_CUDA_TESTS, "tensorpipe": TENSORPIPE_TESTS}
+
+# TENSORPIPE_TESTS' cases about TensorPipeRpcBackendOptions itself (its type
+# check, the backend inferred from it, its fields and their types): they
+# construct TensorPipe's options by name, so they say nothing about another
+# backend. The rest (dynamic groups, RRef timeouts, invalid arguments,
+# sparse tensors, autograd over sparse tensors) test behaviour and run on
+# both.
+TENSORPIPE_OPTIONS_TESTS = {
+    "test_mismatched_type_for_options",
+    "test_infer_backend_from_options",
+    "test_set_and_get_num_worker_threads",
+    "test_tensorpipe_set_default_timeout",
+    "test_tensorpipe_options_throw_on_timedelta_timeout",
+}
 for _suite in SUITES.values():
     globals().update(generate_tests("Switchboard", SwitchboardRpcAgentTestFixture, _suite, __name__))
     globals().update(generate_tests("TensorPipe", TensorPipeRpcAgentTestFixture, _suite, __name__))
@@ -127,6 +146,8 @@ def selected_tests(backends, suite, subset, patterns):
             names = loader.getTestCaseNames(generated)
             if subset:
                 names = [n for n in names if n in SUBSET.get(test_class.__name__, [])]
+            if suite == "tensorpipe":
+                names = [n for n in names if n not in TENSORPIPE_OPTIONS_TESTS]
             for name in names:
                 test = generated(name)
                 if patterns and not any(p in test.id() for p in patterns):
