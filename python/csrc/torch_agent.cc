@@ -277,25 +277,66 @@ c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
 void SwitchboardAgent::join(bool shutdown, float timeout) {
   const std::optional<Milliseconds> bound =
       timeout > 0 ? std::optional<Milliseconds>(to_ms(timeout)) : std::nullopt;
-  if (shutdown) {
+  if (shutdown && !is_static_group()) {
+    // A dynamic group's worker leaves it (PIPE's graceful shutdown).
     stopped_ = true;
     if (context_.initialized()) context_.shutdown(true, bound);
     return;
   }
   TORCH_CHECK(is_static_group(), "SWITCHBOARD agent \"", config_.name,
               "\": join(shutdown=False) needs a static group");
-  // This worker's calls first, then every worker's arrival.
-  {
-    Activity& a = *activity_;
-    MutexLock lock(a.mu);
-    a.calls_done.wait(a.mu, [&] { return a.client.load() == 0; });
-  }
+  wait_until_no_calls(bound);
+  // No call is in flight anywhere. This worker sends no more; PIPE stops in
+  // shutdownImpl(), after torch's RRef context checked for leaks (as
+  // TensorPipe's join does). What may still run are handlers of requests
+  // whose callers gave up on them: they finish while PIPE stops, and their
+  // replies go nowhere.
+  if (shutdown) stopped_ = true;
+}
+
+void SwitchboardAgent::wait_until_no_calls(std::optional<Milliseconds> bound) {
+  using Clock = std::chrono::steady_clock;
+  const std::optional<Clock::time_point> deadline =
+      bound ? std::optional<Clock::time_point>(Clock::now() + *bound) : std::nullopt;
+  auto left = [&]() -> Milliseconds {
+    if (!deadline) return Store::kNoTimeout;
+    const auto ms = std::chrono::duration_cast<Milliseconds>(*deadline - Clock::now());
+    if (ms.count() <= 0) {
+      throw TimeoutError(fmt::format(
+          "SWITCHBOARD agent \"{}\": join timed out after {} ms with {} calls of this worker "
+          "in flight",
+          config_.name, bound->count(), activity_->client.load()));
+    }
+    return ms;
+  };
+  const int world = *config_.world_size;
   TorchStore store(store_);
-  const std::string key =
-      rendezvous::torch_join_key(join_rounds_.fetch_add(1));
-  const int64_t arrived = store.add(key, 1);
-  if (arrived == *config_.world_size) store.set(key + "/all", Bytes{1});
-  store.wait({key + "/all"}, bound.value_or(Store::kNoTimeout));
+  for (;;) {
+    // This worker's calls first.
+    {
+      Activity& a = *activity_;
+      MutexLock lock(a.mu);
+      auto done = [&] { return a.client.load() == 0; };
+      if (deadline) {
+        a.calls_done.wait_until(a.mu, *deadline, done);
+      } else {
+        a.calls_done.wait(a.mu, done);
+      }
+    }
+    const std::string key = rendezvous::torch_join_key(join_rounds_.fetch_add(1));
+    // What is in flight now (a handler may have started a call since), then
+    // the arrival; the last to arrive publishes the round's total.
+    store.add(key + "/calls", activity_->client.load());
+    if (store.add(key, 1) == world) {
+      store.set(key + "/total", std::to_string(store.add(key + "/calls", 0)));
+    }
+    store.wait({key + "/total"}, left());
+    const Bytes total = store.get(key + "/total");
+    // Rank 0 may host torch's store: it leaves the round last.
+    if (store.add(key + "/read", 1) == world) store.set(key + "/read/all", Bytes{1});
+    if (config_.rank == 0) store.wait({key + "/read/all"}, left());
+    if (std::string(total.begin(), total.end()) == "0") return;
+  }
 }
 
 void SwitchboardAgent::shutdownImpl() {

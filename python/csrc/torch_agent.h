@@ -96,9 +96,15 @@ class SwitchboardAgent final : public torch::distributed::rpc::RpcAgent {
   std::vector<torch::distributed::rpc::WorkerInfo> getWorkerInfos() const override;
   using RpcAgent::getWorkerInfo;
 
-  // shutdown: waits until the whole group is quiet, then stops this
-  // worker's Switchboard side (a graceful shutdown); else a barrier of the
-  // static group after this worker's own calls completed.
+  // Static group: waits, as TensorPipe's join does, until no worker of the
+  // group has a call in flight (rounds over torch's store, each after this
+  // worker's own calls completed); with `shutdown`, this worker then sends
+  // no more, and PIPE stops in shutdownImpl() (torch checks its RRefs for
+  // leaks in between). A request whose caller gave up on it (timed out) is
+  // not waited for: its handler finishes while PIPE stops, and its reply
+  // is dropped. Dynamic group, with `shutdown`: leaves the group
+  // (PIPE's graceful shutdown). `timeout` (seconds, 0: none) bounds it:
+  // TimeoutError past it.
   void join(bool shutdown = false, float timeout = 0) override;
   void sync() override {}
   void startImpl() override;
@@ -110,6 +116,8 @@ class SwitchboardAgent final : public torch::distributed::rpc::RpcAgent {
 
  private:
   void addGilWaitTime(std::chrono::microseconds wait) override;
+  // join()'s rounds (see there); throws TimeoutError past `bound`.
+  void wait_until_no_calls(std::optional<std::chrono::milliseconds> bound);
   // The raw function's body: one torch request, answered.
   rpc::Future<rpc::Message> serve(const rpc::Message& request);
   void remember(const rpc::WorkerInfo& info) SB_EXCLUDES(mu_);

@@ -16,7 +16,7 @@ as PyTorch's own test_tensorpipe_agent.py does, with a fixture that names
 the backend and its options.
 
   torch_suites.py [--backend switchboard|tensorpipe|both]
-                  [--suite generic|cuda|tensorpipe]
+                  [--suite generic|cuda|tensorpipe]...
                   [--subset] [-k TEXT]... [--list]
 
 --subset runs the few tests of each class that tools/test runs (SUBSET below);
@@ -131,15 +131,21 @@ SUBSET = {
     "DdpUnderDistAutogradTest": ["test_backward_no_ddp"],
     "ParameterServerTest": ["test_batch_updating_parameter_server"],
     "ReinforcementLearningRpcTest": ["test_rl_rpc"],
+    # --suite tensorpipe: a dynamic worker meeting a static group, an RRef
+    # proxy call that times out while its owner still runs it (the leak
+    # check at shutdown), sparse tensors through calls and autograd.
+    "TensorPipeAgentRpcTest": ["test_dynamic_and_static_init_rpc_together",
+                               "test_rref_proxy_timeout", "test_send_to_rank_sparse"],
+    "TensorPipeAgentDistAutogradTest": ["test_backward_simple_sparse"],
 }
 
 BACKENDS = {"switchboard": "Switchboard", "tensorpipe": "TensorPipe"}
 
 
-def selected_tests(backends, suite, subset, patterns):
+def selected_tests(backends, suites, subset, patterns):
     loader = unittest.TestLoader()
     tests = []
-    for backend in backends:
+    for backend, suite in ((b, s) for b in backends for s in suites):
         prefix = BACKENDS[backend]
         for test_class in SUITES[suite]:
             generated = globals()[prefix + test_class.__name__]
@@ -159,13 +165,13 @@ def selected_tests(backends, suite, subset, patterns):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=["switchboard", "tensorpipe", "both"], default="both")
-    parser.add_argument("--suite", choices=sorted(SUITES), default="generic")
+    parser.add_argument("--suite", choices=sorted(SUITES), action="append", dest="suites")
     parser.add_argument("--subset", action="store_true")
     parser.add_argument("-k", action="append", default=[], dest="patterns")
     parser.add_argument("--list", action="store_true")
     args, _ = parser.parse_known_args()
     backends = ["switchboard", "tensorpipe"] if args.backend == "both" else [args.backend]
-    tests = selected_tests(backends, args.suite, args.subset, args.patterns)
+    tests = selected_tests(backends, args.suites or ["generic"], args.subset, args.patterns)
     if args.list:
         for t in tests:
             print(t.id())
