@@ -8,8 +8,8 @@ It prints the wheel's standard file name
 (switchboard-<version>-<python tag>-<python tag>-linux_x86_64.whl), which
 pip needs when the file was written under another (--out FILE).
 
-DIR holds the package as //python:package lays it out (switchboard/*.py and
-switchboard/_C.so). FILE is @sb_venv's versions.txt ("torch=2.11.0+cu130",
+DIR holds the package as //python:package lays it out (switchboard/*.py,
+switchboard/_C.so and switchboard/_collective.so). FILE is @sb_venv's versions.txt ("torch=2.11.0+cu130",
 "python_tag=cp312"). --out names the wheel file, or a directory to write it
 into under its standard name.
 
@@ -18,7 +18,7 @@ What the wheel holds, in the manner of auditwheel:
   the build's virtual environment to `$ORIGIN/../switchboard.libs`: libtorch
   itself is found because `import torch` (which switchboard.torch_rpc does
   first) has loaded it, as for every torch C++ extension;
-- switchboard.libs/: the shared libraries _C.so needs beyond glibc,
+- switchboard.libs/: the shared libraries the extensions need beyond glibc,
   libstdc++ and libgcc (Boost.System, fmt, spdlog, Gloo, OpenSSL,
   prometheus-cpp and what they need), each with run path `$ORIGIN`;
 - the dist-info: METADATA (Requires-Dist: the PyTorch release it was built
@@ -100,6 +100,10 @@ def record_line(root, relative):
     return f"{relative},sha256={digest},{len(data)}"
 
 
+# The package's extension modules: the torch RPC backend and the collectives.
+EXTENSIONS = ("_C.so", "_collective.so")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--package-dir", required=True)
@@ -122,20 +126,23 @@ def main():
         os.makedirs(package)
         os.makedirs(libs)
         for entry in sorted(os.listdir(source)):
-            if entry.endswith(".py") or entry == "_C.so":
+            if entry.endswith(".py") or entry in EXTENSIONS:
                 shutil.copyfile(os.path.join(source, entry), os.path.join(package, entry))
-        extension = os.path.join(package, "_C.so")
-        if not os.path.exists(extension):
-            fail(f"{source} has no _C.so")
-        # What _C.so needs, and what those need in turn (ldd lists the
-        # whole closure).
-        for soname, path in sorted(needed_libraries(extension).items()):
-            copy = os.path.join(libs, soname)
-            shutil.copyfile(path, copy)
-            os.chmod(copy, 0o755)
-            run(["patchelf", "--set-rpath", "$ORIGIN", copy])
-        os.chmod(extension, 0o755)
-        run(["patchelf", "--set-rpath", "$ORIGIN/../switchboard.libs", extension])
+        for name_so in EXTENSIONS:
+            extension = os.path.join(package, name_so)
+            if not os.path.exists(extension):
+                fail(f"{source} has no {name_so}")
+            # What the extension needs, and what those need in turn (ldd
+            # lists the whole closure).
+            for soname, path in sorted(needed_libraries(extension).items()):
+                copy = os.path.join(libs, soname)
+                if os.path.exists(copy):
+                    continue
+                shutil.copyfile(path, copy)
+                os.chmod(copy, 0o755)
+                run(["patchelf", "--set-rpath", "$ORIGIN", copy])
+            os.chmod(extension, 0o755)
+            run(["patchelf", "--set-rpath", "$ORIGIN/../switchboard.libs", extension])
 
         dist_info = f"switchboard-{version}.dist-info"
         os.makedirs(os.path.join(root, dist_info))

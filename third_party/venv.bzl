@@ -67,6 +67,12 @@ cc_library(
     deps = [":torch"],
     visibility = ["//visibility:public"],
 )
+
+cc_library(
+    name = "pybind11",
+    deps = [":torch"],
+    visibility = ["//visibility:public"],
+)
 """
 
 def _torch(ctx, torch_root, python_include):
@@ -92,6 +98,15 @@ cc_library(
     name = "torch_python",
     linkopts = ["-ltorch_python"],
     deps = [":torch"],
+    visibility = ["//visibility:public"],
+)
+
+# pybind11 (the copy PyTorch ships) and Python's headers, without linking
+# PyTorch: for extensions that must not need torch (switchboard._collective).
+cc_library(
+    name = "pybind11",
+    hdrs = glob(["include/pybind11/**/*.h", "python_include/**/*.h"], allow_empty = True),
+    includes = ["include", "python_include"],
     visibility = ["//visibility:public"],
 )
 """.format(lib = lib)

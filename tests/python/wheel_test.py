@@ -121,6 +121,19 @@ class WheelInstallsAndRuns(unittest.TestCase):
         self.assertIn(b"$ORIGIN/../switchboard.libs", data)
         self.assertNotIn(b"/.venv/", data)
 
+        # The collectives load from the installed copy too, without torch:
+        # a group of one, its store in the same process.
+        script = ("import sys, numpy as np; from switchboard import collective as col; "
+                  "s = col.StoreServer('127.0.0.1'); "
+                  "col.init_collective_group(1, 0, group_name='g', store_host='127.0.0.1', "
+                  "store_port=s.port, timeout_ms=20000); "
+                  "x = np.arange(3, dtype=np.float32); col.allreduce(x, group_name='g'); "
+                  "print(col.__file__, x.tolist(), 'torch' in sys.modules)")
+        env = dict(self.env, SWITCHBOARD_IFNAME="127.0.0.1")
+        out = run([self.python, "-c", script], env=env)
+        self.assertIn(f"{self.venv}/lib/", out)
+        self.assertIn("[0.0, 1.0, 2.0] False", out)
+
         run(pip + ["uninstall", "--yes", "switchboard"], env=self.env)
         self.assertFalse(os.path.exists(extension))
 
