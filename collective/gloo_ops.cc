@@ -11,7 +11,8 @@ namespace switchboard::collective {
 
 std::exception_ptr translate_gloo_error(const std::string& where,
                                         std::chrono::milliseconds timeout,
-                                        std::exception_ptr error) {
+                                        std::exception_ptr error,
+                                        const std::vector<std::string>& peers) {
   try {
     std::rethrow_exception(error);
   } catch (const gloo::IoException& e) {
@@ -23,6 +24,14 @@ std::exception_ptr translate_gloo_error(const std::string& where,
       return std::make_exception_ptr(TimeoutError(
           fmt::format("{}: timed out after {} ms waiting for peers (gloo: {})", where,
                       timeout.count(), what)));
+    }
+    for (size_t r = 0; r < peers.size(); ++r) {
+      if (!peers[r].empty() && what.find(peers[r]) != std::string::npos) {
+        return std::make_exception_ptr(ConnectionError(fmt::format(
+            "{}: the connection to rank {} failed: it died or was cut off (timeout {} ms; "
+            "gloo: {})",
+            where, r, timeout.count(), what)));
+      }
     }
     return std::make_exception_ptr(ConnectionError(
         fmt::format("{}: a peer connection failed (timeout {} ms; gloo: {})", where,

@@ -9,6 +9,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -36,10 +37,13 @@ auto with_element_type(DType dtype, F&& f) {
 }
 
 // Turns Gloo's exceptions into ours, naming the op, group, rank (in
-// `where`) and the timeout; leaves our own errors alone.
+// `where`) and the timeout; leaves our own errors alone. `peers[r]` is the
+// address Gloo names rank r by in its errors (empty: unknown): a failed
+// connection whose peer is one of them names that rank.
 std::exception_ptr translate_gloo_error(const std::string& where,
                                         std::chrono::milliseconds timeout,
-                                        std::exception_ptr error);
+                                        std::exception_ptr error,
+                                        const std::vector<std::string>& peers = {});
 
 // An op with no bytes still meets the others, under its own tag: a rank
 // that disagrees (elements on one side, none on the other) is then stuck

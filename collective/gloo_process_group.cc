@@ -84,6 +84,46 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
+// Each rank's pair addresses, as Gloo names the other end of a pair in its
+// errors ("Connection closed by peer [10.0.0.2]:41234"): every rank writes
+// the address of its end of each pair, and reads the other ends of its own.
+// Returns them by rank (this rank's entry empty).
+// Throws TimeoutError (naming `where` and the ranks) when a rank has not
+// written its addresses within `timeout` (its own connect failed).
+std::vector<std::string> exchange_peer_addresses(Store& store, const std::string& prefix,
+                                                 gloo::rendezvous::Context& context,
+                                                 const std::string& where,
+                                                 std::chrono::milliseconds timeout) {
+  const int rank = context.rank;
+  std::vector<std::string> peers(static_cast<size_t>(context.size));
+  auto key = [&](int from, int to) {
+    return fmt::format("{}pair_address/{}/{}", prefix, from, to);
+  };
+  std::vector<std::string> theirs;
+  for (int p = 0; p < context.size; ++p) {
+    if (p == rank) continue;
+    store.set(key(rank, p), context.getPair(p)->address().str());
+    theirs.push_back(key(p, rank));
+  }
+  try {
+    store.wait(theirs, timeout);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int p = 0; p < context.size; ++p) {
+      if (p != rank && !store.check({key(p, rank)})) missing.push_back(p);
+    }
+    throw TimeoutError(fmt::format(
+        "{}: timed out after {} ms waiting for ranks [{}] to finish connecting", where,
+        timeout.count(), fmt::join(missing, ", ")));
+  }
+  for (int p = 0; p < context.size; ++p) {
+    if (p == rank) continue;
+    const Bytes value = store.get(key(p, rank));
+    peers[static_cast<size_t>(p)] = std::string(value.begin(), value.end());
+  }
+  return peers;
+}
+
 gloo::transport::tcp::attr device_attr(const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   if (!options.iface.empty()) {
@@ -114,6 +154,9 @@ struct GlooProcessGroup::Impl {
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
   std::chrono::milliseconds op_timeout;
+  // peer_addresses[r]: how Gloo names rank r's end of our pair in its
+  // errors (set once the mesh is connected; empty for this rank).
+  std::vector<std::string> peer_addresses;
 
   // The op queue, run by `worker` in issue order.
   struct Op {
@@ -173,7 +216,8 @@ struct GlooProcessGroup::Impl {
   std::exception_ptr translate(const std::string& op, std::exception_ptr error,
                                std::optional<std::chrono::milliseconds> timeout =
                                    std::nullopt) const {
-    return translate_gloo_error(group.where(op), timeout.value_or(op_timeout), error);
+    return translate_gloo_error(group.where(op), timeout.value_or(op_timeout), error,
+                                peer_addresses);
   }
 
   // Queues `run` (which receives the op's Gloo tag) and returns its Work.
@@ -418,6 +462,8 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
                     where_init, options.timeout.count(), e.what()));
   }
   context->setTimeout(impl_->op_timeout);
+  impl_->peer_addresses =
+      exchange_peer_addresses(store, prefix, *context, where_init, options.timeout);
   impl_->context = std::move(context);
   if (size > 1) {
     impl_->watch = std::make_unique<SignatureWatch>(

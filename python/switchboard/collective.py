@@ -23,8 +23,8 @@ SWITCHBOARD_SECRET_FILE) authenticates every connection to the store and
 between the ranks; a rank with a wrong or missing secret is refused.
 
 Every op is synchronous: it returns once done on this rank, or raises
-TimeoutError after the group's timeout, ConnectionError when a peer's
-connection failed (a rank that died), PermissionError for a wrong or
+TimeoutError after the group's timeout, ConnectionError naming the rank
+whose connection failed (it died or was cut off), PermissionError for a wrong or
 missing job secret, ValueError for arguments that are wrong here (a
 non-contiguous view, an unsupported dtype), RuntimeError when the ranks
 disagree on an op (each side's op and arrays named; the group is then

@@ -185,10 +185,9 @@ class CollectiveTest(unittest.TestCase):
         got = run_ranks(rank_1_dies, expected_reports=1, timeout_ms=10_000)
         status, text = got[0]
         self.assertEqual(status, "ok", text)
-        # Raised, not hung. (It names the peer's address; naming its rank
-        # is still to do.)
-        self.assertTrue(text.startswith("SwitchboardConnectionError: ") or
-                        text.startswith("SwitchboardTimeoutError: "), text)
+        # Raised, not hung, naming the rank that died.
+        self.assertTrue(text.startswith("SwitchboardConnectionError: "), text)
+        self.assertIn("the connection to rank 1 failed", text)
 
     def test_a_rank_without_the_job_secret_is_refused(self):
         from switchboard import collective as col
