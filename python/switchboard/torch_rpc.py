@@ -18,6 +18,7 @@ security rule: a worker refuses to listen beyond loopback without the job
 secret unless ``insecure=True``.
 """
 
+import atexit
 import functools
 import urllib.parse
 
@@ -205,7 +206,23 @@ def _shutdown(graceful=True, timeout=rpc_constants.DEFAULT_SHUTDOWN_TIMEOUT):
     return _torch_shutdown(graceful, timeout)
 
 
+def _stop_at_exit():
+    """Stops a SWITCHBOARD agent still running when the interpreter exits (a
+    program that never called rpc.shutdown()): ungracefully, as torch's
+    shutdown(graceful=False) would, so that the agent's threads are joined
+    while the process is whole. Left to the C++ exit handlers, the agent
+    would be destroyed after the libraries it logs through, and a thread
+    still reporting a lost peer could corrupt the exiting process's heap
+    (seen: a worker that hung at exit instead of ending)."""
+    if not api._is_current_rpc_agent_set():
+        return
+    agent = api._get_current_rpc_agent()
+    if isinstance(agent, _C.SwitchboardAgent):
+        agent.shutdown()
+
+
 if not backend_registry.backend_registered(BACKEND_NAME):
+    atexit.register(_stop_at_exit)
     backend_registry.register_backend(
         BACKEND_NAME,
         _construct_rpc_backend_options_handler,

@@ -306,6 +306,35 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
             finally:
                 rpc.shutdown()
 
+    def test_a_worker_that_exits_without_shutdown_has_its_agent_stopped_before_the_exit_handlers(self):
+        # The exit handler registered first runs last: it finds the agent
+        # that switchboard.torch_rpc's handler stopped (its Switchboard
+        # side gone from the metrics), not one still running into the C++
+        # exit handlers (where a thread logging a lost peer once corrupted
+        # the exiting process's heap and hung it).
+        script = (
+            "import atexit, os, torch.distributed.rpc as rpc\n"
+            "from torch.distributed.rpc import api\n"
+            "def late():\n"
+            "    agent = api._get_current_rpc_agent()\n"
+            "    running = any(k.startswith('switchboard.') for k in agent.get_metrics())\n"
+            "    print('running at the last exit handler:', running, flush=True)\n"
+            "atexit.register(late)\n"
+            "import switchboard.torch_rpc as sbt\n"
+            "rpc.init_rpc('solo', rank=0, world_size=1, backend=rpc.BackendType.SWITCHBOARD,\n"
+            "             rpc_backend_options=sbt.SwitchboardRpcBackendOptions(\n"
+            "                 init_method='file://' + os.environ['SB_RENDEZVOUS'],\n"
+            "                 listen_address='127.0.0.1'))\n"
+            "print('initialized', flush=True)\n")
+        import subprocess
+        with tempfile.TemporaryDirectory() as tmp:
+            env = dict(os.environ, SB_RENDEZVOUS=os.path.join(tmp, "rendezvous"))
+            out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                                 text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("initialized", out.stdout)
+        self.assertIn("running at the last exit handler: False", out.stdout, out.stderr)
+
 
 if __name__ == "__main__":
     sys.exit(run_and_summarize(unittest.defaultTestLoader.loadTestsFromTestCase(TorchRpcOnSwitchboard)))

@@ -1,0 +1,144 @@
+"""SWITCHBOARD in Ray's collective registry (ray.util.collective).
+
+Import this module in the driver and in every actor (Ray's registry lives
+in each process); it registers the backend once per process:
+
+    import switchboard.ray  # noqa: F401
+    ray.util.collective.init_collective_group(world_size, rank,
+                                              backend="switchboard", group_name="g")
+
+or, from the driver, ray.util.collective.create_collective_group(actors,
+world_size, ranks, backend="switchboard", group_name="g").
+
+Rendezvous: rank 0 starts a Switchboard store server on its node's address
+(an ephemeral port) and publishes "address:port" in Ray's internal KV under
+"switchboard_collective_store_<group_name>"; the other ranks read it from
+there, then every rank joins Switchboard's named group over that store, as
+Ray's own GLOO backend finds its peers through the KV. Nothing needs an
+address setting. The job secret (SWITCHBOARD_SECRET_FILE, given to every
+actor, e.g. through runtime_env) authenticates every store connection; a
+rank without it is refused.
+
+Ops: those of Ray's BaseGroup (allreduce, barrier, reduce, allgather,
+broadcast, reducescatter, send, recv), on numpy arrays and torch tensors, in
+place; gather, scatter and alltoall are reachable on the same group through
+switchboard.collective with group_name=SwitchboardGroup.switchboard_name(
+group_name). Timeout: SWITCHBOARD_COLLECTIVE_TIMEOUT_MS (default 30000, as
+Ray's gloo_timeout), for the rendezvous and for every op.
+"""
+
+import os
+import time
+
+import ray
+from ray.experimental import internal_kv
+from ray.util.collective import backend_registry, types
+from ray.util.collective.collective_group.base_collective_group import BaseGroup
+
+from switchboard import collective as col
+
+BACKEND = "SWITCHBOARD"
+_KV_PREFIX = "switchboard_collective_store_"
+_POLL_S = 0.05
+
+
+def _timeout_ms():
+    return int(os.environ.get("SWITCHBOARD_COLLECTIVE_TIMEOUT_MS", "30000"))
+
+
+def _op(reduce_op):
+    return {types.ReduceOp.SUM: "SUM", types.ReduceOp.PRODUCT: "PRODUCT",
+            types.ReduceOp.MIN: "MIN", types.ReduceOp.MAX: "MAX"}[reduce_op]
+
+
+class SwitchboardGroup(BaseGroup):
+    """One rank of a Ray collective group over Switchboard's Gloo groups."""
+
+    def __init__(self, world_size, rank, group_name):
+        super().__init__(world_size, rank, group_name)
+        self._name = self.switchboard_name(group_name)
+        self._server = None
+        timeout_ms = _timeout_ms()
+        key = _KV_PREFIX + group_name
+        secret = os.environ.get("SWITCHBOARD_SECRET_FILE") or None
+        if rank == 0:
+            host = ray.util.get_node_ip_address()
+            self._server = col.StoreServer(host, 0, secret)
+            address = f"{host}:{self._server.port}"
+            internal_kv._internal_kv_put(key, address, overwrite=True)
+        else:
+            address = self._wait_for_address(key, timeout_ms)
+        host, port = address.rsplit(":", 1)
+        col.init_collective_group(world_size, rank, "GLOO", self._name, timeout_ms,
+                                  store_host=host, store_port=int(port), secret_file=secret)
+        if rank == 0:
+            # Everyone has joined: a later group of this name publishes anew.
+            internal_kv._internal_kv_del(key)
+
+    @staticmethod
+    def switchboard_name(group_name):
+        """The name of Ray's group `group_name` in switchboard.collective."""
+        return "ray:" + group_name.replace("/", "%2F")
+
+    def _wait_for_address(self, key, timeout_ms):
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            value = internal_kv._internal_kv_get(key)
+            if value:
+                return value.decode() if isinstance(value, bytes) else value
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"SWITCHBOARD group \"{self.group_name}\" (rank {self.rank} of "
+                    f"{self.world_size}): rank 0 did not publish its store address (Ray KV key "
+                    f"\"{key}\") within {timeout_ms} ms")
+            time.sleep(_POLL_S)
+
+    @classmethod
+    def backend(cls):
+        return BACKEND
+
+    @classmethod
+    def check_backend_availability(cls):
+        return True
+
+    def destroy_group(self):
+        col.destroy_collective_group(self._name)
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def allreduce(self, tensors, allreduce_options=types.AllReduceOptions()):
+        col.allreduce(tensors[0], self._name, _op(allreduce_options.reduceOp))
+
+    def barrier(self, barrier_options=types.BarrierOptions()):
+        col.barrier(self._name)
+
+    def reduce(self, tensors, reduce_options=types.ReduceOptions()):
+        col.reduce(tensors[0], reduce_options.root_rank, self._name,
+                   _op(reduce_options.reduceOp))
+
+    def allgather(self, tensor_lists, tensors, allgather_options=types.AllGatherOptions()):
+        col.allgather(tensor_lists[0], tensors[0], self._name)
+
+    def broadcast(self, tensors, broadcast_options=types.BroadcastOptions()):
+        col.broadcast(tensors[0], broadcast_options.root_rank, self._name)
+
+    def reducescatter(self, tensors, tensor_lists,
+                      reducescatter_options=types.ReduceScatterOptions()):
+        col.reducescatter(tensors[0], tensor_lists[0], self._name,
+                          _op(reducescatter_options.reduceOp))
+
+    def send(self, tensors, send_options):
+        col.send(tensors[0], send_options.dst_rank, self._name)
+
+    def recv(self, tensors, recv_options):
+        col.recv(tensors[0], recv_options.src_rank, self._name)
+
+
+def register():
+    """Registers SWITCHBOARD in this process's registry (once; idempotent)."""
+    if not backend_registry._global_registry.is_registered(BACKEND):
+        backend_registry.register_collective_backend(BACKEND, SwitchboardGroup)
+
+
+register()
