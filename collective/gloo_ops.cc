@@ -1,6 +1,7 @@
 #include "collective/gloo_ops.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
@@ -42,6 +43,40 @@ std::exception_ptr translate_gloo_error(const std::string& where,
   } catch (...) {
     return std::current_exception();
   }
+}
+
+std::vector<std::string> exchange_peer_addresses(Store& store, const std::string& prefix,
+                                                 gloo::rendezvous::Context& context,
+                                                 const std::string& where,
+                                                 std::chrono::milliseconds timeout) {
+  const int rank = context.rank;
+  std::vector<std::string> peers(static_cast<size_t>(context.size));
+  auto key = [&](int from, int to) {
+    return fmt::format("{}pair_address/{}/{}", prefix, from, to);
+  };
+  std::vector<std::string> theirs;
+  for (int p = 0; p < context.size; ++p) {
+    if (p == rank) continue;
+    store.set(key(rank, p), context.getPair(p)->address().str());
+    theirs.push_back(key(p, rank));
+  }
+  try {
+    store.wait(theirs, timeout);
+  } catch (const TimeoutError&) {
+    std::vector<int> missing;
+    for (int p = 0; p < context.size; ++p) {
+      if (p != rank && !store.check({key(p, rank)})) missing.push_back(p);
+    }
+    throw TimeoutError(fmt::format(
+        "{}: timed out after {} ms waiting for ranks [{}] to finish connecting", where,
+        timeout.count(), fmt::join(missing, ", ")));
+  }
+  for (int p = 0; p < context.size; ++p) {
+    if (p == rank) continue;
+    const Bytes value = store.get(key(p, rank));
+    peers[static_cast<size_t>(p)] = std::string(value.begin(), value.end());
+  }
+  return peers;
 }
 
 void empty_op(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_t tag,

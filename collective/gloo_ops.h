@@ -1,6 +1,7 @@
 // Pieces every op of GlooProcessGroup uses: the element type Gloo's
-// templates are given, the translation of Gloo's exceptions into ours, and
-// the op that carries no bytes. Internal to //collective:gloo.
+// templates are given, the translation of Gloo's exceptions into ours (and
+// the peers' addresses it names ranks by), and the op that carries no
+// bytes. Internal to //collective:gloo.
 // Pure functions, or run on the calling op's thread.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "store/store.h"
 
 namespace gloo::rendezvous {
 class Context;
@@ -44,6 +46,18 @@ std::exception_ptr translate_gloo_error(const std::string& where,
                                         std::chrono::milliseconds timeout,
                                         std::exception_ptr error,
                                         const std::vector<std::string>& peers = {});
+
+// Each rank's pair addresses, as Gloo names the other end of a pair in its
+// errors ("Connection closed by peer [10.0.0.2]:41234"), by rank (this
+// rank's entry empty): what translate_gloo_error's `peers` takes. Every rank
+// writes the address of its end of each pair to `store` under `prefix`, and
+// reads the other ends of its own. Throws TimeoutError (naming `where` and
+// the ranks) when a rank has not written its addresses within `timeout`
+// (its own connect failed).
+std::vector<std::string> exchange_peer_addresses(Store& store, const std::string& prefix,
+                                                 gloo::rendezvous::Context& context,
+                                                 const std::string& where,
+                                                 std::chrono::milliseconds timeout);
 
 // An op with no bytes still meets the others, under its own tag: a rank
 // that disagrees (elements on one side, none on the other) is then stuck

@@ -84,46 +84,6 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
   const std::chrono::milliseconds timeout_;
 };
 
-// Each rank's pair addresses, as Gloo names the other end of a pair in its
-// errors ("Connection closed by peer [10.0.0.2]:41234"): every rank writes
-// the address of its end of each pair, and reads the other ends of its own.
-// Returns them by rank (this rank's entry empty).
-// Throws TimeoutError (naming `where` and the ranks) when a rank has not
-// written its addresses within `timeout` (its own connect failed).
-std::vector<std::string> exchange_peer_addresses(Store& store, const std::string& prefix,
-                                                 gloo::rendezvous::Context& context,
-                                                 const std::string& where,
-                                                 std::chrono::milliseconds timeout) {
-  const int rank = context.rank;
-  std::vector<std::string> peers(static_cast<size_t>(context.size));
-  auto key = [&](int from, int to) {
-    return fmt::format("{}pair_address/{}/{}", prefix, from, to);
-  };
-  std::vector<std::string> theirs;
-  for (int p = 0; p < context.size; ++p) {
-    if (p == rank) continue;
-    store.set(key(rank, p), context.getPair(p)->address().str());
-    theirs.push_back(key(p, rank));
-  }
-  try {
-    store.wait(theirs, timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int p = 0; p < context.size; ++p) {
-      if (p != rank && !store.check({key(p, rank)})) missing.push_back(p);
-    }
-    throw TimeoutError(fmt::format(
-        "{}: timed out after {} ms waiting for ranks [{}] to finish connecting", where,
-        timeout.count(), fmt::join(missing, ", ")));
-  }
-  for (int p = 0; p < context.size; ++p) {
-    if (p == rank) continue;
-    const Bytes value = store.get(key(p, rank));
-    peers[static_cast<size_t>(p)] = std::string(value.begin(), value.end());
-  }
-  return peers;
-}
-
 gloo::transport::tcp::attr device_attr(const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   if (!options.iface.empty()) {
