@@ -146,22 +146,40 @@ void reduce_op(std::string_view where, ReduceOp op, DType dtype) {
 
 namespace {
 
+// out[i] = f(a[i], b[i]) for i < n, where `out` may be `a` or `b` itself
+// (Gloo reduces in place) but overlaps neither otherwise. Blocks of
+// kBlock elements are loaded before any is stored, which is what lets the
+// compiler vectorize the loop at -O2 without checking for aliasing at run
+// time; a plain loop over out[i] = a[i] + b[i] stays scalar there, and
+// made a 64 MiB float32 allreduce about 25% slower than PyTorch's.
+template <typename T, typename F>
+void elementwise(T* out, const T* a, const T* b, size_t n, F f) {
+  constexpr size_t kBlock = 16;
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    T x[kBlock];
+    T y[kBlock];
+    for (size_t k = 0; k < kBlock; ++k) {
+      x[k] = a[i + k];
+      y[k] = b[i + k];
+    }
+    for (size_t k = 0; k < kBlock; ++k) out[i + k] = f(x[k], y[k]);
+  }
+  for (; i < n; ++i) out[i] = f(a[i], b[i]);
+}
+
 template <typename T>
 void reduce_typed(ReduceOp op, T* out, const T* a, const T* b, size_t n) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
-      return;
+      return elementwise(out, a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
     case ReduceOp::kProduct:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] * b[i]);
-      return;
+      return elementwise(out, a, b, n, [](T x, T y) { return static_cast<T>(x * y); });
     case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
-      return;
+      return elementwise(out, a, b, n, [](T x, T y) { return std::min(x, y); });
     case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
-      return;
+      return elementwise(out, a, b, n, [](T x, T y) { return std::max(x, y); });
     case ReduceOp::kBand:
     case ReduceOp::kBor:
     case ReduceOp::kBxor:
