@@ -25,9 +25,15 @@ place; gather, scatter and alltoall are reachable on the same group through
 switchboard.collective with group_name=SwitchboardGroup.switchboard_name(
 group_name). Timeout: SWITCHBOARD_COLLECTIVE_TIMEOUT_MS (default 30000, as
 Ray's gloo_timeout), for the rendezvous and for every op.
+
+Errors: switchboard.collective's (TimeoutError, ConnectionError naming the
+rank, PermissionError for the secret, RuntimeError when the ranks disagree),
+and SwitchboardArgumentError (both ValueError and RuntimeError) for arrays
+or arguments wrong on this rank.
 """
 
 import os
+import socket
 import time
 
 import ray
@@ -44,6 +50,52 @@ _POLL_S = 0.05
 
 def _timeout_ms():
     return int(os.environ.get("SWITCHBOARD_COLLECTIVE_TIMEOUT_MS", "30000"))
+
+
+class SwitchboardArgumentError(ValueError, RuntimeError):
+    """Arrays or arguments wrong on this rank (a shape, a dtype, a list's
+    length), found before anything is sent. Ray's own backends raise
+    RuntimeError for some of these (an allgather output of the wrong shape)
+    and ValueError for others (a reducescatter output): this is both, so
+    code written for either catches it."""
+
+
+def _checked(op, *args):
+    try:
+        op(*args)
+    except ValueError as e:
+        raise SwitchboardArgumentError(str(e)) from None
+
+
+def _listening(address):
+    """Whether a TCP connection to "host:port" is accepted."""
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=_POLL_S * 20):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_for_address(key, timeout_ms, who):
+    """The store address rank 0 published under Ray KV key `key`. An address
+    where nothing listens is left over from a group of this name whose rank
+    0 died before removing it: wait for the new rank 0 to replace it.
+    TimeoutError after timeout_ms, its message starting with `who`."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    stale = None
+    while True:
+        value = internal_kv._internal_kv_get(key)
+        if value:
+            address = value.decode() if isinstance(value, bytes) else value
+            if _listening(address):
+                return address
+            stale = address
+        if time.monotonic() >= deadline:
+            seen = f"; the address there, {stale}, accepts no connection" if stale else ""
+            raise TimeoutError(f"{who}: rank 0 did not publish its store address (Ray KV key "
+                               f"\"{key}\") within {timeout_ms} ms{seen}")
+        time.sleep(_POLL_S)
 
 
 def _op(reduce_op):
@@ -67,31 +119,29 @@ class SwitchboardGroup(BaseGroup):
             address = f"{host}:{self._server.port}"
             internal_kv._internal_kv_put(key, address, overwrite=True)
         else:
-            address = self._wait_for_address(key, timeout_ms)
+            address = _wait_for_address(
+                key, timeout_ms,
+                f"SWITCHBOARD group \"{group_name}\" (rank {rank} of {world_size})")
         host, port = address.rsplit(":", 1)
-        col.init_collective_group(world_size, rank, "GLOO", self._name, timeout_ms,
-                                  store_host=host, store_port=int(port), secret_file=secret)
-        if rank == 0:
-            # Everyone has joined: a later group of this name publishes anew.
-            internal_kv._internal_kv_del(key)
+        try:
+            col.init_collective_group(world_size, rank, "GLOO", self._name, timeout_ms,
+                                      store_host=host, store_port=int(port),
+                                      secret_file=secret)
+        except BaseException:
+            if self._server is not None:
+                self._server.stop()
+                self._server = None
+            raise
+        finally:
+            if rank == 0:
+                # Everyone has joined (or this rank gave up): a later group
+                # of this name publishes anew.
+                internal_kv._internal_kv_del(key)
 
     @staticmethod
     def switchboard_name(group_name):
         """The name of Ray's group `group_name` in switchboard.collective."""
         return "ray:" + group_name.replace("/", "%2F")
-
-    def _wait_for_address(self, key, timeout_ms):
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            value = internal_kv._internal_kv_get(key)
-            if value:
-                return value.decode() if isinstance(value, bytes) else value
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"SWITCHBOARD group \"{self.group_name}\" (rank {self.rank} of "
-                    f"{self.world_size}): rank 0 did not publish its store address (Ray KV key "
-                    f"\"{key}\") within {timeout_ms} ms")
-            time.sleep(_POLL_S)
 
     @classmethod
     def backend(cls):
@@ -108,31 +158,31 @@ class SwitchboardGroup(BaseGroup):
             self._server = None
 
     def allreduce(self, tensors, allreduce_options=types.AllReduceOptions()):
-        col.allreduce(tensors[0], self._name, _op(allreduce_options.reduceOp))
+        _checked(col.allreduce, tensors[0], self._name, _op(allreduce_options.reduceOp))
 
     def barrier(self, barrier_options=types.BarrierOptions()):
-        col.barrier(self._name)
+        _checked(col.barrier, self._name)
 
     def reduce(self, tensors, reduce_options=types.ReduceOptions()):
-        col.reduce(tensors[0], reduce_options.root_rank, self._name,
-                   _op(reduce_options.reduceOp))
+        _checked(col.reduce, tensors[0], reduce_options.root_rank, self._name,
+                 _op(reduce_options.reduceOp))
 
     def allgather(self, tensor_lists, tensors, allgather_options=types.AllGatherOptions()):
-        col.allgather(tensor_lists[0], tensors[0], self._name)
+        _checked(col.allgather, tensor_lists[0], tensors[0], self._name)
 
     def broadcast(self, tensors, broadcast_options=types.BroadcastOptions()):
-        col.broadcast(tensors[0], broadcast_options.root_rank, self._name)
+        _checked(col.broadcast, tensors[0], broadcast_options.root_rank, self._name)
 
     def reducescatter(self, tensors, tensor_lists,
                       reducescatter_options=types.ReduceScatterOptions()):
-        col.reducescatter(tensors[0], tensor_lists[0], self._name,
-                          _op(reducescatter_options.reduceOp))
+        _checked(col.reducescatter, tensors[0], tensor_lists[0], self._name,
+                 _op(reducescatter_options.reduceOp))
 
     def send(self, tensors, send_options):
-        col.send(tensors[0], send_options.dst_rank, self._name)
+        _checked(col.send, tensors[0], send_options.dst_rank, self._name)
 
     def recv(self, tensors, recv_options):
-        col.recv(tensors[0], recv_options.src_rank, self._name)
+        _checked(col.recv, tensors[0], recv_options.src_rank, self._name)
 
 
 def register():

@@ -9,6 +9,7 @@ secret. Everything on 127.0.0.1.
 """
 
 import os
+import socket
 import sys
 import tempfile
 import unittest
@@ -175,6 +176,28 @@ class RayCollectiveTest(unittest.TestCase):
         text = ray.get(pending)
         self.assertTrue(text.startswith("SwitchboardConnectionError: "), text)
         self.assertIn("rank 1", text)
+
+    def test_an_address_left_by_a_dead_rank_0_is_not_used(self):
+        # A group of this name whose rank 0 died before removing its store
+        # address left it in Ray's KV, where nothing listens now. A rank
+        # that reads it keeps waiting, and takes the new rank 0's address
+        # once published (here: from the second read on).
+        from unittest import mock
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{s.getsockname()[1]}"
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            live = f"127.0.0.1:{server.getsockname()[1]}"
+            reads = iter([dead.encode()] + [live.encode()] * 1000)
+            with mock.patch.object(switchboard.ray.internal_kv, "_internal_kv_get",
+                                   side_effect=lambda key: next(reads)):
+                got = switchboard.ray._wait_for_address("k", 20000, "rank 1")
+        self.assertEqual(got, live)
+        # With no new rank 0, the wait ends naming the address it skipped.
+        with mock.patch.object(switchboard.ray.internal_kv, "_internal_kv_get",
+                               return_value=dead.encode()):
+            with self.assertRaisesRegex(TimeoutError, f"rank 1: .*{dead}, accepts no conn"):
+                switchboard.ray._wait_for_address("k", 200, "rank 1")
 
     def test_a_wrong_job_secret_is_refused(self):
         with tempfile.TemporaryDirectory() as d:
