@@ -4,6 +4,7 @@
 //   bazel run -c opt //tools/bench -- collective [--rounds N]
 //   bazel run -c opt //tools/bench -- rpc [--quick]
 //   bazel run -c opt //tools/bench -- auth [--rounds N]
+//   bazel run -c opt //tools/bench -- ray [--quick]
 //
 // Each subcommand prints `# ...` header lines and `name=value` results.
 // `bench --help` lists the subcommands, `bench SUBCOMMAND --help` their
@@ -14,6 +15,7 @@
 #include "common/logging.h"
 #include "tools/bench/auth_bench.h"
 #include "tools/bench/collective_bench.h"
+#include "tools/bench/ray_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/bench/store_bench.h"
 #include "tools/cli/cli.h"
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
       add_collective_bench(app, argv0),
       add_rpc_bench(app, argv0),
       add_auth_bench(app, argv0),
+      add_ray_bench(app, argv0),
   };
   if (auto status = cli::report(app, cli::parse(app, argc, argv))) return *status;
   for (const Subcommand& bench : benches) {

@@ -96,6 +96,14 @@ std::string torch_python() {
   return find_runfile(argv0, "external/sb_venv/python", "SB_PYTHON");
 }
 
+std::string python_package() {
+  if (const char* dir = std::getenv("SB_TORCH_RPC_PACKAGE")) return dir;
+  if (const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
+    return std::string(workspace) + "/bazel-bin/python/pkg";
+  }
+  return "bazel-bin/python/pkg";
+}
+
 ChildProcess::ChildProcess(const std::vector<std::string>& argv) : name_(argv.at(0)) {
   int in[2];
   int out[2];

@@ -26,6 +26,14 @@ std::string find_runfile(const std::string& argv0, const std::string& runfile,
 // tools/setup), or $SB_PYTHON. Throws std::runtime_error as find_runfile().
 std::string torch_python();
 
+// The directory that holds the Python package (switchboard/ with _C.so and
+// _collective.so): $SB_TORCH_RPC_PACKAGE, else bazel-bin/python/pkg of the
+// workspace `bazel run` started us from (or of the current directory).
+// It is not a data dependency of the bench: its torch headers do not build
+// with the thread-safety build's clang. Build it with `bazel build -c opt
+// //python:package`. The result may not exist; callers check.
+std::string python_package();
+
 // Runs argv[0] with arguments argv[1..] on our stdin, stdout and stderr and
 // waits for it; returns its exit status (128 + the signal that killed it).
 // Throws std::runtime_error when it cannot be spawned.

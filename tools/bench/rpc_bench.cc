@@ -588,17 +588,7 @@ int run_bench(const std::string& argv0, bool quick, const std::string& only,
   if (!hosts && (only.empty() || only == "torch_switchboard")) {
     ok &= run_side("torch_switchboard", [&] {
       std::string why_not, version;
-      // The package is not a data dependency of the bench (its torch headers
-      // do not build with the thread-safety build's clang): it is found where
-      // `bazel build -c opt //python:package` put it, or $SB_TORCH_RPC_PACKAGE.
-      std::string package;
-      if (const char* dir = std::getenv("SB_TORCH_RPC_PACKAGE")) {
-        package = dir;
-      } else if (const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
-        package = std::string(workspace) + "/bazel-bin/python/pkg";
-      } else {
-        package = "bazel-bin/python/pkg";
-      }
+      const std::string package = python_package();
       if (::access((package + "/switchboard/_C.so").c_str(), R_OK) != 0) {
         fmt::print(
             "torch_switchboard: skipped (no {}/switchboard/_C.so: run `bazel build -c opt "
