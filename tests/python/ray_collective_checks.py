@@ -138,13 +138,19 @@ def allreduce_destroy(backend, world):
         assert (r == filled(10, world * world)).all()
 
 
-def allreduce_multiple_group(backend, world, num_groups=5):
+def _in_groups(backend, world, num_groups):
+    """New actors in `num_groups` groups: "default", "1", "2", ..."""
     actors, _ = create_collective_workers(world, backend=backend)
-    for g in range(1, num_groups):
-        ray.get([a.init_group.remote(world, rank, backend, str(g))
+    names = ["default"] + [str(g) for g in range(1, num_groups)]
+    for name in names[1:]:
+        ray.get([a.init_group.remote(world, rank, backend, name)
                  for rank, a in enumerate(actors)])
-    for g in range(num_groups):
-        name = "default" if g == 0 else str(g)
+    return actors, names
+
+
+def allreduce_multiple_group(backend, world, num_groups=5):
+    actors, names = _in_groups(backend, world, num_groups)
+    for g, name in enumerate(names):
         results = ray.get([a.do_allreduce.remote(name) for a in actors])
         assert (results[0] == filled(10, world ** (g + 1))).all()
 
@@ -290,12 +296,8 @@ def reduce_different_array_size(backend, world, array_size, dst_rank):
 
 
 def reduce_multiple_group(backend, world, dst_rank, num_groups=5):
-    actors, _ = create_collective_workers(world, backend=backend)
-    for g in range(1, num_groups):
-        ray.get([a.init_group.remote(world, rank, backend, str(g))
-                 for rank, a in enumerate(actors)])
-    for g in range(num_groups):
-        name = "default" if g == 0 else str(g)
+    actors, names = _in_groups(backend, world, num_groups)
+    for g, name in enumerate(names):
         results = ray.get([a.do_reduce.remote(name, dst_rank) for a in actors])
         # The root's buffer accumulates from group to group.
         _check_reduced(results, dst_rank, 1 + (g + 1) * (world - 1), lambda rank: 1)
