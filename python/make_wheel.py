@@ -9,7 +9,8 @@ It prints the wheel's standard file name
 pip needs when the file was written under another (--out FILE).
 
 DIR holds the package as //python:package lays it out (switchboard/*.py,
-switchboard/_C.so and switchboard/_collective.so). FILE is @sb_venv's versions.txt ("torch=2.11.0+cu130",
+switchboard/_C.so, switchboard/_collective.so and
+switchboard/_collective_cuda.so). FILE is @sb_venv's versions.txt ("torch=2.11.0+cu130",
 "python_tag=cp312"). --out names the wheel file, or a directory to write it
 into under its standard name.
 
@@ -20,7 +21,10 @@ What the wheel holds, in the manner of auditwheel:
   first) has loaded it, as for every torch C++ extension;
 - switchboard.libs/: the shared libraries the extensions need beyond glibc,
   libstdc++ and libgcc (Boost.System, fmt, spdlog, Gloo, OpenSSL,
-  prometheus-cpp and what they need), each with run path `$ORIGIN`;
+  prometheus-cpp, the CUDA runtime and what they need), each with run path
+  `$ORIGIN`; never NCCL (over 200 MB): _collective_cuda.so finds the one
+  the process loaded or the nvidia-nccl wheel's (switchboard.collective
+  loads it), and without one switchboard.collective uses _collective.so;
 - the dist-info: METADATA (Requires-Dist: the PyTorch release it was built
   against, since a C++ extension is bound to one release's ABI), WHEEL
   and RECORD (sha256 of every file).
@@ -38,10 +42,11 @@ import sys
 import tempfile
 import zipfile
 
-# Libraries every Linux that runs PyTorch's wheels has; never bundled.
+# Libraries every Linux that runs PyTorch's wheels has, and NCCL (found at
+# run time, see above); never bundled.
 SYSTEM_LIBRARIES = re.compile(
     r"^(linux-vdso|ld-linux.*|libc|libm|libdl|libpthread|librt|libutil|libstdc\+\+|"
-    r"libgcc_s)\.so")
+    r"libgcc_s|libnccl)\.so")
 
 
 def fail(message):
@@ -101,7 +106,7 @@ def record_line(root, relative):
 
 
 # The package's extension modules: the torch RPC backend and the collectives.
-EXTENSIONS = ("_C.so", "_collective.so")
+EXTENSIONS = ("_C.so", "_collective.so", "_collective_cuda.so")
 
 
 def main():

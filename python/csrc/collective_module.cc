@@ -2,14 +2,19 @@
 // (collective/groups.h) for Python, without torch. switchboard.collective
 // wraps it; switchboard.ray builds Ray's backend on it.
 //
+// Built twice from this file (python/BUILD.bazel): _collective, with the
+// GLOO backend only, and _collective_cuda, which also links
+// //collective:nccl (the NCCL backend, CUDA tensors through DLPack) and so
+// needs libnccl.so.2 at import. switchboard.collective imports one of them.
+//
 // Every op is synchronous, as in Ray: it returns once done on this rank,
 // writing results into the caller's arrays, and releases the GIL while it
 // waits. Errors become Python exceptions with Switchboard's messages:
 // TimeoutError, ConnectionError (a lost peer), PermissionError (a wrong or
 // missing job secret), ValueError (bad arguments), RuntimeError (ranks that
 // disagree on an op, each side named; the rest).
-#include <pybind11/pybind11.h>
 #include <fmt/format.h>
+#include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
@@ -19,6 +24,7 @@
 #include <vector>
 
 #include "collective/groups.h"
+#include "collective/registry.h"
 #include "common/auth.h"
 #include "common/error.h"
 #include "python/csrc/py_tensor.h"
@@ -66,7 +72,11 @@ auto released(F&& op) {
 
 }  // namespace
 
-PYBIND11_MODULE(_collective, m) {
+#ifndef SB_COLLECTIVE_MODULE
+#define SB_COLLECTIVE_MODULE _collective
+#endif
+
+PYBIND11_MODULE(SB_COLLECTIVE_MODULE, m) {
   m.doc() = "Switchboard's collective groups (see switchboard.collective)";
 
   py::register_exception<switchboard::TimeoutError>(m, "SwitchboardTimeoutError",
@@ -84,7 +94,8 @@ PYBIND11_MODULE(_collective, m) {
   });
 
   // A store server in this process (rank 0 starts one; the others connect).
-  py::class_<switchboard::TcpStoreServer>(m, "StoreServer")
+  // module_local: _collective and _collective_cuda may both be loaded.
+  py::class_<switchboard::TcpStoreServer>(m, "StoreServer", py::module_local())
       .def(py::init([](const std::string& host, uint16_t port,
                        const std::optional<std::string>& secret_file) {
              switchboard::TcpStoreServerOptions options;
@@ -98,6 +109,16 @@ PYBIND11_MODULE(_collective, m) {
       .def_property_readonly("host", &switchboard::TcpStoreServer::host)
       .def("stop", &switchboard::TcpStoreServer::stop, py::call_guard<py::gil_scoped_release>());
 
+  m.def(
+      "backend_available",
+      [](const std::string& name) {
+        std::string why_not;
+        const bool available = col::is_collective_backend_available(name, &why_not);
+        return py::make_tuple(available, why_not);
+      },
+      py::arg("name"),
+      "(available, reason): whether the collective backend `name` (GLOO, NCCL, any case) can "
+      "run in this process, and if not, why.");
   m.def(
       "write_secret_file",
       [](const std::string& path) { switchboard::Secret::random().write_file(path); },

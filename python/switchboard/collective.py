@@ -1,10 +1,18 @@
 """Switchboard's collective groups from Python, without torch.
 
-Named groups as in Ray's ray.util.collective, over Switchboard's Gloo
-backend (CPU). Arrays are numpy arrays, torch tensors, or anything with
-__array_interface__ or __dlpack__; they are used in place, without copies,
+Named groups as in Ray's ray.util.collective, over Switchboard's GLOO
+backend (CPU arrays) and NCCL backend (CUDA arrays). Arrays are numpy
+arrays, torch tensors, or anything with __array_interface__ or __dlpack__
+(CUDA tensors through __dlpack__); they are used in place, without copies,
 and every op writes its result into the caller's arrays (read-only numpy
 arrays included, as Ray hands them to actors).
+
+NCCL: backend="NCCL" needs NCCL's library (libnccl.so.2), found as the
+process already loaded it (import torch first), from the nvidia-nccl wheel
+that PyPI's CUDA torch installs, or on the loader's path; and a CUDA device.
+Each rank uses device rank % (visible devices), and NCCL refuses two ranks
+of one group on one device. backend_available("NCCL") says whether NCCL can
+run here, and if not, why. SWITCHBOARD_COLLECTIVE_CUDA=0 leaves NCCL out.
 
     import numpy as np
     from switchboard import collective as col
@@ -32,10 +40,54 @@ unusable). Ops on one group must be issued in the same order on every
 rank.
 """
 
+import ctypes
+import glob
+import importlib
+import os
+import sys
 from enum import Enum
 
-from switchboard import _collective
-from switchboard._collective import StoreServer, write_secret_file  # noqa: F401  (re-exported)
+
+def _preload_nccl():
+    """Loads libnccl.so.2 from the nvidia-nccl wheel when the process has
+    not loaded one, as torch does, so that _collective_cuda finds it."""
+    for entry in sys.path:
+        for path in glob.glob(os.path.join(entry or ".", "nvidia", "nccl", "lib", "libnccl.so.2")):
+            try:
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                return
+            except OSError:
+                continue
+
+
+def _load():
+    """(module, why NCCL is missing): _collective_cuda where it loads, else
+    _collective (GLOO only)."""
+    if os.environ.get("SWITCHBOARD_COLLECTIVE_CUDA", "1") == "0":
+        return importlib.import_module("switchboard._collective"), \
+            "SWITCHBOARD_COLLECTIVE_CUDA=0 left NCCL out"
+    try:
+        return importlib.import_module("switchboard._collective_cuda"), None
+    except ImportError as first:
+        _preload_nccl()
+        try:
+            return importlib.import_module("switchboard._collective_cuda"), None
+        except ImportError:
+            return importlib.import_module("switchboard._collective"), \
+                f"switchboard._collective_cuda could not be loaded: {first}"
+
+
+_collective, _no_nccl = _load()
+StoreServer = _collective.StoreServer
+write_secret_file = _collective.write_secret_file
+
+
+def backend_available(name):
+    """(available, reason): whether backend `name` ("GLOO", "NCCL", any
+    case) can run in this process; reason says why not ("" when it can)."""
+    if _no_nccl is not None and name.upper() == "NCCL":
+        return False, _no_nccl
+    return _collective.backend_available(name)
 
 
 class ReduceOp(Enum):

@@ -2,63 +2,22 @@
 runs it: ranks as processes on 127.0.0.1, rank 0's StoreServer as the store,
 numpy arrays (read-only ones included) and torch tensors written in place,
 and the failures named: arrays that disagree across ranks, a rank that dies
-mid-group, a rank without the job's secret.
+mid-group, a rank without the job's secret. The NCCL backend: built in,
+saying why it cannot run where there is no GPU, and found where the loader
+finds no NCCL library (CUDA tensors over it: collective_cuda_test.py).
 """
 
-import multiprocessing
 import os
+import subprocess
 import sys
 import tempfile
-import traceback
 import unittest
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from collective_ranks import run_ranks  # noqa: E402
 from summary import run_and_summarize  # noqa: E402
-
-TIMEOUT_MS = 30_000
-
-# The ranks' Gloo listeners on loopback, as every test here talks over
-# 127.0.0.1 only (inherited by the spawned ranks).
-os.environ["SWITCHBOARD_IFNAME"] = "127.0.0.1"
-
-
-def _rank_main(body, rank, world, port, options, results):
-    """Runs body(col, rank, world) in a fresh process after joining group "g"."""
-    try:
-        from switchboard import collective as col
-        col.init_collective_group(world, rank, group_name="g", store_host="127.0.0.1",
-                                  store_port=port, timeout_ms=options.get("timeout_ms", TIMEOUT_MS),
-                                  secret_file=options.get("secret_file"))
-        out = body(col, rank, world)
-        col.destroy_collective_group("g")
-        results.put((rank, "ok", out))
-    except BaseException as e:  # noqa: BLE001  (reported to the test)
-        results.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-
-
-def run_ranks(body, world=2, **options):
-    """Starts a StoreServer here and `world` ranks running `body`; returns
-    {rank: (status, value)} once every rank reported (or exited)."""
-    from switchboard import collective as col
-    server = col.StoreServer("127.0.0.1", secret_file=options.get("server_secret_file"))
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(body, r, world, server.port, options, results))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = {}
-    expected = options.get("expected_reports", world)
-    while len(got) < expected:
-        rank, status, value = results.get(timeout=120)
-        got[rank] = (status, value)
-    for p in procs:
-        p.join(timeout=120)
-    server.stop()
-    return got
-
 
 # Bodies run in the ranks' processes (module-level: spawn pickles them by name).
 
@@ -205,8 +164,80 @@ class CollectiveTest(unittest.TestCase):
                 self.assertTrue(text.startswith("SwitchboardAuthenticationError: "), text)
                 self.assertIn("job secret", text)
 
+    def test_nccl_is_built_in_and_says_why_it_cannot_run_here(self):
+        import torch
+        from switchboard import collective as col
+        self.assertEqual(col._collective.__name__, "switchboard._collective_cuda")
+        self.assertEqual(col.backend_available("gloo"), (True, ""))
+        available, why = col.backend_available("NCCL")
+        if torch.cuda.device_count() == 0:
+            self.assertFalse(available)
+            self.assertIn("no CUDA device", why)
+        else:
+            self.assertEqual((available, why), (True, ""))
+
+    def test_without_the_nccl_library_gloo_serves_and_nccl_says_why(self):
+        # As where libnccl.so.2 is nowhere: the import of _collective_cuda
+        # fails, and a GLOO group still works.
+        script = (
+            "import importlib.abc, sys\n"
+            "class NoNccl(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'switchboard._collective_cuda':\n"
+            "            raise ImportError('libnccl.so.2: cannot open shared object file')\n"
+            "sys.meta_path.insert(0, NoNccl())\n"
+            "from switchboard import collective as col\n"
+            "import numpy as np\n"
+            "server = col.StoreServer('127.0.0.1')\n"
+            "col.init_collective_group(1, 0, group_name='g', store_host='127.0.0.1',\n"
+            "                          store_port=server.port)\n"
+            "x = np.ones(2, np.float32)\n"
+            "col.allreduce(x, group_name='g')\n"
+            "print(col._collective.__name__, col.backend_available('nccl'), x.tolist())\n"
+            "try:\n"
+            "    col.init_collective_group(1, 0, backend='NCCL', group_name='n',\n"
+            "                              store_host='127.0.0.1', store_port=server.port)\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        # (Switchboard's log lines start with a "[time]".)
+        first, second = [line for line in result.stdout.splitlines()
+                         if not line.startswith("[")]
+        self.assertEqual(first, "switchboard._collective (False, 'switchboard._collective_cuda "
+                                "could not be loaded: libnccl.so.2: cannot open shared object "
+                                "file') [1.0, 1.0]")
+        self.assertIn("NCCL", second)
+        self.assertIn("not available here", second)
+
+    def test_where_the_loader_finds_no_nccl_the_nvidia_wheel_s_is_loaded(self):
+        # The first import of _collective_cuda fails as where no libnccl.so.2
+        # is on the loader's path; switchboard.collective then loads the
+        # nvidia-nccl wheel's (PyPI's CUDA torch installs it) and imports
+        # the module again, which takes that library.
+        script = (
+            "import importlib.abc, sys\n"
+            "class FirstTime(importlib.abc.MetaPathFinder):\n"
+            "    tried = False\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'switchboard._collective_cuda' and not self.tried:\n"
+            "            self.tried = True\n"
+            "            raise ImportError('libnccl.so.2: cannot open shared object file')\n"
+            "sys.meta_path.insert(0, FirstTime())\n"
+            "from switchboard import collective as col\n"
+            "print(col._collective.__name__)\n"
+            "print(*sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libnccl' in l}))\n")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        module, loaded = result.stdout.splitlines()
+        self.assertEqual(module, "switchboard._collective_cuda")
+        self.assertRegex(loaded, r"^/\S+/site-packages/nvidia/nccl/lib/libnccl\.so\.2$")
+
     def test_arrays_it_cannot_use_are_refused_by_name(self):
-        from switchboard import _collective
+        from switchboard import collective as col
+        _collective = col._collective
         with self.assertRaisesRegex(TypeError, "allreduce: tensor: a list is not an array"):
             _collective.allreduce([1, 2], "g", "SUM")
         with self.assertRaisesRegex(ValueError, "complex|not supported"):

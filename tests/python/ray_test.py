@@ -97,6 +97,20 @@ class Worker:
             return f"{type(e).__name__}: {e}"
         return "no error"
 
+    def allreduce_on_cuda_without_nccl(self, group_name):
+        # Ray's own checks want a real torch or CuPy tensor, which needs a
+        # GPU: hand the group what a CUDA tensor shows DLPack instead.
+        class OnCuda:
+            def __dlpack_device__(self):
+                return (2, 0)  # kDLCUDA, device 0
+
+        group = rc.collective._group_mgr.get_group_by_name(group_name)
+        try:
+            group.allreduce([OnCuda()])
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
     def try_init(self, world_size, rank, group_name):
         try:
             rc.init_collective_group(world_size, rank, backend="switchboard",
@@ -164,6 +178,22 @@ class RayCollectiveTest(unittest.TestCase):
             self.assertIn("the ranks disagree", text)
             self.assertIn("float32[3]", text)
             self.assertIn("float32[4]", text)
+
+    def test_a_cuda_tensor_without_a_usable_nccl_is_refused_naming_why(self):
+        if col.backend_available("NCCL")[0]:
+            self.skipTest("NCCL can run here: a CUDA tensor would go over it")
+        ws = workers(2)
+        ray.get([w.init_group.remote(2, r, "cu") for r, w in enumerate(ws)])
+        for rank, text in enumerate(ray.get([w.allreduce_on_cuda_without_nccl.remote("cu")
+                                             for w in ws])):
+            self.assertTrue(text.startswith("RuntimeError: SWITCHBOARD group \"cu\" "
+                                            f"(rank {rank}): a CUDA tensor needs"), text)
+            self.assertIn(col.backend_available("NCCL")[1], text)
+        # The CPU group is still whole.
+        ray.get([w.set_buffer.remote(np.ones(2, np.float32)) for w in ws])
+        for got in ray.get([w.allreduce.remote("cu") for w in ws]):
+            self.assertEqual(got.tolist(), [2.0, 2.0])
+        ray.get([w.destroy.remote("cu") for w in ws])
 
     def test_an_actor_killed_mid_group_is_named_by_the_other(self):
         ws = workers(2)

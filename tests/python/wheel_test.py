@@ -12,8 +12,10 @@ runs offline (--no-index): the wheel must install from itself alone.
 Checked: pip installs it; the package imported is the environment's copy;
 _C.so's run path names nothing of the build (only $ORIGIN/../switchboard.libs);
 the bundled libraries are the ones loaded (with LD_LIBRARY_PATH unset); an
-rpc_sync between two processes returns the right value; pip uninstall
-removes it. Skipped (printing why) without the project environment.
+rpc_sync between two processes returns the right value; the collectives
+work without torch, with the NCCL backend's module loaded against the
+nvidia-nccl wheel's library (NCCL is not bundled); pip uninstall removes
+it. Skipped (printing why) without the project environment.
 
     wheel_test.py WHEEL NAME_FILE   (paths from //python:wheel)
 """
@@ -122,17 +124,31 @@ class WheelInstallsAndRuns(unittest.TestCase):
         self.assertNotIn(b"/.venv/", data)
 
         # The collectives load from the installed copy too, without torch:
-        # a group of one, its store in the same process.
+        # a group of one, its store in the same process. NCCL is not in the
+        # wheel: the module with the NCCL backend takes the system's (here:
+        # the CUDA toolkit's, in ld.so.cache) or else the nvidia-nccl
+        # wheel's (collective_test checks that way).
         script = ("import sys, numpy as np; from switchboard import collective as col; "
                   "s = col.StoreServer('127.0.0.1'); "
                   "col.init_collective_group(1, 0, group_name='g', store_host='127.0.0.1', "
                   "store_port=s.port, timeout_ms=20000); "
                   "x = np.arange(3, dtype=np.float32); col.allreduce(x, group_name='g'); "
-                  "print(col.__file__, x.tolist(), 'torch' in sys.modules)")
+                  "print(col.__file__, x.tolist(), 'torch' in sys.modules); "
+                  "print('module', col._collective.__name__); "
+                  "print('nccl', *sorted({l.split()[-1] for l in open('/proc/self/maps') "
+                  "if 'libnccl' in l}))")
         env = dict(self.env, SWITCHBOARD_IFNAME="127.0.0.1")
         out = run([self.python, "-c", script], env=env)
         self.assertIn(f"{self.venv}/lib/", out)
         self.assertIn("[0.0, 1.0, 2.0] False", out)
+        self.assertIn("module switchboard._collective_cuda", out)
+        nccl = [line for line in out.splitlines() if line.startswith("nccl ")]
+        self.assertEqual(len(nccl), 1, out)
+        self.assertRegex(nccl[0], r"^nccl /\S+/libnccl\.so\.2$")
+        self.assertNotIn("switchboard.libs", nccl[0])
+        libs = os.listdir(os.path.join(os.path.dirname(os.path.dirname(extension)),
+                                       "switchboard.libs"))
+        self.assertFalse([lib for lib in libs if lib.startswith("libnccl")], libs)
 
         run(pip + ["uninstall", "--yes", "switchboard"], env=self.env)
         self.assertFalse(os.path.exists(extension))
