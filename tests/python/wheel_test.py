@@ -14,8 +14,9 @@ _C.so's run path names nothing of the build (only $ORIGIN/../switchboard.libs);
 the bundled libraries are the ones loaded (with LD_LIBRARY_PATH unset); an
 rpc_sync between two processes returns the right value; the collectives
 work without torch, with the NCCL backend's module loaded against the
-nvidia-nccl wheel's library (NCCL is not bundled); pip uninstall removes
-it. Skipped (printing why) without the project environment.
+nvidia-nccl wheel's library (NCCL is not bundled); a Ray job (Ray from the
+project environment, as its PyTorch) picks backend="switchboard" in its
+actors; pip uninstall removes it. Skipped (printing why) without the project environment.
 
     wheel_test.py WHEEL NAME_FILE   (paths from //python:wheel)
 """
@@ -54,6 +55,33 @@ WORKER = textwrap.dedent("""
     if rank == 1:
         print("sum", rpc.rpc_sync("w0", torch.add, args=(torch.ones(3), 2)).tolist())
     rpc.shutdown()
+""")
+
+
+# A Ray job on a local Ray (Ray 2.60, from the project environment like its
+# PyTorch): two actors in a SWITCHBOARD group allreduce; prints where the
+# driver's and the actors' switchboard came from.
+RAY_JOB = textwrap.dedent("""
+    import numpy as np, ray, ray.util.collective as rc
+    import switchboard, switchboard.ray
+    print("driver", switchboard.__file__)
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self):
+            import switchboard.ray  # registers SWITCHBOARD in this actor
+        def allreduce(self, world, rank):
+            rc.init_collective_group(world, rank, backend="switchboard", group_name="g")
+            x = np.full(2, rank + 1, np.float32)
+            rc.allreduce(x, "g")
+            return x.tolist(), switchboard.ray.__file__
+
+    ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    workers = [Worker.remote() for _ in range(2)]
+    got = ray.get([w.allreduce.remote(2, r) for r, w in enumerate(workers)])
+    print("actors", [g[0] for g in got], [g[1] for g in got])
+    ray.shutdown()
 """)
 
 
@@ -149,6 +177,12 @@ class WheelInstallsAndRuns(unittest.TestCase):
         libs = os.listdir(os.path.join(os.path.dirname(os.path.dirname(extension)),
                                        "switchboard.libs"))
         self.assertFalse([lib for lib in libs if lib.startswith("libnccl")], libs)
+
+        # A Ray job picks backend="switchboard" from the installed copy:
+        # the driver and each actor import switchboard.ray.
+        out = run([self.python, "-c", RAY_JOB], env=env, cwd=self.tmp)
+        self.assertIn(f"driver {self.venv}/lib/", out)
+        self.assertIn(f"actors [[3.0, 3.0], [3.0, 3.0]] ['{self.venv}/lib/", out)
 
         run(pip + ["uninstall", "--yes", "switchboard"], env=self.env)
         self.assertFalse(os.path.exists(extension))
