@@ -19,9 +19,11 @@
 // and bool reduce too). Collectives run one at a time, in issue order, on
 // the group's own thread; send/recv are posted at once and driven by
 // Work::wait(), so a rank may post a send before its recv without
-// deadlock. reduce_scatter is an allreduce of the concatenated inputs
-// (Gloo has no unbound-buffer reduce-scatter); alltoall (list form) packs
-// into one buffer when the tensors are not already adjacent.
+// deadlock. Allreduces of up to 256 KiB run Gloo's BCUBE algorithm (few
+// whole-chunk steps), larger ones its RING (pipelined segments).
+// reduce_scatter is an allreduce of the concatenated inputs (Gloo has no
+// unbound-buffer reduce-scatter); alltoall (list form) packs into one
+// buffer when the tensors are not already adjacent.
 //
 // Errors: a peer that closes its connection fails the op with
 // ConnectionError, one that stays silent with TimeoutError after the

@@ -355,6 +355,41 @@ TEST_CASE("large odd-sized tensors reduce, gather and exchange exactly",
   }));
 }
 
+// Allreduces of up to 256 KiB use Gloo's BCUBE algorithm, larger ones its
+// RING (gloo_process_group.cc): both sides of the bound, on a group whose
+// size is a power of two and on one whose size is not.
+TEST_CASE("allreduce and reduce_scatter are exact on both sides of the 256 KiB algorithm bound",
+          "[collective][gloo][allreduce]") {
+  const int n = GENERATE(3, 4);
+  auto groups = sbtest::make_groups(n, sbtest::unique_group_name("bound"));
+  sbtest::report(sbtest::run_on(groups, [n](ProcessGroup& pg, sbtest::RankLog& log) {
+    const int r = pg.rank();
+    for (DType dtype : {DType::kFloat32, DType::kInt8}) {
+      const int64_t at_bound = (256 << 10) / static_cast<int64_t>(dtype_size(dtype));
+      for (int64_t count : {at_bound, at_bound + 1}) {
+        const Shape shape{count};
+        Tensor t = seeded(dtype, shape, r);
+        pg.allreduce(t, ReduceOp::kSum).wait();
+        log.expect_values(t, reduced(dtype, ReduceOp::kSum, n, 0, count, by_rank(dtype)),
+                          describe("allreduce SUM", dtype, shape, n));
+      }
+      // reduce_scatter allreduces the n entries together: n * chunk elements.
+      for (int64_t chunk : {at_bound / n, at_bound / n + 1}) {
+        const Shape shape{chunk};
+        std::vector<Tensor> ins;
+        for (int k = 0; k < n; ++k) ins.push_back(seeded(dtype, shape, r * n + k));
+        Tensor out = sentinel(dtype, shape);
+        pg.reduce_scatter(out, ins, ReduceOp::kSum).wait();
+        log.expect_values(
+            out,
+            reduced(dtype, ReduceOp::kSum, n, r, chunk,
+                    [&](int q, int k, int64_t i) { return value(dtype, q * n + k, i); }),
+            describe("reduce_scatter", dtype, shape, n));
+      }
+    }
+  }));
+}
+
 TEST_CASE("barrier returns on a rank only after every rank entered it",
           "[collective][gloo][barrier]") {
   const int n = GENERATE(1, 2, 3, 4);
