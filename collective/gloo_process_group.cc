@@ -461,8 +461,9 @@ constexpr auto kCpu = Device::Type::kCpu;
 // each wakes a thread in another process, which on a machine with idle
 // cores takes tens to hundreds of microseconds. On 2 cores
 // (docs/benchmarks.md, "Ray's collectives"), 2 ranks at 4 KiB to 256 KiB
-// took 2x or less the time with BCUBE; at 1 MiB the two were within noise.
-constexpr size_t kBcubeMaxBytes = 256 << 10;
+// took half the time or less with BCUBE, and Ray's 1 MiB allreduce in
+// `bench ray` was faster with it; at 64 MiB RING's pipelining matters.
+constexpr size_t kBcubeMaxBytes = 1 << 20;
 
 gloo::AllreduceOptions::Algorithm allreduce_algorithm(size_t bytes) {
   return bytes <= kBcubeMaxBytes ? gloo::AllreduceOptions::Algorithm::BCUBE

@@ -19,7 +19,7 @@
 // and bool reduce too). Collectives run one at a time, in issue order, on
 // the group's own thread; send/recv are posted at once and driven by
 // Work::wait(), so a rank may post a send before its recv without
-// deadlock. Allreduces of up to 256 KiB run Gloo's BCUBE algorithm (few
+// deadlock. Allreduces of up to 1 MiB run Gloo's BCUBE algorithm (few
 // whole-chunk steps), larger ones its RING (pipelined segments).
 // reduce_scatter is an allreduce of the concatenated inputs (Gloo has no
 // unbound-buffer reduce-scatter); alltoall (list form) packs into one

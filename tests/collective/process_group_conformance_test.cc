@@ -355,17 +355,17 @@ TEST_CASE("large odd-sized tensors reduce, gather and exchange exactly",
   }));
 }
 
-// Allreduces of up to 256 KiB use Gloo's BCUBE algorithm, larger ones its
+// Allreduces of up to 1 MiB use Gloo's BCUBE algorithm, larger ones its
 // RING (gloo_process_group.cc): both sides of the bound, on a group whose
 // size is a power of two and on one whose size is not.
-TEST_CASE("allreduce and reduce_scatter are exact on both sides of the 256 KiB algorithm bound",
+TEST_CASE("allreduce and reduce_scatter are exact on both sides of the 1 MiB algorithm bound",
           "[collective][gloo][allreduce]") {
   const int n = GENERATE(3, 4);
   auto groups = sbtest::make_groups(n, sbtest::unique_group_name("bound"));
   sbtest::report(sbtest::run_on(groups, [n](ProcessGroup& pg, sbtest::RankLog& log) {
     const int r = pg.rank();
     for (DType dtype : {DType::kFloat32, DType::kInt8}) {
-      const int64_t at_bound = (256 << 10) / static_cast<int64_t>(dtype_size(dtype));
+      const int64_t at_bound = (1 << 20) / static_cast<int64_t>(dtype_size(dtype));
       for (int64_t count : {at_bound, at_bound + 1}) {
         const Shape shape{count};
         Tensor t = seeded(dtype, shape, r);
