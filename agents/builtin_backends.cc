@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <memory>
 
-#include "agents/pipe_agent.h"
-#include "agents/process_group_agent.h"
+#include "agents/pipe/agent.h"
+#include "agents/process_group/agent.h"
 #include "common/check.h"
 
 namespace switchboard::agents {

@@ -5,8 +5,8 @@
 // rpc::set_builtin_backends(), so the registry runs it once, before it
 // answers its first question, and the built-ins are usable by name without
 // the user doing anything:
-//   PIPE           agents/pipe_agent.h, the default (static and dynamic groups)
-//   PROCESS_GROUP  agents/process_group_agent.h (static groups only)
+//   PIPE           agents/pipe/agent.h, the default (static and dynamic groups)
+//   PROCESS_GROUP  agents/process_group/agent.h (static groups only)
 //
 // Thread safety: as rpc/backend_registry.h.
 #pragma once
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "agents/pipe_options.h"
+#include "agents/pipe/options.h"
 #include "rpc/backend_registry.h"
 #include "rpc/device_map.h"
 
@@ -37,13 +37,13 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //   "num_worker_threads"     integer >= 1 (also a common field)
 //   "num_io_threads"         integer >= 1 (default 1)
 //   "listen_address"         an address or interface name (see
-//                            agents/pipe_address.h for the default)
+//                            agents/pipe/address.h for the default)
 //   "port_range"             "LO-HI" or "P": the listener's port comes
 //                            from it (default: SWITCHBOARD_PORT_RANGE, else
 //                            a port the kernel picks)
 //   "heartbeat_interval_ms"  integer > 0 (default 250)
 //   "heartbeat_timeout_ms"   integer >= 0, 0 disables (default 5000)
-// (Defaults: PipeAgentOptions', agents/pipe_options.h.)
+// (Defaults: PipeAgentOptions', agents/pipe/options.h.)
 //   "device_count"           integer >= 0: the CUDA devices device maps are
 //                            validated against (default: ask CUDA)
 //   "membership_lease_ms"    integer > 0: the lease on a dynamic group's
@@ -72,14 +72,14 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            PEM files: mutual TLS on every connection
 //                            (all three or none; default: the
 //                            SWITCHBOARD_TLS_* variables, else plain TCP;
-//                            see PipeTlsOptions in agents/pipe_options.h)
+//                            see PipeTlsOptions in agents/pipe/options.h)
 // Device maps are set on the options object, as in PyTorch:
 //   options->set_device_map("w1", {{"cuda:0", "cuda:1"}});
 //   options->set_devices({"cuda:0"});
 // set_device_map merges into the map for that worker and throws
 // std::invalid_argument when the result would not be 1-to-1 (naming the
 // worker and the devices); set_devices throws for unparsable names.
-// Every field of PipeSettings (agents/pipe_options.h) is set on the object
+// Every field of PipeSettings (agents/pipe/options.h) is set on the object
 // directly (as options->heartbeat_timeout = ...), the common ones
 // (rpc_timeout, num_worker_threads, init_method) on the base; the agent
 // gets them all, none copied by hand.

@@ -13,7 +13,7 @@
 //                                  PROCESS_GROUP's
 //                                  names rpc/names/<r>, its Gloo group under
 //                                  rpc/pg_agent/ and its joins' rounds under
-//                                  rpc/join/, agents/process_group_wire.h)
+//                                  rpc/join/, agents/process_group/wire.h)
 //   pipe/dyn/...                   a dynamic PIPE group's membership
 //                                  (DynamicKeys: the token, the members)
 //   collective/specs/<name>        a declared collective group's spec

@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "agents/pipe_address.h"
+#include "agents/pipe/address.h"
 #include "python/csrc/torch_agent.h"
 
 namespace py = pybind11;

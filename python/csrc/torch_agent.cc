@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "agents/builtin_backends.h"
-#include "agents/pipe_address.h"
+#include "agents/pipe/address.h"
 #include "common/auth.h"
 #include "common/error.h"
 #include "python/csrc/torch_message.h"

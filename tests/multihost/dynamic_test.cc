@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe_agent.h"
-#include "agents/pipe_info.h"
+#include "agents/pipe/agent.h"
+#include "agents/pipe/announcement.h"
 #include "common/auth.h"
 #include "common/error.h"
 #include "common/logging.h"

@@ -18,7 +18,7 @@ class PipeFactory final : public RegistryAgentFactory {
       : RegistryAgentFactory("PIPE", with(more)) {}
 
   // A PIPE worker says goodbye when it shuts down: its peers report it as
-  // having left rather than lost (agents/pipe_agent.h).
+  // having left rather than lost (agents/pipe/agent.h).
   std::string shut_down_peer_phrase(const std::string& worker) const override {
     return fmt::format("worker \"{}\" left the group", worker);
   }

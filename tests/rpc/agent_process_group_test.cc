@@ -14,14 +14,14 @@ class ProcessGroupFactory final : public RegistryAgentFactory {
   std::optional<std::string> limitation(Limitation what) const override {
     if (what == Limitation::kJoinSeesWorkersThatShutDown) {
       return "PROCESS_GROUP's join() barrier waits on store keys until its timeout; it "
-             "cannot see a worker that shut down (agents/process_group_agent.h)";
+             "cannot see a worker that shut down (agents/process_group/agent.h)";
     }
     return std::nullopt;
   }
 
   // A PROCESS_GROUP worker that shuts down closes its Gloo group: its
   // peers' listeners see the link fail, so their metrics entry for it
-  // reads "failed" (agents/process_group_agent.h).
+  // reads "failed" (agents/process_group/agent.h).
   rpc::ConnectionState shut_down_peer_state() const override {
     return rpc::ConnectionState::kFailed;
   }

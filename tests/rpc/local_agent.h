@@ -19,7 +19,7 @@
 // Static groups only (world_size required).
 //
 // Semantics follow the RpcAgent contract (rpc/agent.h) and the PROCESS_GROUP
-// agent (agents/process_group_agent.h), messages included:
+// agent (agents/process_group/agent.h), messages included:
 //   TimeoutError      `rpc to "w1" function "add": timed out after 200 ms`
 //   ConnectionError   `rpc to "w1" function "add": connection to worker "w1"
 //                     lost: it shut down` (the callee shut down, before or

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe_agent.h"
+#include "agents/pipe/agent.h"
 #include "common/auth.h"
 #include "rpc/future.h"
 #include "store/hash_store.h"

@@ -6,7 +6,7 @@
 #include <bit>
 #include <cstring>
 
-#include "agents/little_endian.h"
+#include "core/little_endian.h"
 #include "common/error.h"
 
 namespace switchboard::agents::channel {

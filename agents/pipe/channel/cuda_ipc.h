@@ -51,8 +51,8 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe_connection.h"
-#include "agents/pipe_frame.h"
+#include "agents/pipe/transport/connection.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
 #include "core/device_ipc.h"
 #include "core/tensor.h"

@@ -27,7 +27,7 @@
 #include <cstdint>
 #include <exception>
 
-#include "agents/pipe_frame.h"
+#include "agents/pipe/wire/frame.h"
 #include "core/tensor.h"
 
 namespace switchboard::agents::channel {

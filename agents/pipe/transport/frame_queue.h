@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "agents/pipe_frame.h"
+#include "agents/pipe/wire/frame.h"
 #include "core/message.h"
 #include "core/tensor.h"
 

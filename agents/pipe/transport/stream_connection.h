@@ -1,5 +1,5 @@
 // StreamConnection: what every PIPE connection over a byte stream shares
-// (agents/pipe_connection.h): the queue of frames going out, coalesced into
+// (agents/pipe/transport/connection.h): the queue of frames going out, coalesced into
 // one write at a time; the frame reader the stream's bytes go into; the
 // strand that reads, writes and reports to the ConnectionEvents; the
 // closing rules. What the stream is stays with the subclass:
@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "agents/pipe/transport/frame_queue.h"
-#include "agents/pipe_connection.h"
-#include "agents/pipe_frame.h"
+#include "agents/pipe/transport/connection.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
 #include "core/message.h"
 #include "core/tensor.h"

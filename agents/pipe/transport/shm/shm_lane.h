@@ -42,8 +42,8 @@
 
 #include "agents/pipe/transport/frame_queue.h"
 #include "agents/pipe/transport/shm/shm_ring.h"
-#include "agents/pipe_connection.h"
-#include "agents/pipe_frame.h"
+#include "agents/pipe/transport/connection.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
 #include "core/message.h"
 

@@ -1,4 +1,4 @@
-// TcpConnection: the tcp transport's Connection (agents/pipe_connection.h),
+// TcpConnection: the tcp transport's Connection (agents/pipe/transport/connection.h),
 // one plain TCP socket. Frames queued when nothing else is being written
 // go out from the caller's thread at once (sendmsg, MSG_DONTWAIT: the
 // lowest latency); the rest is coalesced into one write on the strand

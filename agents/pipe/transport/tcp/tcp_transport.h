@@ -1,4 +1,4 @@
-// The TCP PipeTransport (agents/pipe_transport.h): an Asio io_context run
+// The TCP PipeTransport (agents/pipe/transport/transport.h): an Asio io_context run
 // by `num_io_threads` threads and a TCP acceptor, whose connections are one
 // of the three stream transports, each in its own folder:
 //   tcp/tcp_connection.h   plain TCP;
@@ -6,7 +6,7 @@
 //                          memory once both sides agree (lane_capacity);
 //   tls/tls_connection.h   mutual TLS over TCP (tls.enabled()).
 // Every transport passes one conformance suite
-// (tests/agents/pipe_transport_test.cc). Internal to the PIPE agent; this
+// (tests/agents/pipe/transport/conformance_test.cc). Internal to the PIPE agent; this
 // header keeps Asio out of the files that include it.
 #pragma once
 
@@ -16,10 +16,10 @@
 #include <optional>
 #include <string>
 
-#include "agents/pipe_connection.h"
-#include "agents/pipe_frame.h"
-#include "agents/pipe_options.h"
-#include "agents/pipe_transport.h"
+#include "agents/pipe/transport/connection.h"
+#include "agents/pipe/wire/frame.h"
+#include "agents/pipe/options.h"
+#include "agents/pipe/transport/transport.h"
 #include "common/listen_address.h"
 
 namespace switchboard::agents::transport {

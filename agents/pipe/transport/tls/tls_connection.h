@@ -1,4 +1,4 @@
-// TlsConnection: the tls transport's Connection (agents/pipe_connection.h):
+// TlsConnection: the tls transport's Connection (agents/pipe/transport/connection.h):
 // a TLS session over one TCP socket, with mutual certificates
 // (tls/tls_context.h). Every byte goes through the session, which
 // handshake() opens before anything else is sent or read; writes are

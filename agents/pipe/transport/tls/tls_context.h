@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "agents/pipe_options.h"
+#include "agents/pipe/options.h"
 
 namespace switchboard::agents::transport {
 

@@ -1,0 +1,211 @@
+// PipeAgent's state: the owner that wires the PIPE agent's objects
+// together. Each object has its own header, state and lock:
+//   PeerTable        (peer_table.h)          who the peers are, their
+//                                            connections and states
+//   PipeTransport    (transport/transport.h) listener, connect, I/O threads,
+//                                            timers (TCP: transport/tcp/)
+//   StaticRendezvous (static_group.h)        a static group's setup and
+//                                            barrier
+//   Membership       (membership.h)          a dynamic group's joins and
+//                                            leaves
+//   rpc::CallTable   (rpc/call_table.h)      calls made and requests served
+// The Impl itself routes what connections report (frames, failures) to
+// them, sends calls and replies, and runs the heartbeat. Internal to
+// //agents/pipe:agent; see agents/pipe/agent.h for the behaviour.
+//
+// Thread safety: the Impl has no lock of its own; its fields are set in
+// the constructor (and by start_up(), before any other thread sees them),
+// and each object it owns guards its own state.
+// Lifetime: shared by the PipeAgent and by work in flight on the pool;
+// the destructor stops the transport (joining the I/O threads) before any
+// object the connections report to goes away.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/host_buffer_cache.h"
+#include "agents/pipe/channel/cuda_ipc.h"
+#include "agents/pipe/channel/select.h"
+#include "agents/pipe/handshake.h"
+#include "agents/pipe/agent.h"
+#include "agents/pipe/transport/connection.h"
+#include "agents/pipe/announcement.h"
+#include "agents/pipe/membership.h"
+#include "agents/pipe/peer_table.h"
+#include "agents/pipe/static_group.h"
+#include "agents/pipe/transport/transport.h"
+#include "common/mutex.h"
+#include "rpc/call_table.h"
+
+namespace switchboard::agents {
+
+// What this worker's channels can do (its announcement's), and its
+// cuda_ipc channel in `cuda_ipc` when it has one: a DeviceIpc registered,
+// CUDA devices, the option on (tensors.cc).
+ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOptions& options,
+                                    int device_count,
+                                    std::unique_ptr<channel::CudaIpcChannel>* cuda_ipc);
+// A self-send's message with its own copies of the tensors, each on
+// devices[i] (the device map's target) or, when `devices` is empty, on the
+// CPU (tensors.cc).
+rpc::Message copy_tensors(rpc::Message m, const std::vector<Device>& devices);
+
+struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
+  Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name, int rank,
+       std::optional<int> world_size, const PipeAgentOptions& options);
+  ~Impl() override;
+
+  // Listens, then rendezvouses (static) or joins (dynamic), then starts the
+  // heartbeat. Throws what those throw.
+  void start_up();
+
+  // ConnectionEvents (on the connection's strand).
+  bool on_frame(const std::shared_ptr<Connection>& connection,
+                pipe::InboundFrame frame) override;
+  void connection_failed(const std::shared_ptr<Connection>& connection,
+                         const std::string& reason) override;
+  // A dynamic group's member that is out of the group (the Membership's
+  // DropPeer): down for `why`, its connection closed, reported as left,
+  // its calls failed.
+  void drop_peer(int peer, const std::string& why);
+  // Fails the calls in flight to `peer` with ConnectionError naming it and
+  // `why`.
+  void fail_calls_to(int peer, const std::string& why);
+  // A connection accepted by the transport (I/O thread).
+  void on_accept(std::shared_ptr<Connection> connection);
+  // A hello: a claim (kStatic, kJoin: challenged first with a secret,
+  // agents/pipe/handshake.h), a challenge or a proof, or a welcome (dynamic).
+  // False when the connection is not to be read on.
+  bool on_hello(const std::shared_ptr<Connection>& connection, const rpc::Message& frame);
+  // A claim, once authenticated (or without a secret): identifies the
+  // connection (static) or admits the joiner (dynamic).
+  bool accept_claim(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  // The connecting side's check of a challenge, and the accepting side's
+  // check of a proof.
+  bool on_challenge(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  bool on_proof(const std::shared_ptr<Connection>& connection, const Hello& hello);
+
+  // Calls and replies.
+  // `connection`: the one the request came by (null for a self-send).
+  void accept_request(int from, pipe::InboundFrame request,
+                      std::shared_ptr<Connection> connection = nullptr);
+  void deliver_reply(int to, rpc::Message reply);
+  void complete(pipe::InboundFrame response, std::shared_ptr<Connection> connection);
+  void complete_now(rpc::Message response);
+  // The tensors of a received frame that a channel carries, until they are
+  // fetched: those still here when it goes (the request was refused or
+  // cancelled before it ran, the response came after its call ended, the
+  // pool was gone) go back to their sender, whose outboxes they hold.
+  struct Unfetched {
+    Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<Connection> connection,
+              std::vector<pipe::InboundFrame::ChannelTensor> tensors)
+        : impl(std::move(impl)), connection(std::move(connection)), tensors(std::move(tensors)) {}
+    // One owner: a copy would give the outboxes back twice.
+    Unfetched(const Unfetched&) = delete;
+    Unfetched& operator=(const Unfetched&) = delete;
+    ~Unfetched();
+    std::weak_ptr<Impl> impl;
+    std::shared_ptr<Connection> connection;
+    std::vector<pipe::InboundFrame::ChannelTensor> tensors;
+  };
+  // Brings the tensors of `m` that a channel carries (`unfetched`, which is
+  // empty afterwards), then moves every tensor to the device `devices`
+  // names; on the pool.
+  void receive_tensors(rpc::Message& m, const std::vector<Device>& devices,
+                       Unfetched& unfetched, int from) const;
+  void place_tensors(rpc::Message& m, const std::vector<Device>& wire, int from) const;
+  // Chooses each tensor's channel to `to` (over `connection`): the
+  // cuda_ipc ones go into outboxes, every other CUDA tensor is staged on
+  // the CPU and every non-contiguous CPU one made contiguous. The routes
+  // (empty: every tensor's bytes in the frame). Throws
+  // std::invalid_argument naming `to` for a tensor that cannot travel.
+  std::vector<pipe::TensorRoute> route_tensors(rpc::Message& m, const std::vector<Device>& wire,
+                                               int to, Connection& connection)
+      SB_EXCLUDES(choices_mu);
+  // Logs a channel chosen for (to, src, dst) the first time.
+  void log_choice(int to, Device src, Device dst, const channel::Choice& choice)
+      SB_EXCLUDES(choices_mu);
+  // The device each tensor of `m` to `to` lands on (empty: all CPU).
+  std::vector<Device> wire_devices(const rpc::Message& m, int to, bool reply) const;
+
+  // Counts a call or reply frame `m` to / from a peer into its
+  // rpc::PeerMetrics (PeerTable::PeerInfo::metrics; lock-free).
+  void count_sent(int to, const rpc::Message& m) const;
+  void count_received(int from, const rpc::Message& m) const;
+
+  // A heartbeat to every peer up, and the silence check (on a transport
+  // timer); false once stopping.
+  bool heartbeat();
+  // Static groups: a lost connection to a lower rank is made again by this
+  // worker (the higher rank of the pair, as at the rendezvous): at the next
+  // heartbeat tick, then every heartbeat timeout while it fails, on the
+  // pool. So no member of a static group is lost for good, and every
+  // member applies the same rule.
+  void schedule_reconnects(int64_t now) SB_EXCLUDES(reconnect_mu);
+  void reconnect(int peer) SB_EXCLUDES(reconnect_mu);
+  // How long an accepted connection has to get its hello through (the peer
+  // identified, and authenticated with a secret): the longer of the
+  // heartbeat timeout and the RPC timeout (a hello may wait for the static
+  // rendezvous to fill the peer table), 60 s when both are off.
+  std::chrono::milliseconds hello_deadline() const {
+    const auto longest = std::max(options.heartbeat_timeout, options.rpc_timeout);
+    return longest.count() > 0 ? longest : std::chrono::milliseconds(60'000);
+  }
+  // Reports a join or leave (dynamic groups; nothing for static ones).
+  void publish_change(rpc::MembershipChange::Kind kind, const rpc::WorkerInfo& worker);
+
+  PipeAgent& owner;
+  const std::shared_ptr<Store> store;
+  const std::string name;
+  const int rank;
+  const bool dynamic;
+  // Static: the world size. Dynamic: the ranks a worker may take, [0, capacity).
+  const int capacity;
+  const PipeAgentOptions options;
+  // CUDA devices the maps were validated against (the option, or what the
+  // registered CUDA runtime sees).
+  const int device_count;
+  // What this worker's channels can do (in its announcement), and the
+  // cuda_ipc channel (null: off, or no DeviceIpc registered).
+  std::unique_ptr<channel::CudaIpcChannel> cuda_ipc;  // before `channels`, which sets it
+  const ChannelDescriptor channels;
+  Mutex choices_mu;
+  std::set<std::string> logged_choices SB_GUARDED_BY(choices_mu);
+  // Large received tensors come from here.
+  const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
+
+  // Proofs of the job secret in the hello (none without a secret).
+  const PipeAuth auth;
+  PeerTable peers;
+  std::unique_ptr<PipeTransport> transport;
+  bool tls = false;  // whether the transport's connections are inside TLS
+  std::unique_ptr<StaticRendezvous> rendezvous;  // static groups
+  std::unique_ptr<Membership> membership;        // dynamic groups
+  std::atomic<bool> shut_down{false};
+  // join()s made so far (static groups): each meets the others under keys
+  // of its own.
+  std::atomic<uint64_t> join_generation{0};
+  // The heartbeat's last tick, and when silence counts from (a late tick
+  // restarts the count: heartbeat()); the heartbeat timer's own.
+  std::atomic<int64_t> last_heartbeat_ns{0};
+  int64_t silence_from_ns = 0;
+  // Static groups: lower ranks to connect to again and when (now_ns()),
+  // those being connected now, and those whose failure was logged.
+  Mutex reconnect_mu;
+  std::map<int, int64_t> reconnect_at SB_GUARDED_BY(reconnect_mu);
+  std::set<int> reconnecting SB_GUARDED_BY(reconnect_mu);
+  std::set<int> reconnect_logged SB_GUARDED_BY(reconnect_mu);
+  // Calls made and requests served: ids, deadlines, handlers, draining.
+  // Declared last: destroyed first, before the state its callbacks use.
+  rpc::CallTable calls;
+};
+
+}  // namespace switchboard::agents
