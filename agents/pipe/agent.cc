@@ -146,6 +146,11 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
 // parts: they stop first.
 PipeAgent::Impl::~Impl() {
   if (membership) membership->stop();
+  // Every connection holds objects of the transport's I/O context (its
+  // socket, its strand), so the peer table lets go of them before the
+  // transport goes: one destroyed after the context would write to freed
+  // memory. Those still held by handlers queued in the context go with it.
+  peers.release_connections();
   transport.reset();
 }
 

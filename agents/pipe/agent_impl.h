@@ -17,8 +17,9 @@
 // the constructor (and by start_up(), before any other thread sees them),
 // and each object it owns guards its own state.
 // Lifetime: shared by the PipeAgent and by work in flight on the pool;
-// the destructor stops the transport (joining the I/O threads) before any
-// object the connections report to goes away.
+// the destructor drops the peer table's connections, then stops the
+// transport (joining the I/O threads, destroying its I/O context) before
+// any object the connections report to goes away.
 #pragma once
 
 #include <algorithm>

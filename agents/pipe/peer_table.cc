@@ -338,6 +338,20 @@ std::vector<std::shared_ptr<Connection>> PeerTable::stop() {
   return all;
 }
 
+std::vector<std::shared_ptr<Connection>> PeerTable::release_connections() {
+  MutexLock lock(mu_);
+  std::vector<std::shared_ptr<Connection>> all;
+  for (Status& s : status_) {
+    if (s.connection) all.push_back(std::move(s.connection));
+    s.connection = nullptr;
+  }
+  for (auto& connection : unidentified_) all.push_back(std::move(connection));
+  unidentified_.clear();
+  for (auto& early : early_hellos_) all.push_back(std::move(early.first));
+  early_hellos_.clear();
+  return all;
+}
+
 std::optional<PeerTable::Watched> PeerTable::watched() const {
   MutexLock lock(mu_);
   if (stopping_) return std::nullopt;

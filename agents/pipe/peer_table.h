@@ -172,6 +172,11 @@ class PeerTable {
   // Marks the table stopping (losses are quiet, accepts refused, waits
   // woken) and returns every connection, identified or not.
   std::vector<std::shared_ptr<Connection>> stop() SB_EXCLUDES(mu_);
+  // Forgets every connection it holds (the peers', the unidentified ones,
+  // those of deferred hellos) and returns them. The owner drops them before
+  // the transport that made them: each holds objects of that transport's
+  // I/O context (a socket, a strand), which must not outlive it.
+  std::vector<std::shared_ptr<Connection>> release_connections() SB_EXCLUDES(mu_);
 
   // For the heartbeat: the connections of the peers up and the
   // unidentified ones; nullopt once stopping.

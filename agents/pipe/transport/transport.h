@@ -8,7 +8,10 @@
 //
 // Lifecycle: listen() once; connect() and every() any number of times; then
 // close() (no more accepts or timer ticks), then join() (waits for the I/O
-// threads once every connection was closed). The destructor does both.
+// threads once every connection was closed). The destructor does both,
+// and destroys the I/O context that the connections' sockets and strands
+// belong to: whoever holds a connection drops it before the transport goes
+// (one destroyed later writes to freed memory).
 //
 // Thread safety: connect() and every() may be called from any thread;
 // listen(), close() and join() from the owner's thread. Accept callbacks,

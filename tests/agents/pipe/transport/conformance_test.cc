@@ -144,6 +144,11 @@ class Pair {
     server_->close();
     client_->join();
     server_->join();
+    // Connections go before their transports (transport.h, "Lifecycle").
+    client = nullptr;
+    server = nullptr;
+    MutexLock lock(mu_);
+    accepted_ = nullptr;
   }
 
   PipeTransport& server_transport() { return *server_; }
