@@ -14,6 +14,9 @@
 namespace switchboard::agents {
 namespace {
 
+using process_group::ProcessGroupAgent;
+using process_group::ProcessGroupAgentOptions;
+
 std::shared_ptr<rpc::RpcBackendOptions> process_group_options(
     std::chrono::milliseconds rpc_timeout, const std::string& init_method,
     const rpc::Extras& extras) {

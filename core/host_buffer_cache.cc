@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-namespace switchboard::agents {
+namespace switchboard {
 
 namespace {
 
@@ -121,4 +121,4 @@ size_t HostBufferCache::pins() const {
   return pins_;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard

@@ -34,7 +34,7 @@
 #include "common/mutex.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents {
+namespace switchboard {
 
 class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
  public:
@@ -89,4 +89,4 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   size_t pins_ SB_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard

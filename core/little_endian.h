@@ -9,7 +9,7 @@
 #include <cstring>
 #include <type_traits>
 
-namespace switchboard::agents {
+namespace switchboard {
 
 // Writes `value` as sizeof(T) little-endian bytes at `p`.
 template <typename T>
@@ -36,4 +36,4 @@ T load_le(const uint8_t* p) {
   return static_cast<T>(u);
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard

@@ -9,7 +9,7 @@
 #include "common/check.h"
 #include "common/error.h"
 
-namespace switchboard::agents {
+namespace switchboard {
 namespace {
 
 constexpr size_t kNumDTypes = std::size(kAllDTypes);
@@ -235,4 +235,4 @@ std::vector<TensorDescriptor> decode_descriptors(const uint8_t* data, size_t len
   return BlockDecoder(data, length, count, source).decode();
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard

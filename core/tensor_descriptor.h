@@ -33,7 +33,7 @@
 
 #include "core/tensor.h"
 
-namespace switchboard::agents {
+namespace switchboard {
 
 // The limits of both formats, checked by every encoder and decoder.
 //
@@ -134,4 +134,4 @@ std::vector<TensorDescriptor> decode_descriptors(const uint8_t* data, size_t len
                                                  uint32_t count,
                                                  const DescriptorSource& source);
 
-}  // namespace switchboard::agents
+}  // namespace switchboard

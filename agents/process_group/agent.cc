@@ -27,10 +27,9 @@
 #include "store/prefix_store.h"
 #include "store/store.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 namespace {
 
-namespace wire = process_group_wire;
 using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;
@@ -533,4 +532,4 @@ void ProcessGroupAgent::join(Timeout timeout) { impl_->join(timeout); }
 
 void ProcessGroupAgent::shutdown() { impl_->shutdown(); }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -32,7 +32,7 @@ namespace switchboard {
 class Store;
 }
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 struct ProcessGroupAgentOptions {
   size_t num_worker_threads = rpc::kDefaultNumWorkerThreads;
@@ -101,4 +101,4 @@ class ProcessGroupAgent final : public rpc::RpcAgent {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -9,10 +9,8 @@
 #include "agents/process_group/wire.h"
 #include "core/tensor_descriptor.h"
 
-namespace switchboard::agents::pg_frame {
+namespace switchboard::agents::process_group::wire {
 namespace {
-
-namespace wire = process_group_wire;
 
 class Writer {
  public:
@@ -196,4 +194,4 @@ void decode_body(const Header& h, const Tensor& body, Message& m) {
   for (const TensorDescriptor& d : all) m.tensors.push_back(allocate(d.shape(), d.dtype));
 }
 
-}  // namespace switchboard::agents::pg_frame
+}  // namespace switchboard::agents::process_group::wire

@@ -20,7 +20,7 @@
 #include "common/error.h"
 #include "core/message.h"
 
-namespace switchboard::agents::pg_frame {
+namespace switchboard::agents::process_group::wire {
 
 using rpc::Message;
 using rpc::MessageType;
@@ -55,4 +55,4 @@ Tensor allocate(const Tensor::Shape& shape, DType dtype);
 // Fills m.function, m.payload and m.tensors (allocated, not yet received).
 void decode_body(const Header& h, const Tensor& body, Message& m);
 
-}  // namespace switchboard::agents::pg_frame
+}  // namespace switchboard::agents::process_group::wire

@@ -10,11 +10,10 @@
 #include "collective/gloo_process_group.h"
 #include "common/error.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 namespace {
 
-namespace wire = process_group_wire;
 using collective::Work;
 
 // Gloo sends or recvs one peer's sender or listener posts at a time.
@@ -29,7 +28,7 @@ ProcessGroupLink::ProcessGroupLink(std::string agent_name,
 ProcessGroupLink::~ProcessGroupLink() = default;
 
 size_t ProcessGroupLink::send(int peer, const rpc::Message& m) {
-  auto [header, body] = pg_frame::encode_frame(m);
+  auto [header, body] = wire::encode_frame(m);
   std::vector<Tensor> data;
   if (body.defined()) data.push_back(body);
   data.insert(data.end(), m.tensors.begin(), m.tensors.end());
@@ -43,16 +42,16 @@ size_t ProcessGroupLink::send(int peer, const rpc::Message& m) {
 rpc::Message ProcessGroupLink::receive(int peer, size_t* bytes) {
   Tensor header = Tensor::empty({static_cast<int64_t>(wire::kHeaderSize)}, DType::kUInt8);
   exchange(peer, /*sending=*/false, {header}, wire::kHeaderTag);
-  const pg_frame::Header h = pg_frame::decode_header(header);
+  const wire::Header h = wire::decode_header(header);
   Tensor body;
   if (h.body_length() > 0) {
-    body = pg_frame::allocate({static_cast<int64_t>(h.body_length())}, DType::kUInt8);
+    body = wire::allocate({static_cast<int64_t>(h.body_length())}, DType::kUInt8);
     exchange(peer, /*sending=*/false, {body}, wire::kDataTag);
   }
   rpc::Message m;
   m.type = h.type;
   m.id = h.id;
-  pg_frame::decode_body(h, body, m);
+  wire::decode_body(h, body, m);
   exchange(peer, /*sending=*/false, m.tensors, wire::kDataTag);
   if (bytes != nullptr) {
     *bytes = header.nbytes() + (body.defined() ? body.nbytes() : 0);
@@ -117,4 +116,4 @@ void PeerThread::join() {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -28,7 +28,7 @@ namespace switchboard::collective {
 class GlooProcessGroup;
 }
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 // What a peer's sender and listener report, on their own threads.
 class PeerEvents {
@@ -99,4 +99,4 @@ class PeerThread {
   std::thread thread_;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -6,7 +6,7 @@
 
 #include "agents/process_group/frame.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 PeerListener::PeerListener(int peer, ProcessGroupLink& link, PeerEvents& events,
                            std::shared_ptr<rpc::PeerMetrics> metrics)
@@ -36,4 +36,4 @@ void PeerListener::run() {
   }
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -18,7 +18,7 @@
 #include "agents/process_group/link.h"
 #include "rpc/metrics.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 class PeerListener {
  public:
@@ -45,4 +45,4 @@ class PeerListener {
   PeerThread thread_;  // last: joined before the rest goes
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -5,7 +5,7 @@
 #include <exception>
 #include <utility>
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 PeerSender::PeerSender(int peer, ProcessGroupLink& link, PeerEvents& events,
                        std::shared_ptr<rpc::PeerMetrics> metrics)
@@ -66,4 +66,4 @@ void PeerSender::run() {
   }
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

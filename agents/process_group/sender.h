@@ -22,7 +22,7 @@
 #include "core/message.h"
 #include "rpc/metrics.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::process_group {
 
 class PeerSender {
  public:
@@ -66,4 +66,4 @@ class PeerSender {
   PeerThread thread_;  // last: joined before the rest goes
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group

@@ -5,11 +5,10 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace switchboard::agents {
-
 // Constants of the wire format and the store layout (for tests and for
 // anyone writing a compatible peer).
-namespace process_group_wire {
+namespace switchboard::agents::process_group::wire {
+
 inline constexpr uint32_t kMagic = 0x47504253;  // "SBPG" little endian
 inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kHeaderSize = 40;
@@ -25,6 +24,4 @@ inline constexpr const char* kScope = "rpc/";
 // tensor limits are those of every format: kMaxTensorsPerMessage and
 // kMaxTensorDims in core/tensor_descriptor.h.
 inline constexpr uint32_t kMaxFunctionLength = 64 * 1024;
-}  // namespace process_group_wire
-
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::process_group::wire

@@ -11,7 +11,7 @@
 
 using switchboard::DType;
 using switchboard::Tensor;
-using switchboard::agents::HostBufferCache;
+using switchboard::HostBufferCache;
 
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;

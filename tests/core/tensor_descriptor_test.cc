@@ -16,7 +16,7 @@
 #include "common/error.h"
 
 using namespace switchboard;
-using namespace switchboard::agents;
+using namespace switchboard;
 using Catch::Contains;
 
 namespace {

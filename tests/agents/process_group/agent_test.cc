@@ -26,8 +26,8 @@
 
 using namespace switchboard;
 using namespace std::chrono_literals;
-using agents::ProcessGroupAgent;
-using agents::ProcessGroupAgentOptions;
+using agents::process_group::ProcessGroupAgent;
+using agents::process_group::ProcessGroupAgentOptions;
 using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;
@@ -97,7 +97,7 @@ TEST_CASE("bad constructor arguments are refused", "[agents][pg_agent]") {
 
 TEST_CASE("a malformed frame fails calls to its sender with ConnectionError",
           "[agents][pg_agent][wire]") {
-  namespace wire = agents::process_group_wire;
+  namespace wire = agents::process_group::wire;
   const std::string defect =
       GENERATE(as<std::string>{}, "magic", "version", "type", "sizes", "cuda descriptor",
                "cancel with a body");
