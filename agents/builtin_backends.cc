@@ -14,6 +14,9 @@
 namespace switchboard::agents {
 namespace {
 
+using pipe::PipeAgent;
+using pipe::PipeAgentOptions;
+using pipe::PipeSettings;
 using process_group::ProcessGroupAgent;
 using process_group::ProcessGroupAgentOptions;
 
@@ -91,7 +94,7 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(std::chrono::milliseconds r
              "RPC backend \"PIPE\": option \"shm_ring_bytes\" must be a power of two, got {}",
              ring);
   options->shm_ring_bytes = static_cast<size_t>(ring);
-  pipe::FrameLimits& limits = options->limits;
+  pipe::wire::FrameLimits& limits = options->limits;
   limits.max_function_length = static_cast<uint32_t>(read_int(
       reader, "max_function_length", 1, limits.max_function_length, limits.max_function_length));
   limits.max_payload_bytes = static_cast<uint64_t>(

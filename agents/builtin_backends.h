@@ -66,7 +66,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            agents/pipe/channel/cuda_ipc.h)
 //   "max_function_length", "max_payload_bytes", "max_tensors",
 //   "max_tensor_bytes"       what a received frame may carry
-//                            (pipe::FrameLimits; a larger frame closes the
+//                            (pipe::wire::FrameLimits; a larger frame closes the
 //                            connection)
 //   "tls_cert_file", "tls_key_file", "tls_ca_file"
 //                            PEM files: mutual TLS on every connection
@@ -83,7 +83,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 // directly (as options->heartbeat_timeout = ...), the common ones
 // (rpc_timeout, num_worker_threads, init_method) on the base; the agent
 // gets them all, none copied by hand.
-struct PipeRpcBackendOptions : rpc::RpcBackendOptions, PipeSettings {
+struct PipeRpcBackendOptions : rpc::RpcBackendOptions, pipe::PipeSettings {
   void set_device_map(const std::string& worker,
                       const std::vector<std::pair<std::string, std::string>>& map);
   void set_devices(const std::vector<std::string>& names);

@@ -2,7 +2,7 @@
 
 #include "common/listen_address.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 std::string resolve_listen_address(const std::string& option, const std::string& store_host) {
   ListenAddressRequest request;
@@ -13,4 +13,4 @@ std::string resolve_listen_address(const std::string& option, const std::string&
   return choose_listen_address(request).address;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -22,9 +22,9 @@
 
 #include <string>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 std::string resolve_listen_address(const std::string& option,
                                    const std::string& store_host = "");
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

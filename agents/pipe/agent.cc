@@ -22,7 +22,7 @@
 #include "store/prefix_store.h"
 #include "store/store.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -128,8 +128,8 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   calls.set_cancel_notifier([this](int dst, uint64_t id) {
     if (dst == this->rank) {
       calls.cancel_request(dst, id);
-    } else if (const std::shared_ptr<Connection> c = peers.connection(dst)) {
-      c->enqueue_control(pipe::FrameKind::kCancel, nullptr, 0, id);
+    } else if (const std::shared_ptr<transport::Connection> c = peers.connection(dst)) {
+      c->enqueue_control(wire::FrameKind::kCancel, nullptr, 0, id);
     }
   });
   if (dynamic) {
@@ -160,7 +160,7 @@ void PipeAgent::Impl::start_up() {
   }
   if (tls) spdlog::info("rpc agent \"{}\": every PIPE connection is inside mutual TLS", name);
   transport->listen(resolve_listen_address(options.listen_address),
-                    [this](std::shared_ptr<Connection> c) { on_accept(std::move(c)); });
+                    [this](std::shared_ptr<transport::Connection> c) { on_accept(std::move(c)); });
   WorkerAnnouncement mine;
   mine.name = name;
   mine.address = transport->address();
@@ -180,13 +180,13 @@ void PipeAgent::Impl::start_up() {
   }
 }
 
-void PipeAgent::Impl::on_accept(std::shared_ptr<Connection> connection) {
+void PipeAgent::Impl::on_accept(std::shared_ptr<transport::Connection> connection) {
   if (peers.add_unidentified(connection)) connection->start_reading();
 }
 
-bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
-                               pipe::InboundFrame frame) {
-  if (frame.kind == pipe::FrameKind::kHello) return on_hello(connection, frame.message);
+bool PipeAgent::Impl::on_frame(const std::shared_ptr<transport::Connection>& connection,
+                               wire::InboundFrame frame) {
+  if (frame.kind == wire::FrameKind::kHello) return on_hello(connection, frame.message);
   const int from = connection->peer;
   if (from < 0) {
     connection_failed(connection, "protocol error: a frame before the hello");
@@ -199,12 +199,12 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
     return false;
   }
   switch (frame.kind) {
-    case pipe::FrameKind::kHeartbeat:
+    case wire::FrameKind::kHeartbeat:
       return true;
-    case pipe::FrameKind::kLane:
+    case wire::FrameKind::kLane:
       connection->on_lane_frame(frame.message.payload);
       return true;
-    case pipe::FrameKind::kChannel:
+    case wire::FrameKind::kChannel:
       try {
         if (!cuda_ipc) throw ProtocolError("a channel frame, but this worker offers no channel");
         cuda_ipc->on_frame(*connection, frame.message.payload);
@@ -213,18 +213,18 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
         return false;
       }
       return true;
-    case pipe::FrameKind::kCancel:
+    case wire::FrameKind::kCancel:
       calls.cancel_request(from, frame.message.id);
       return true;
-    case pipe::FrameKind::kGoodbye:
+    case wire::FrameKind::kGoodbye:
       if (peers.mark_left(from)) {
         publish_change(rpc::MembershipChange::Kind::kLeft, peers.info(from).info);
         if (membership) membership->on_peer_lost(from, Membership::Gone::kLeft, "left");
       }
       return true;
-    case pipe::FrameKind::kRequest:
-    case pipe::FrameKind::kResponse:
-    case pipe::FrameKind::kError:
+    case wire::FrameKind::kRequest:
+    case wire::FrameKind::kResponse:
+    case wire::FrameKind::kError:
       if (!frame.channel_tensors.empty()) {
         try {
           if (!cuda_ipc) {
@@ -238,7 +238,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
         }
       }
       count_received(from, frame.message);
-      if (frame.kind == pipe::FrameKind::kRequest) {
+      if (frame.kind == wire::FrameKind::kRequest) {
         accept_request(from, std::move(frame), connection);
       } else {
         complete(std::move(frame), connection);
@@ -250,7 +250,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<Connection>& connection,
   }
 }
 
-bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
+bool PipeAgent::Impl::on_hello(const std::shared_ptr<transport::Connection>& connection,
                                const Message& frame) {
   if (peers.defer_hello(connection, frame)) return false;  // replayed once filled
   Hello hello;
@@ -288,7 +288,7 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
   if (auth.enabled() || !hello.nonce.empty()) {
     const Hello answer = auth.challenge(*connection, hello, frame);
     const std::vector<uint8_t> bytes = encode_hello(answer);
-    connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+    connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
     if (answer.accepted) return true;
     spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\" (rank {}): {}", name,
                  hello.name, hello.rank, answer.reason);
@@ -298,7 +298,7 @@ bool PipeAgent::Impl::on_hello(const std::shared_ptr<Connection>& connection,
   return accept_claim(connection, hello);
 }
 
-bool PipeAgent::Impl::on_proof(const std::shared_ptr<Connection>& connection,
+bool PipeAgent::Impl::on_proof(const std::shared_ptr<transport::Connection>& connection,
                                const Hello& hello) {
   if (!auth.has_claim(*connection) || connection->peer >= 0) {
     connection_failed(connection, "protocol error: a proof without a claim");
@@ -316,7 +316,7 @@ bool PipeAgent::Impl::on_proof(const std::shared_ptr<Connection>& connection,
   return accept_claim(connection, claim);
 }
 
-bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection,
+bool PipeAgent::Impl::on_challenge(const std::shared_ptr<transport::Connection>& connection,
                                    const Hello& hello) {
   const int peer = connection->peer;
   // With a secret, a connecting side is trusted once its peer's challenge
@@ -343,13 +343,13 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<Connection>& connection
     return false;
   }
   const std::vector<uint8_t> bytes = encode_hello(proof);
-  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+  connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
   connection->trusted = true;
   peers.authenticated(peer, connection);
   return true;
 }
 
-bool PipeAgent::Impl::accept_claim(const std::shared_ptr<Connection>& connection,
+bool PipeAgent::Impl::accept_claim(const std::shared_ptr<transport::Connection>& connection,
                                    const Hello& hello) {
   std::string problem;
   if (hello.kind == Hello::Kind::kJoin) {
@@ -384,8 +384,8 @@ bool PipeAgent::Impl::accept_claim(const std::shared_ptr<Connection>& connection
 // Hands `request` to the call table, which runs the handler on the pool
 // (after start(): peers may call as soon as their own constructor
 // returned); the reply goes back to `from`.
-void PipeAgent::Impl::accept_request(int from, pipe::InboundFrame request,
-                                     std::shared_ptr<Connection> connection) {
+void PipeAgent::Impl::accept_request(int from, wire::InboundFrame request,
+                                     std::shared_ptr<transport::Connection> connection) {
   rpc::CallTable::Request r;
   r.message = std::move(request.message);
   r.from = peers.info(from).info;
@@ -415,8 +415,8 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
     rpc::encode_remote_error(reply, name, std::current_exception());
   };
   std::vector<Device> wire;
-  std::vector<pipe::TensorRoute> routes;
-  const std::shared_ptr<Connection> connection = to == rank ? nullptr : peers.connection(to);
+  std::vector<wire::TensorRoute> routes;
+  const std::shared_ptr<transport::Connection> connection = to == rank ? nullptr : peers.connection(to);
   try {
     wire = wire_devices(reply, to, /*reply=*/true);
     if (to == rank) {
@@ -446,12 +446,12 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
 // published (PeerTable), so this is two relaxed atomic adds. Calls and
 // replies only (not hellos, heartbeats or goodbyes).
 void PipeAgent::Impl::count_sent(int to, const Message& m) const {
-  if (const auto& metrics = peers.info(to).metrics) metrics->sent(pipe::frame_size(m));
+  if (const auto& metrics = peers.info(to).metrics) metrics->sent(wire::frame_size(m));
 }
 
 void PipeAgent::Impl::count_received(int from, const Message& m) const {
   if (const auto& metrics = peers.info(from).metrics)
-    metrics->received(pipe::frame_size(m));
+    metrics->received(wire::frame_size(m));
 }
 
 void PipeAgent::Impl::complete_now(Message response) {
@@ -459,7 +459,7 @@ void PipeAgent::Impl::complete_now(Message response) {
   calls.complete(id, std::move(response));  // false: timed out or cancelled
 }
 
-void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& connection,
+void PipeAgent::Impl::connection_failed(const std::shared_ptr<transport::Connection>& connection,
                                         const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
@@ -491,7 +491,7 @@ void PipeAgent::Impl::connection_failed(const std::shared_ptr<Connection>& conne
   // A static group's lower rank: made again by this worker (heartbeat()).
   if (!dynamic && loss.was_up && !loss.quiet && peer < rank) {
     MutexLock lock(reconnect_mu);
-    reconnect_at.emplace(peer, now_ns());
+    reconnect_at.emplace(peer, transport::now_ns());
   }
 }
 
@@ -531,7 +531,7 @@ void PipeAgent::Impl::reconnect(int peer) {
       reconnect_logged.erase(peer);
     } else {
       reconnect_at[peer] =
-          now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+          transport::now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
       log = reconnect_logged.insert(peer).second;
     }
   }
@@ -571,7 +571,7 @@ void PipeAgent::Impl::fail_calls_to(int peer, const std::string& why) {
 }
 
 bool PipeAgent::Impl::heartbeat() {
-  const int64_t now = now_ns();
+  const int64_t now = transport::now_ns();
   const int64_t limit =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options.heartbeat_timeout)
           .count();
@@ -587,7 +587,7 @@ bool PipeAgent::Impl::heartbeat() {
                  name, (now - last) / 1'000'000);
     silence_from_ns = now;
   }
-  auto silent = [&](const std::shared_ptr<Connection>& connection) {
+  auto silent = [&](const std::shared_ptr<transport::Connection>& connection) {
     return limit > 0 && now - std::max(connection->last_recv_ns.load(), silence_from_ns) > limit;
   };
   // A connection that never said hello gets no heartbeats, only the limit;
@@ -613,7 +613,7 @@ bool PipeAgent::Impl::heartbeat() {
                         fmt::format("silent for over {} ms (heartbeat timeout)",
                                     options.heartbeat_timeout.count()));
     } else {
-      connection->enqueue_control(pipe::FrameKind::kHeartbeat);
+      connection->enqueue_control(wire::FrameKind::kHeartbeat);
     }
   }
   if (!dynamic) schedule_reconnects(now);
@@ -692,10 +692,10 @@ Future<Message> PipeAgent::send(const WorkerInfo& to, Message request, Timeout t
                                         route.reason));
     }
     const bool alone = call.in_flight <= 1;  // the only call in flight: send from here
-    std::vector<pipe::TensorRoute> routes;
+    std::vector<wire::TensorRoute> routes;
     if (dst != s.rank) routes = s.route_tensors(request, wire, dst, *route.connection);
     if (dst == s.rank) {
-      pipe::InboundFrame self_request;
+      wire::InboundFrame self_request;
       self_request.message = copy_tensors(std::move(request), wire);
       s.accept_request(s.rank, std::move(self_request));
     } else if (!route.connection->enqueue(request, wire, routes, alone)) {
@@ -771,10 +771,10 @@ void PipeAgent::shutdown() {
   Impl& s = *impl_;
   // The watcher first: it drops peers and fails calls.
   if (s.membership) s.membership->stop();
-  const std::vector<std::shared_ptr<Connection>> connections = s.peers.stop();
+  const std::vector<std::shared_ptr<transport::Connection>> connections = s.peers.stop();
   s.calls.close();
   for (auto& connection : connections) {
-    connection->enqueue_control(pipe::FrameKind::kGoodbye);
+    connection->enqueue_control(wire::FrameKind::kGoodbye);
     connection->close_after_flush();
   }
   // Give the goodbyes a moment to go out (a peer that stopped reading
@@ -792,4 +792,4 @@ int PipeAgent::listen_port() const { return impl_->transport->port(); }
 rpc::DeviceMaps PipeAgent::reverse_device_maps() const { return impl_->peers.reverse_maps(); }
 std::vector<Device> PipeAgent::devices() const { return impl_->peers.devices(); }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

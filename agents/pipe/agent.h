@@ -26,7 +26,7 @@ namespace switchboard {
 class Store;
 }
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class PipeAgent final : public rpc::RpcAgent {
  public:
@@ -79,4 +79,4 @@ class PipeAgent final : public rpc::RpcAgent {
   std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

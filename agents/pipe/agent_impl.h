@@ -46,7 +46,7 @@
 #include "common/mutex.h"
 #include "rpc/call_table.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 // What this worker's channels can do (its announcement's), and its
 // cuda_ipc channel in `cuda_ipc` when it has one: a DeviceIpc registered,
@@ -59,7 +59,7 @@ ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOpti
 // CPU (tensors.cc).
 rpc::Message copy_tensors(rpc::Message m, const std::vector<Device>& devices);
 
-struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
+struct PipeAgent::Impl final : transport::ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
   Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name, int rank,
        std::optional<int> world_size, const PipeAgentOptions& options);
   ~Impl() override;
@@ -69,9 +69,9 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   void start_up();
 
   // ConnectionEvents (on the connection's strand).
-  bool on_frame(const std::shared_ptr<Connection>& connection,
-                pipe::InboundFrame frame) override;
-  void connection_failed(const std::shared_ptr<Connection>& connection,
+  bool on_frame(const std::shared_ptr<transport::Connection>& connection,
+                wire::InboundFrame frame) override;
+  void connection_failed(const std::shared_ptr<transport::Connection>& connection,
                          const std::string& reason) override;
   // A dynamic group's member that is out of the group (the Membership's
   // DropPeer): down for `why`, its connection closed, reported as left,
@@ -81,41 +81,41 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // `why`.
   void fail_calls_to(int peer, const std::string& why);
   // A connection accepted by the transport (I/O thread).
-  void on_accept(std::shared_ptr<Connection> connection);
+  void on_accept(std::shared_ptr<transport::Connection> connection);
   // A hello: a claim (kStatic, kJoin: challenged first with a secret,
   // agents/pipe/handshake.h), a challenge or a proof, or a welcome (dynamic).
   // False when the connection is not to be read on.
-  bool on_hello(const std::shared_ptr<Connection>& connection, const rpc::Message& frame);
+  bool on_hello(const std::shared_ptr<transport::Connection>& connection, const rpc::Message& frame);
   // A claim, once authenticated (or without a secret): identifies the
   // connection (static) or admits the joiner (dynamic).
-  bool accept_claim(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  bool accept_claim(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
   // The connecting side's check of a challenge, and the accepting side's
   // check of a proof.
-  bool on_challenge(const std::shared_ptr<Connection>& connection, const Hello& hello);
-  bool on_proof(const std::shared_ptr<Connection>& connection, const Hello& hello);
+  bool on_challenge(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
+  bool on_proof(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
 
   // Calls and replies.
   // `connection`: the one the request came by (null for a self-send).
-  void accept_request(int from, pipe::InboundFrame request,
-                      std::shared_ptr<Connection> connection = nullptr);
+  void accept_request(int from, wire::InboundFrame request,
+                      std::shared_ptr<transport::Connection> connection = nullptr);
   void deliver_reply(int to, rpc::Message reply);
-  void complete(pipe::InboundFrame response, std::shared_ptr<Connection> connection);
+  void complete(wire::InboundFrame response, std::shared_ptr<transport::Connection> connection);
   void complete_now(rpc::Message response);
   // The tensors of a received frame that a channel carries, until they are
   // fetched: those still here when it goes (the request was refused or
   // cancelled before it ran, the response came after its call ended, the
   // pool was gone) go back to their sender, whose outboxes they hold.
   struct Unfetched {
-    Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<Connection> connection,
-              std::vector<pipe::InboundFrame::ChannelTensor> tensors)
+    Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<transport::Connection> connection,
+              std::vector<wire::InboundFrame::ChannelTensor> tensors)
         : impl(std::move(impl)), connection(std::move(connection)), tensors(std::move(tensors)) {}
     // One owner: a copy would give the outboxes back twice.
     Unfetched(const Unfetched&) = delete;
     Unfetched& operator=(const Unfetched&) = delete;
     ~Unfetched();
     std::weak_ptr<Impl> impl;
-    std::shared_ptr<Connection> connection;
-    std::vector<pipe::InboundFrame::ChannelTensor> tensors;
+    std::shared_ptr<transport::Connection> connection;
+    std::vector<wire::InboundFrame::ChannelTensor> tensors;
   };
   // Brings the tensors of `m` that a channel carries (`unfetched`, which is
   // empty afterwards), then moves every tensor to the device `devices`
@@ -128,8 +128,8 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // the CPU and every non-contiguous CPU one made contiguous. The routes
   // (empty: every tensor's bytes in the frame). Throws
   // std::invalid_argument naming `to` for a tensor that cannot travel.
-  std::vector<pipe::TensorRoute> route_tensors(rpc::Message& m, const std::vector<Device>& wire,
-                                               int to, Connection& connection)
+  std::vector<wire::TensorRoute> route_tensors(rpc::Message& m, const std::vector<Device>& wire,
+                                               int to, transport::Connection& connection)
       SB_EXCLUDES(choices_mu);
   // Logs a channel chosen for (to, src, dst) the first time.
   void log_choice(int to, Device src, Device dst, const channel::Choice& choice)
@@ -186,7 +186,7 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   // Proofs of the job secret in the hello (none without a secret).
   const PipeAuth auth;
   PeerTable peers;
-  std::unique_ptr<PipeTransport> transport;
+  std::unique_ptr<transport::PipeTransport> transport;
   bool tls = false;  // whether the transport's connections are inside TLS
   std::unique_ptr<StaticRendezvous> rendezvous;  // static groups
   std::unique_ptr<Membership> membership;        // dynamic groups
@@ -209,4 +209,4 @@ struct PipeAgent::Impl final : ConnectionEvents, std::enable_shared_from_this<Pi
   rpc::CallTable calls;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

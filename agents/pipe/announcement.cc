@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 namespace {
 
 // On the wire: [name, address, port, device_count,
@@ -194,4 +194,4 @@ LinkView decode_link_view(const std::vector<uint8_t>& bytes) {
   return view;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

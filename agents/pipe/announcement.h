@@ -14,7 +14,7 @@
 #include "rpc/device_map.h"
 
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 // What a worker's tensor channels can do, for its peers to choose how
 // tensors travel to it (agents/pipe/channel/select.h).
@@ -107,4 +107,4 @@ std::vector<uint8_t> encode_link_view(const LinkView& view);
 // Throws ProtocolError on malformed bytes.
 LinkView decode_link_view(const std::vector<uint8_t>& bytes);
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -30,7 +30,7 @@ Mac PipeAuth::mac(std::string_view label, const Nonce& connector_nonce,
                        kSeparator, bytes_of(acceptor)});
 }
 
-std::vector<uint8_t> PipeAuth::claim(Connection& connection, Hello hello) const {
+std::vector<uint8_t> PipeAuth::claim(transport::Connection& connection, Hello hello) const {
   if (enabled()) {
     const Nonce nonce = random_nonce();
     {
@@ -42,24 +42,24 @@ std::vector<uint8_t> PipeAuth::claim(Connection& connection, Hello hello) const 
   return encode_hello(hello);
 }
 
-bool PipeAuth::has_claim(const Connection& connection) const {
+bool PipeAuth::has_claim(const transport::Connection& connection) const {
   MutexLock lock(mu_);
   auto it = handshakes_.find(connection.serial);
   return it != handshakes_.end() && it->second.claim.has_value();
 }
 
-std::string PipeAuth::claimed_name(const Connection& connection) const {
+std::string PipeAuth::claimed_name(const transport::Connection& connection) const {
   MutexLock lock(mu_);
   auto it = handshakes_.find(connection.serial);
   return it == handshakes_.end() ? std::string() : it->second.peer_name;
 }
 
-void PipeAuth::forget(const Connection& connection) const {
+void PipeAuth::forget(const transport::Connection& connection) const {
   MutexLock lock(mu_);
   handshakes_.erase(connection.serial);
 }
 
-Hello PipeAuth::challenge(Connection& connection, const Hello& claim,
+Hello PipeAuth::challenge(transport::Connection& connection, const Hello& claim,
                           const rpc::Message& frame) const {
   Hello answer;
   answer.kind = Hello::Kind::kChallenge;
@@ -94,7 +94,7 @@ Hello PipeAuth::challenge(Connection& connection, const Hello& claim,
   return answer;
 }
 
-std::string PipeAuth::check_challenge(Connection& connection, const Hello& challenge,
+std::string PipeAuth::check_challenge(transport::Connection& connection, const Hello& challenge,
                                       const std::string& expected_name, Hello* proof) const {
   if (!challenge.accepted) {
     return fmt::format("worker \"{}\" refused the connection: {}", challenge.name,
@@ -135,7 +135,7 @@ std::string PipeAuth::check_challenge(Connection& connection, const Hello& chall
   return std::string();
 }
 
-std::optional<rpc::Message> PipeAuth::check_proof(const Connection& connection,
+std::optional<rpc::Message> PipeAuth::check_proof(const transport::Connection& connection,
                                                   const Hello& proof) const {
   if (!enabled()) return std::nullopt;
   Handshake handshake;
@@ -154,4 +154,4 @@ std::optional<rpc::Message> PipeAuth::check_proof(const Connection& connection,
   return std::move(handshake.claim);
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

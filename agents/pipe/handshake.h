@@ -38,7 +38,7 @@
 #include "common/auth.h"
 #include "common/mutex.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class PipeAuth {
  public:
@@ -49,31 +49,31 @@ class PipeAuth {
 
   // Connecting side: the claim's bytes, with a fresh nonce kept on
   // `connection` when enabled.
-  std::vector<uint8_t> claim(Connection& connection, Hello hello) const;
+  std::vector<uint8_t> claim(transport::Connection& connection, Hello hello) const;
 
   // Accepting side, a claim that arrived on `connection` as `frame`: the
   // challenge to send, the claim kept on the connection until its proof;
   // or (accepted false) the refusal, when the claim does not match this
   // worker's use of a secret.
-  Hello challenge(Connection& connection, const Hello& claim,
+  Hello challenge(transport::Connection& connection, const Hello& claim,
                   const rpc::Message& frame) const;
 
   // Connecting side: "" when `challenge` proves the secret as the worker
   // `expected_name` (then *proof is what to send), else why not.
-  std::string check_challenge(Connection& connection, const Hello& challenge,
+  std::string check_challenge(transport::Connection& connection, const Hello& challenge,
                               const std::string& expected_name, Hello* proof) const;
 
   // Accepting side: whether `proof` proves the claim kept for
   // `connection`; when it does, the handshake ends and the claim is
   // returned (its frame), else nullopt.
-  std::optional<rpc::Message> check_proof(const Connection& connection,
+  std::optional<rpc::Message> check_proof(const transport::Connection& connection,
                                           const Hello& proof) const;
   // Accepting side: whether a claim arrived on `connection` and waits for
   // its proof, and the name it claimed ("" when none).
-  bool has_claim(const Connection& connection) const;
-  std::string claimed_name(const Connection& connection) const;
+  bool has_claim(const transport::Connection& connection) const;
+  std::string claimed_name(const transport::Connection& connection) const;
   // The connection is gone: its handshake with it.
-  void forget(const Connection& connection) const;
+  void forget(const transport::Connection& connection) const;
 
  private:
   struct Handshake {
@@ -93,4 +93,4 @@ class PipeAuth {
   mutable std::unordered_map<uint64_t, Handshake> handshakes_ SB_GUARDED_BY(mu_);
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -32,4 +32,4 @@ const std::string& host_key() {
   return key;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -8,8 +8,8 @@
 
 #include <string>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 const std::string& host_key();
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -20,7 +20,7 @@
 #include "store/call_bound.h"
 #include "store/store.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -113,7 +113,7 @@ rpc::WorkerDevices devices_of(const WorkerAnnouncement& a) {
 
 Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
                        int capacity, const PipeAgentOptions& options, PeerTable& peers,
-                       PipeTransport& transport, const PipeAuth& auth,
+                       transport::PipeTransport& transport, const PipeAuth& auth,
                        rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool,
                        DropPeer drop)
     : store_(std::move(store)),
@@ -806,7 +806,7 @@ void Membership::report_other_group(const std::string& other) {
 
 // ------------------------------------------------------------------ members
 
-bool Membership::on_join_hello(const std::shared_ptr<Connection>& connection,
+bool Membership::on_join_hello(const std::shared_ptr<transport::Connection>& connection,
                                const Hello& hello, const WorkerAnnouncement& joiner) {
   const int r = hello.rank;
   const std::string refusal = peers_.admit(
@@ -826,7 +826,7 @@ bool Membership::on_join_hello(const std::shared_ptr<Connection>& connection,
   welcome.accepted = refusal.empty();
   welcome.reason = refusal;
   const std::vector<uint8_t> bytes = encode_hello(welcome);
-  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+  connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
   if (!refusal.empty()) {
     spdlog::warn("rpc agent \"{}\": refused \"{}\" (rank {}) joining the group: {}", name_,
                  hello.name, r, refusal);
@@ -883,7 +883,7 @@ void Membership::leave(Timeout timeout) {
   auto say_goodbye = [&] {
     if (goodbyes_sent) return;
     goodbyes_sent = true;
-    for (auto& c : peers_.close_to_newcomers()) c->enqueue_control(pipe::FrameKind::kGoodbye);
+    for (auto& c : peers_.close_to_newcomers()) c->enqueue_control(wire::FrameKind::kGoodbye);
   };
   try {
     token.acquire(limit);
@@ -921,4 +921,4 @@ void Membership::leave(Timeout timeout) {
   }
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -94,7 +94,7 @@ namespace switchboard::rendezvous {
 class MembershipToken;
 }
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class Membership {
  public:
@@ -113,7 +113,7 @@ class Membership {
   // This worker is `name`, rank `rank` of a group of at most `capacity`
   // ranks; listeners run on `pool`; `drop` as above.
   Membership(std::shared_ptr<Store> store, std::string name, int rank, int capacity,
-             const PipeAgentOptions& options, PeerTable& peers, PipeTransport& transport,
+             const PipeAgentOptions& options, PeerTable& peers, transport::PipeTransport& transport,
              const PipeAuth& auth, rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool,
              DropPeer drop);
   ~Membership();
@@ -147,7 +147,7 @@ class Membership {
   // announcement, decoded): admits the joiner or refuses it, answers with a
   // welcome, and reports the join. False when refused (the connection
   // closes once the welcome went out).
-  bool on_join_hello(const std::shared_ptr<Connection>& connection, const Hello& hello,
+  bool on_join_hello(const std::shared_ptr<transport::Connection>& connection, const Hello& hello,
                      const WorkerAnnouncement& joiner) SB_EXCLUDES(mu_);
   // The joiner's side: a member's welcome (accepted or refused).
   void on_welcome(const Hello& hello) SB_EXCLUDES(mu_);
@@ -217,7 +217,7 @@ class Membership {
   const int capacity_;
   const PipeAgentOptions& options_;
   PeerTable& peers_;
-  PipeTransport& transport_;
+  transport::PipeTransport& transport_;
   const PipeAuth& auth_;
   rpc::CallTable& calls_;
   const std::shared_ptr<rpc::ThreadPool> pool_;
@@ -261,4 +261,4 @@ class Membership {
   rpc::MembershipListener listener_ SB_GUARDED_BY(mu_);
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -23,7 +23,7 @@
 #include "rpc/call_table.h"
 #include "rpc/device_map.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 // Mutual TLS for every PIPE connection (docs/security.md): this worker's
 // certificate chain and private key, and the CA whose certificates it
@@ -65,7 +65,7 @@ struct PipeSettings {
   // silent for heartbeat_timeout is declared dead.
   std::chrono::milliseconds heartbeat_interval{250};
   std::chrono::milliseconds heartbeat_timeout{5'000};
-  pipe::FrameLimits limits;
+  wire::FrameLimits limits;
   // Requests of one caller this worker takes at once (waiting or running);
   // more are refused at once with Error(kResourceExhausted) (0: no limit).
   size_t max_requests_per_peer = rpc::kDefaultMaxRequestsPerPeer;
@@ -109,4 +109,4 @@ struct PipeAgentOptions : PipeSettings {
   std::chrono::milliseconds rpc_timeout = rpc::kDefaultRpcTimeout;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

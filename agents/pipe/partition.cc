@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 void Liveness::observe(int r, std::optional<uint64_t> seq, Clock::time_point now) {
   if (!seq) {
@@ -45,4 +45,4 @@ EvictionVote decide_eviction(int self, int suspect, const std::set<int>& listed,
   return vote;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

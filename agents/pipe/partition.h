@@ -35,7 +35,7 @@
 
 #include "agents/pipe/announcement.h"  // LinkView
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 // Which members' views moved on within `window`, by this worker's clock.
 class Liveness {
@@ -75,4 +75,4 @@ EvictionVote decide_eviction(int self, int suspect, const std::set<int>& listed,
                              const std::function<bool(int)>& lost_by,
                              const std::function<bool(int)>& live);
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

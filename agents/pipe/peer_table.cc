@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -81,7 +81,7 @@ void PeerTable::set_metrics_state(int peer, rpc::ConnectionState state) const {
 
 void PeerTable::replay(std::vector<EarlyHello> early) {
   for (auto& [connection, hello] : early) {
-    connection->replay(pipe::InboundFrame{pipe::FrameKind::kHello, std::move(hello), {}, {}});
+    connection->replay(wire::InboundFrame{wire::FrameKind::kHello, std::move(hello), {}, {}});
   }
 }
 
@@ -92,7 +92,7 @@ std::vector<PeerTable::EarlyHello> PeerTable::ready_locked() {
   return early;
 }
 
-bool PeerTable::defer_hello(const std::shared_ptr<Connection>& connection,
+bool PeerTable::defer_hello(const std::shared_ptr<transport::Connection>& connection,
                             const rpc::Message& frame) {
   MutexLock lock(mu_);
   if (ready_) return false;
@@ -102,18 +102,18 @@ bool PeerTable::defer_hello(const std::shared_ptr<Connection>& connection,
 
 // -------------------------------------------------------------- connections
 
-bool PeerTable::add_unidentified(const std::shared_ptr<Connection>& connection) {
+bool PeerTable::add_unidentified(const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   if (stopping_) return false;
   unidentified_.push_back(connection);
   return true;
 }
 
-void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth,
+void PeerTable::connect(int peer, transport::PipeTransport& transport, const PipeAuth& auth,
                         const Hello& hello, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const WorkerAnnouncement& a = infos_[peer].announcement;
-  std::shared_ptr<Connection> connection;
+  std::shared_ptr<transport::Connection> connection;
   try {
     connection = transport.connect(a.address, a.port, timeout);
   } catch (const ConnectionError& e) {
@@ -130,7 +130,7 @@ void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth
   // with one, once it answered the challenge (the agent's on_challenge).
   if (!auth.enabled()) connection->trusted = true;
   const std::vector<uint8_t> bytes = auth.claim(*connection, hello);
-  connection->enqueue_control(pipe::FrameKind::kHello, bytes.data(), bytes.size());
+  connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
   {
     MutexLock lock(mu_);
     Status& s = status_[peer];
@@ -174,7 +174,7 @@ void PeerTable::connect(int peer, PipeTransport& transport, const PipeAuth& auth
                                     self_name_, name_of(peer), a.address, a.port, why));
 }
 
-void PeerTable::authenticated(int peer, const std::shared_ptr<Connection>& connection) {
+void PeerTable::authenticated(int peer, const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
   if (s.connection != connection || s.state != State::kConnecting) return;
@@ -183,7 +183,7 @@ void PeerTable::authenticated(int peer, const std::shared_ptr<Connection>& conne
   changed_.notify_all();
 }
 
-void PeerTable::refused(int peer, const std::shared_ptr<Connection>& connection,
+void PeerTable::refused(int peer, const std::shared_ptr<transport::Connection>& connection,
                         const std::string& why) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
@@ -195,7 +195,7 @@ void PeerTable::refused(int peer, const std::shared_ptr<Connection>& connection,
   changed_.notify_all();
 }
 
-bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection) {
+bool PeerTable::identify(int peer, const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
   // A connection made again after the last one was lost replaces it (a
@@ -215,7 +215,7 @@ bool PeerTable::identify(int peer, const std::shared_ptr<Connection>& connection
 
 std::string PeerTable::admit(int r, const std::string& hello_name,
                              const WorkerAnnouncement& joiner,
-                             const std::shared_ptr<Connection>& connection,
+                             const std::shared_ptr<transport::Connection>& connection,
                              const RouteRule& routes_with) {
   MutexLock lock(mu_);
   std::erase(unidentified_, connection);
@@ -253,7 +253,7 @@ std::string PeerTable::admit(int r, const std::string& hello_name,
   return std::string();
 }
 
-PeerTable::Loss PeerTable::lose(const std::shared_ptr<Connection>& connection,
+PeerTable::Loss PeerTable::lose(const std::shared_ptr<transport::Connection>& connection,
                                 const std::string& reason) {
   MutexLock lock(mu_);
   Loss loss;
@@ -311,20 +311,20 @@ PeerTable::Dropped PeerTable::drop(int peer, const std::string& why) {
   return dropped;
 }
 
-std::vector<std::shared_ptr<Connection>> PeerTable::close_to_newcomers() {
+std::vector<std::shared_ptr<transport::Connection>> PeerTable::close_to_newcomers() {
   MutexLock lock(mu_);
   closed_to_newcomers_ = true;
-  std::vector<std::shared_ptr<Connection>> up;
+  std::vector<std::shared_ptr<transport::Connection>> up;
   for (const Status& s : status_) {
     if (s.connection && s.state == State::kUp) up.push_back(s.connection);
   }
   return up;
 }
 
-std::vector<std::shared_ptr<Connection>> PeerTable::stop() {
+std::vector<std::shared_ptr<transport::Connection>> PeerTable::stop() {
   MutexLock lock(mu_);
   stopping_ = true;
-  std::vector<std::shared_ptr<Connection>> all;
+  std::vector<std::shared_ptr<transport::Connection>> all;
   for (size_t r = 0; r < status_.size(); ++r) {
     const Status& s = status_[r];
     if (s.connection) all.push_back(s.connection);
@@ -338,9 +338,9 @@ std::vector<std::shared_ptr<Connection>> PeerTable::stop() {
   return all;
 }
 
-std::vector<std::shared_ptr<Connection>> PeerTable::release_connections() {
+std::vector<std::shared_ptr<transport::Connection>> PeerTable::release_connections() {
   MutexLock lock(mu_);
-  std::vector<std::shared_ptr<Connection>> all;
+  std::vector<std::shared_ptr<transport::Connection>> all;
   for (Status& s : status_) {
     if (s.connection) all.push_back(std::move(s.connection));
     s.connection = nullptr;
@@ -390,7 +390,7 @@ PeerTable::Route PeerTable::route(int peer) const {
   return Route{true, s.connection, std::string()};
 }
 
-std::shared_ptr<Connection> PeerTable::connection(int peer) const {
+std::shared_ptr<transport::Connection> PeerTable::connection(int peer) const {
   MutexLock lock(mu_);
   return status_[peer].connection;
 }
@@ -467,4 +467,4 @@ std::vector<Device> PeerTable::devices() const {
   return routes_.devices;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -42,7 +42,7 @@
 #include "core/message.h"
 #include "rpc/metrics.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class PeerTable {
  public:
@@ -64,7 +64,7 @@ class PeerTable {
   };
 
   // A hello deferred by defer_hello(), to replay once the table is filled.
-  using EarlyHello = std::pair<std::shared_ptr<Connection>, rpc::Message>;
+  using EarlyHello = std::pair<std::shared_ptr<transport::Connection>, rpc::Message>;
 
   // What lose() found: whether `connection` was the peer's current one,
   // whether the peer was up, whether the loss is expected (stopping, or
@@ -80,7 +80,7 @@ class PeerTable {
   // when up, else why not.
   struct Route {
     bool up = false;
-    std::shared_ptr<Connection> connection;
+    std::shared_ptr<transport::Connection> connection;
     std::string reason;
   };
 
@@ -105,14 +105,14 @@ class PeerTable {
                     const WorkerAnnouncement& mine, DeviceRoutes routes) SB_EXCLUDES(mu_);
   // Keeps a hello that came before the table was ready (a faster peer
   // finished the all-gather first) and returns true; false once ready.
-  bool defer_hello(const std::shared_ptr<Connection>& connection, const rpc::Message& frame)
+  bool defer_hello(const std::shared_ptr<transport::Connection>& connection, const rpc::Message& frame)
       SB_EXCLUDES(mu_);
 
   // -------------------------------------------------------------- connections
 
   // An accepted connection that has not said hello; false (the caller
   // drops it) once stop() ran.
-  bool add_unidentified(const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
+  bool add_unidentified(const std::shared_ptr<transport::Connection>& connection) SB_EXCLUDES(mu_);
   // Connects to `peer` through `transport`, sends `hello` (a claim:
   // kStatic or kJoin) sealed by `auth` and makes the connection the peer's,
   // reading. Without a secret the peer is up at once; with one, it is up
@@ -120,19 +120,19 @@ class PeerTable {
   // `timeout` at most for both. Throws ConnectionError naming this worker,
   // the peer and its address, or AuthenticationError (the peer refused,
   // or did not prove the secret: refused()).
-  void connect(int peer, PipeTransport& transport, const PipeAuth& auth, const Hello& hello,
+  void connect(int peer, transport::PipeTransport& transport, const PipeAuth& auth, const Hello& hello,
                std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
   // The connecting side's authentication of `peer` over `connection`
   // succeeded: the peer is up.
-  void authenticated(int peer, const std::shared_ptr<Connection>& connection)
+  void authenticated(int peer, const std::shared_ptr<transport::Connection>& connection)
       SB_EXCLUDES(mu_);
   // ... or failed (`why`): the peer is lost, and connect() throws
   // AuthenticationError with `why`.
-  void refused(int peer, const std::shared_ptr<Connection>& connection, const std::string& why)
+  void refused(int peer, const std::shared_ptr<transport::Connection>& connection, const std::string& why)
       SB_EXCLUDES(mu_);
   // Makes `connection` (which said hello as `peer`) the peer's, up; false,
   // changing nothing, when the peer has a connection already.
-  bool identify(int peer, const std::shared_ptr<Connection>& connection) SB_EXCLUDES(mu_);
+  bool identify(int peer, const std::shared_ptr<transport::Connection>& connection) SB_EXCLUDES(mu_);
   // A dynamic group's member side: admits the worker that said hello as
   // `hello_name`, rank `r`, over `connection`, when the table is open to
   // newcomers, the rank free, the announcement names the same worker, its
@@ -144,11 +144,11 @@ class PeerTable {
   using RouteRule =
       std::function<DeviceRoutes(const std::vector<rpc::WorkerDevices>& members)>;
   std::string admit(int r, const std::string& hello_name, const WorkerAnnouncement& joiner,
-                    const std::shared_ptr<Connection>& connection, const RouteRule& routes_with)
+                    const std::shared_ptr<transport::Connection>& connection, const RouteRule& routes_with)
       SB_EXCLUDES(mu_);
   // The peer whose connection was `connection` lost it (`reason`): marks
   // it kLost (unless it left) and forgets an unidentified connection.
-  Loss lose(const std::shared_ptr<Connection>& connection, const std::string& reason)
+  Loss lose(const std::shared_ptr<transport::Connection>& connection, const std::string& reason)
       SB_EXCLUDES(mu_);
   // A peer that was up said goodbye: marks it kLeft; returns whether it
   // was up.
@@ -162,27 +162,27 @@ class PeerTable {
   struct Dropped {
     bool changed = false;
     bool was_up = false;
-    std::shared_ptr<Connection> connection;
+    std::shared_ptr<transport::Connection> connection;
   };
   Dropped drop(int peer, const std::string& why) SB_EXCLUDES(mu_);
 
   // Refuses newcomers from now on (admit()) and returns the connections of
   // the peers up (to say goodbye to).
-  std::vector<std::shared_ptr<Connection>> close_to_newcomers() SB_EXCLUDES(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> close_to_newcomers() SB_EXCLUDES(mu_);
   // Marks the table stopping (losses are quiet, accepts refused, waits
   // woken) and returns every connection, identified or not.
-  std::vector<std::shared_ptr<Connection>> stop() SB_EXCLUDES(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> stop() SB_EXCLUDES(mu_);
   // Forgets every connection it holds (the peers', the unidentified ones,
   // those of deferred hellos) and returns them. The owner drops them before
   // the transport that made them: each holds objects of that transport's
   // I/O context (a socket, a strand), which must not outlive it.
-  std::vector<std::shared_ptr<Connection>> release_connections() SB_EXCLUDES(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> release_connections() SB_EXCLUDES(mu_);
 
   // For the heartbeat: the connections of the peers up and the
   // unidentified ones; nullopt once stopping.
   struct Watched {
-    std::vector<std::shared_ptr<Connection>> up;
-    std::vector<std::shared_ptr<Connection>> unidentified;
+    std::vector<std::shared_ptr<transport::Connection>> up;
+    std::vector<std::shared_ptr<transport::Connection>> unidentified;
   };
   std::optional<Watched> watched() const SB_EXCLUDES(mu_);
 
@@ -195,7 +195,7 @@ class PeerTable {
   // The peer's route for a call or a reply.
   Route route(int peer) const SB_EXCLUDES(mu_);
   // The peer's connection (null when none); replies go there.
-  std::shared_ptr<Connection> connection(int peer) const SB_EXCLUDES(mu_);
+  std::shared_ptr<transport::Connection> connection(int peer) const SB_EXCLUDES(mu_);
   bool is_up(int peer) const SB_EXCLUDES(mu_);
   // Why the peer is down ("" while up).
   std::string reason(int peer) const SB_EXCLUDES(mu_);
@@ -222,7 +222,7 @@ class PeerTable {
 
  private:
   struct Status {
-    std::shared_ptr<Connection> connection;
+    std::shared_ptr<transport::Connection> connection;
     State state = State::kConnecting;
     std::string reason;  // why it is down
     bool refused = false;  // down because authentication failed
@@ -248,7 +248,7 @@ class PeerTable {
   mutable Mutex mu_;
   CondVar changed_;  // a peer came up, or stopping
   std::vector<Status> status_ SB_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Connection>> unidentified_ SB_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> unidentified_ SB_GUARDED_BY(mu_);
   bool ready_ SB_GUARDED_BY(mu_) = false;
   int self_ SB_GUARDED_BY(mu_) = -1;  // this worker's rank, once filled
   std::vector<EarlyHello> early_hellos_ SB_GUARDED_BY(mu_);
@@ -257,4 +257,4 @@ class PeerTable {
   DeviceRoutes routes_ SB_GUARDED_BY(mu_);
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

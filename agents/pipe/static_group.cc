@@ -10,14 +10,14 @@
 #include "common/error.h"
 #include "store/store.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 using Timeout = std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
 StaticRendezvous::StaticRendezvous(std::string name, int rank, int world_size,
                                    const PipeAgentOptions& options, PeerTable& peers,
-                                   PipeTransport& transport, const PipeAuth& auth)
+                                   transport::PipeTransport& transport, const PipeAuth& auth)
     : name_(std::move(name)),
       rank_(rank),
       world_size_(world_size),
@@ -107,7 +107,7 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
 }
 
 std::string StaticRendezvous::accept_hello(const Hello& hello,
-                                           const std::shared_ptr<Connection>& connection) {
+                                           const std::shared_ptr<transport::Connection>& connection) {
   const int peer = hello.rank;
   if (connection->peer >= 0) return "a second hello";
   if (peer <= rank_ || peer >= world_size_) {
@@ -130,4 +130,4 @@ void StaticRendezvous::reconnect(int peer, std::chrono::milliseconds timeout) {
   peers_.connect(peer, transport_, auth_, hello_, timeout);
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

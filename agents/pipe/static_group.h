@@ -29,14 +29,14 @@ namespace switchboard {
 class Store;
 }
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class StaticRendezvous {
  public:
   // This worker is `name`, rank `rank` of `world_size`.
   StaticRendezvous(std::string name, int rank, int world_size,
                    const PipeAgentOptions& options, PeerTable& peers,
-                   PipeTransport& transport, const PipeAuth& auth);
+                   transport::PipeTransport& transport, const PipeAuth& auth);
   ~StaticRendezvous();
   StaticRendezvous(const StaticRendezvous&) = delete;
   StaticRendezvous& operator=(const StaticRendezvous&) = delete;
@@ -51,7 +51,7 @@ class StaticRendezvous {
   // A static hello on `connection` from a higher rank: makes the
   // connection that peer's and returns "", or returns what is wrong with
   // it (the protocol error to close the connection with).
-  std::string accept_hello(const Hello& hello, const std::shared_ptr<Connection>& connection);
+  std::string accept_hello(const Hello& hello, const std::shared_ptr<transport::Connection>& connection);
 
   // Connects again to `peer` (a lower rank, whose connection was lost), as
   // run() did: the hello, and the proof of the secret within `timeout`.
@@ -64,9 +64,9 @@ class StaticRendezvous {
   const int world_size_;
   const PipeAgentOptions& options_;
   PeerTable& peers_;
-  PipeTransport& transport_;
+  transport::PipeTransport& transport_;
   const PipeAuth& auth_;
   Hello hello_;  // this worker's static hello, set by run()
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -17,7 +17,7 @@
 #include "common/check.h"
 #include "core/device_ipc.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 using rpc::Message;
 
@@ -31,7 +31,7 @@ namespace {
 // the source that does so is returned (null when the bytes are all there).
 // A tensor that cannot be copied (no CUDA runtime linked, not contiguous)
 // throws std::invalid_argument naming the target worker `to`.
-std::shared_ptr<pipe::ChunkedSource> stage_on_cpu(Message& m, size_t i, const std::string& to,
+std::shared_ptr<wire::ChunkedSource> stage_on_cpu(Message& m, size_t i, const std::string& to,
                                                   HostBufferCache& buffers) {
   Tensor& t = m.tensors[i];
   if (t.device().is_cpu()) {
@@ -43,7 +43,7 @@ std::shared_ptr<pipe::ChunkedSource> stage_on_cpu(Message& m, size_t i, const st
     SB_REQUIRE(has_device_copier(),
                "no device copier is registered (link //collective:cuda_allocator)");
     Tensor staged = buffers.empty(t.shape(), t.dtype(), /*pinned=*/true);
-    std::shared_ptr<pipe::ChunkedSource> source;
+    std::shared_ptr<wire::ChunkedSource> source;
     if (t.nbytes() >= channel::DeviceStager::kMinBytes) {
       source = std::make_shared<channel::DeviceStager>(t, staged);
     } else {
@@ -93,8 +93,8 @@ ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOpti
 // A response whose tensors go to CUDA devices is placed there on the pool
 // (the copies must not hold up this connection's reads); any other
 // completes here.
-void PipeAgent::Impl::complete(pipe::InboundFrame response,
-                               std::shared_ptr<Connection> connection) {
+void PipeAgent::Impl::complete(wire::InboundFrame response,
+                               std::shared_ptr<transport::Connection> connection) {
   const bool placed = std::any_of(response.devices.begin(), response.devices.end(),
                                   [](const Device& d) { return !d.is_cpu(); });
   if (!placed) {
@@ -134,7 +134,7 @@ PipeAgent::Impl::Unfetched::~Unfetched() {
 void PipeAgent::Impl::receive_tensors(Message& m, const std::vector<Device>& devices,
                                       Unfetched& unfetched, int from) const {
   std::exception_ptr failure;
-  std::vector<pipe::InboundFrame::ChannelTensor> tensors;
+  std::vector<wire::InboundFrame::ChannelTensor> tensors;
   tensors.swap(unfetched.tensors);  // each is fetched or released below
   for (const auto& t : tensors) {
     // Every outbox goes back to the sender, also after a failure.
@@ -174,10 +174,10 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
   }
 }
 
-std::vector<pipe::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
+std::vector<wire::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
                                                               const std::vector<Device>& wire,
-                                                              int to, Connection& connection) {
-  std::vector<pipe::TensorRoute> routes;
+                                                              int to, transport::Connection& connection) {
+  std::vector<wire::TensorRoute> routes;
   const std::string& peer_name = peers.name_of(to);
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const Tensor& t = m.tensors[i];
@@ -186,15 +186,15 @@ std::vector<pipe::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
           channel::choose(channels, peers.info(to).announcement.channels, t.device(), wire[i],
                           t.is_contiguous() ? t.nbytes() : 0);
       log_choice(to, t.device(), wire[i], choice);
-      if (choice.channel == pipe::TensorChannel::kCudaIpc) {
-        if (std::optional<pipe::TensorRoute> route = cuda_ipc->send(connection, t)) {
+      if (choice.channel == wire::TensorChannel::kCudaIpc) {
+        if (std::optional<wire::TensorRoute> route = cuda_ipc->send(connection, t)) {
           routes.resize(m.tensors.size());
           routes[i] = *route;
           continue;
         }
       }
     }
-    if (std::shared_ptr<pipe::ChunkedSource> source = stage_on_cpu(m, i, peer_name, *buffers)) {
+    if (std::shared_ptr<wire::ChunkedSource> source = stage_on_cpu(m, i, peer_name, *buffers)) {
       routes.resize(m.tensors.size());
       routes[i].source = std::move(source);
     }
@@ -227,4 +227,4 @@ std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,
   return wire;
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -70,7 +70,7 @@ PYBIND11_MODULE(_C, m) {
       .def("get_worker_infos", &SwitchboardAgent::getWorkerInfos,
            py::call_guard<py::gil_scoped_release>());
 
-  m.def("resolve_listen_address", &switchboard::agents::resolve_listen_address,
+  m.def("resolve_listen_address", &switchboard::agents::pipe::resolve_listen_address,
         py::arg("option"), py::arg("store_host") = "",
         "The address a worker would listen on (the option, the SWITCHBOARD_IFNAME "
         "variable, the address that routes to the store, ...).");

@@ -58,7 +58,7 @@ std::shared_ptr<rpc::RpcBackendOptions> pipe_options(const AgentConfig& config) 
     extras["tls_ca_file"] = config.tls_ca_file;
   }
   const std::string address =
-      agents::resolve_listen_address(config.listen_address, config.store_host);
+      agents::pipe::resolve_listen_address(config.listen_address, config.store_host);
   extras["listen_address"] = address;
   // file:// and tcp:// are torch's: the rendezvous runs through the store
   // torch made, so Switchboard's own init_method is not used.

@@ -276,15 +276,15 @@ SB_CHILD_MAIN(outsider) {
   std::fflush(stdout);
   fmt::print("join: {}\n", outcome([&] {
     auto local = std::make_shared<switchboard::HashStore>();
-    switchboard::agents::WorkerAnnouncement member;
+    switchboard::agents::pipe::WorkerAnnouncement member;
     member.name = "m0";
     member.address = at.substr(0, at.find(':'));
     member.port = std::stoi(at.substr(at.find(':') + 1));
-    local->set("pipe/dyn/members", switchboard::agents::encode_members({{0, member}}));
-    switchboard::agents::PipeAgentOptions options;
+    local->set("pipe/dyn/members", switchboard::agents::pipe::encode_members({{0, member}}));
+    switchboard::agents::pipe::PipeAgentOptions options;
     options.rpc_timeout = std::chrono::seconds(10);
     options.secret = secret;
-    switchboard::agents::PipeAgent agent(local, "intruder", 7, std::nullopt, options);
+    switchboard::agents::pipe::PipeAgent agent(local, "intruder", 7, std::nullopt, options);
   }));
   std::fflush(stdout);
   return 0;

@@ -23,8 +23,8 @@ namespace switchboard::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using agents::PipeAgent;
-using agents::PipeAgentOptions;
+using agents::pipe::PipeAgent;
+using agents::pipe::PipeAgentOptions;
 using rpc::Message;
 
 struct Flags {

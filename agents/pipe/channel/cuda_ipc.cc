@@ -9,7 +9,7 @@
 #include "core/little_endian.h"
 #include "common/error.h"
 
-namespace switchboard::agents::channel {
+namespace switchboard::agents::pipe::channel {
 
 namespace {
 
@@ -23,8 +23,8 @@ constexpr size_t kMinOutboxBytes = size_t{1} << 20;
 
 // Sends `payload` as a kChannel frame; a closed connection drops it (the
 // peer's state goes with the connection).
-void send_frame(Connection& connection, const std::vector<uint8_t>& payload) {
-  connection.enqueue_control(pipe::FrameKind::kChannel, payload.data(), payload.size());
+void send_frame(transport::Connection& connection, const std::vector<uint8_t>& payload) {
+  connection.enqueue_control(wire::FrameKind::kChannel, payload.data(), payload.size());
 }
 
 }  // namespace
@@ -40,7 +40,7 @@ std::vector<uint8_t> CudaIpcChannel::encode(Op op, uint64_t id) {
   return out;
 }
 
-std::optional<pipe::TensorRoute> CudaIpcChannel::send(Connection& connection,
+std::optional<wire::TensorRoute> CudaIpcChannel::send(transport::Connection& connection,
                                                       const Tensor& t) {
   const size_t n = t.nbytes();
   const Device device = t.device();
@@ -123,10 +123,10 @@ std::optional<pipe::TensorRoute> CudaIpcChannel::send(Connection& connection,
     }
     throw;
   }
-  return pipe::TensorRoute{pipe::TensorChannel::kCudaIpc, id};
+  return wire::TensorRoute{wire::TensorChannel::kCudaIpc, id};
 }
 
-void CudaIpcChannel::on_frame(const Connection& connection,
+void CudaIpcChannel::on_frame(const transport::Connection& connection,
                               const std::vector<uint8_t>& payload) {
   if (payload.empty()) protocol_error("an empty message");
   const uint8_t op = payload[0];
@@ -177,12 +177,12 @@ void CudaIpcChannel::on_frame(const Connection& connection,
   }
 }
 
-void CudaIpcChannel::check(const Connection& connection,
-                           const pipe::InboundFrame& frame) const {
+void CudaIpcChannel::check(const transport::Connection& connection,
+                           const wire::InboundFrame& frame) const {
   if (frame.channel_tensors.empty()) return;
   MutexLock lock(mu_);
   auto pc = connections_.find(connection.serial);
-  for (const pipe::InboundFrame::ChannelTensor& t : frame.channel_tensors) {
+  for (const wire::InboundFrame::ChannelTensor& t : frame.channel_tensors) {
     const uint64_t id = t.route.buffer;
     const Inbox* in = nullptr;
     if (pc != connections_.end()) {
@@ -209,13 +209,13 @@ void CudaIpcChannel::check(const Connection& connection,
   }
 }
 
-Tensor CudaIpcChannel::fetch(Connection& connection,
-                             const pipe::InboundFrame::ChannelTensor& tensor,
+Tensor CudaIpcChannel::fetch(transport::Connection& connection,
+                             const wire::InboundFrame::ChannelTensor& tensor,
                              Device device) {
   const uint64_t id = tensor.route.buffer;
   // The sender may refill the outbox once this returns, whatever happened.
   struct Release {
-    Connection& connection;
+    transport::Connection& connection;
     uint64_t id;
     ~Release() { send_frame(connection, encode(kRelease, id)); }
   } release{connection, id};
@@ -249,12 +249,12 @@ Tensor CudaIpcChannel::fetch(Connection& connection,
   return dst;
 }
 
-void CudaIpcChannel::release(Connection& connection,
-                             const pipe::InboundFrame::ChannelTensor& tensor) {
+void CudaIpcChannel::release(transport::Connection& connection,
+                             const wire::InboundFrame::ChannelTensor& tensor) {
   send_frame(connection, encode(kRelease, tensor.route.buffer));
 }
 
-void CudaIpcChannel::forget(const Connection& connection) {
+void CudaIpcChannel::forget(const transport::Connection& connection) {
   PerConnection gone;
   {
     MutexLock lock(mu_);
@@ -282,4 +282,4 @@ size_t CudaIpcChannel::inbox_count() const {
   return n;
 }
 
-}  // namespace switchboard::agents::channel
+}  // namespace switchboard::agents::pipe::channel

@@ -2,14 +2,14 @@
 
 #include <fmt/format.h>
 
-namespace switchboard::agents::channel {
+namespace switchboard::agents::pipe::channel {
 
 Choice choose(const ChannelDescriptor& mine, const ChannelDescriptor& peer, Device src,
               Device dst, size_t nbytes) {
   if (src.is_cpu() && dst.is_cpu())
-    return {pipe::TensorChannel::kInline, "cpu", "CPU to CPU"};
+    return {wire::TensorChannel::kInline, "cpu", "CPU to CPU"};
   auto staged = [](std::string why) {
-    return Choice{pipe::TensorChannel::kInline, "cuda_staged", std::move(why)};
+    return Choice{wire::TensorChannel::kInline, "cuda_staged", std::move(why)};
   };
   if (src.is_cpu() || dst.is_cpu()) return staged("one end is the CPU");
   if (!mine.cuda_ipc) return staged("this worker cannot share CUDA memory (no CUDA IPC)");
@@ -24,7 +24,7 @@ Choice choose(const ChannelDescriptor& mine, const ChannelDescriptor& peer, Devi
     return staged(fmt::format("{} bytes, under the {} bytes worth an outbox", nbytes,
                               kCudaIpcMinBytes));
   }
-  return {pipe::TensorChannel::kCudaIpc, "cuda_ipc", "same host, both share CUDA memory"};
+  return {wire::TensorChannel::kCudaIpc, "cuda_ipc", "same host, both share CUDA memory"};
 }
 
-}  // namespace switchboard::agents::channel
+}  // namespace switchboard::agents::pipe::channel

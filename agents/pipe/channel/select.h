@@ -21,7 +21,7 @@
 #include "agents/pipe/announcement.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents::channel {
+namespace switchboard::agents::pipe::channel {
 
 // Smaller CUDA tensors take the staged path. Each cuda_ipc transfer runs a
 // copy on the device in each of the two processes, and on a GPU shared by
@@ -32,7 +32,7 @@ namespace switchboard::agents::channel {
 inline constexpr size_t kCudaIpcMinBytes = 512 * 1024;
 
 struct Choice {
-  pipe::TensorChannel channel = pipe::TensorChannel::kInline;
+  wire::TensorChannel channel = wire::TensorChannel::kInline;
   const char* name = "cpu";  // "cpu", "cuda_staged" or "cuda_ipc"
   std::string why;           // for the log: why this one and not a faster one
 };
@@ -41,4 +41,4 @@ struct Choice {
 Choice choose(const ChannelDescriptor& mine, const ChannelDescriptor& peer, Device src,
               Device dst, size_t nbytes);
 
-}  // namespace switchboard::agents::channel
+}  // namespace switchboard::agents::pipe::channel

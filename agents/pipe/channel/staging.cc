@@ -4,7 +4,7 @@
 
 #include "common/check.h"
 
-namespace switchboard::agents::channel {
+namespace switchboard::agents::pipe::channel {
 
 DeviceStager::DeviceStager(Tensor device_tensor, Tensor host, size_t chunk_bytes)
     : device_(std::move(device_tensor)),
@@ -99,4 +99,4 @@ Tensor DeviceLanding::finish() {
   return view_of(device_tensor_, device_);
 }
 
-}  // namespace switchboard::agents::channel
+}  // namespace switchboard::agents::pipe::channel

@@ -3,7 +3,7 @@
 //
 // DeviceStager: a CUDA tensor on its way to another worker, copied into a
 // pinned host buffer chunk by chunk as the connection takes the bytes (a
-// pipe::ChunkedSource): the connection's writer copies the next chunk off
+// wire::ChunkedSource): the connection's writer copies the next chunk off
 // the device while the kernel still sends the last one.
 //
 // DeviceLanding: a tensor bound for a CUDA device, received into a pinned
@@ -17,7 +17,7 @@
 // work already queued on the device's default stream), on uint8 views of
 // the two tensors. Holds both tensors until it is destroyed.
 //
-// Thread safety: as pipe::ChunkedSource (advance() from one thread at a
+// Thread safety: as wire::ChunkedSource (advance() from one thread at a
 // time, ready() from any).
 #pragma once
 
@@ -30,9 +30,9 @@
 #include "agents/pipe/wire/frame.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents::channel {
+namespace switchboard::agents::pipe::channel {
 
-class DeviceStager final : public pipe::ChunkedSource {
+class DeviceStager final : public wire::ChunkedSource {
  public:
   // Tensors of this size and more are staged chunk by chunk; smaller ones
   // at once (one copy costs less than the bookkeeping).
@@ -129,4 +129,4 @@ class DeviceLanding {
   bool failed_ = false;
 };
 
-}  // namespace switchboard::agents::channel
+}  // namespace switchboard::agents::pipe::channel

@@ -27,7 +27,7 @@
 #include "core/tensor.h"
 #include "core/message.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe::transport {
 
 // Steady-clock nanoseconds, for heartbeat bookkeeping.
 inline int64_t now_ns() {
@@ -44,7 +44,7 @@ class ConnectionEvents {
   virtual ~ConnectionEvents() = default;
   // A complete frame; false stops reading the connection (until replay()).
   virtual bool on_frame(const std::shared_ptr<Connection>& connection,
-                        pipe::InboundFrame frame) = 0;
+                        wire::InboundFrame frame) = 0;
   // The connection failed (closed by the peer, an I/O error, bytes that are
   // not a frame: `reason` says which). Also called by the agent itself to
   // close a connection; runs at least once per failure, the agent keeps
@@ -63,22 +63,22 @@ class Connection {
 
   // Queues one frame (and its tensors' bytes, which must stay unchanged
   // until sent, but for the tensors `routes` hands to a channel: see
-  // pipe::append_frame); false when the connection is closed or closing. With
+  // wire::append_frame); false when the connection is closed or closing. With
   // `send_now` and no write in flight, the calling thread sends what the
   // connection takes at once (lowest latency); otherwise an I/O thread
   // sends it, coalesced with whatever else is queued by then.
   virtual bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-                       const std::vector<pipe::TensorRoute>& routes, bool send_now) = 0;
+                       const std::vector<wire::TensorRoute>& routes, bool send_now) = 0;
   // Queues a frame of `kind` with an opaque payload (hello, heartbeat,
   // goodbye) or with an id only (cancel); false when closed or closing.
-  virtual bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
+  virtual bool enqueue_control(wire::FrameKind kind, const uint8_t* payload = nullptr,
                                size_t size = 0, uint64_t id = 0) = 0;
   // Starts handing frames to the events (once).
   virtual void start_reading() = 0;
   // Hands `frame`, which on_frame() returned false for, to the events again
   // on the strand; when accepted this time, the connection goes on with the
   // frames read after it.
-  virtual void replay(pipe::InboundFrame frame) = 0;
+  virtual void replay(wire::InboundFrame frame) = 0;
   // Closes once everything queued went out (or at once on error).
   virtual void close_after_flush() = 0;
   // Waits until close_after_flush() finished or the connection closed;
@@ -103,8 +103,8 @@ class Connection {
   const int64_t opened_ns = now_ns();
   // Set by the agent once the peer is identified and authenticated (or
   // identified, without a job secret): until then its frames must fit the
-  // stranger limits (pipe::kMaxStrangerFrameBytes, no tensors) and are read
-  // one at a time (pipe::FrameReader::set_trust). Never cleared.
+  // stranger limits (wire::kMaxStrangerFrameBytes, no tensors) and are read
+  // one at a time (wire::FrameReader::set_trust). Never cleared.
   std::atomic<bool> trusted{false};
 
   // Tells this connection apart from every other of this process, also
@@ -113,4 +113,4 @@ class Connection {
   const uint64_t serial = next_serial();
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe::transport

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& devices,
-                        const std::vector<pipe::TensorRoute>& routes) {
-  pipe::append_frame(bytes_, m, devices, routes);
+                        const std::vector<wire::TensorRoute>& routes) {
+  wire::append_frame(bytes_, m, devices, routes);
   for (size_t i = 0; i < m.tensors.size(); ++i) {
-    if (!routes.empty() && routes[i].channel != pipe::TensorChannel::kInline) continue;
+    if (!routes.empty() && routes[i].channel != wire::TensorChannel::kInline) continue;
     const Tensor& t = m.tensors[i];
     if (t.nbytes() == 0) continue;
     tensors_.push_back(
@@ -16,7 +16,7 @@ void FrameQueue::append(const rpc::Message& m, const std::vector<Device>& device
   }
 }
 
-std::shared_ptr<pipe::ChunkedSource> FrameQueue::blocked() const {
+std::shared_ptr<wire::ChunkedSource> FrameQueue::blocked() const {
   if (tensors_.empty() || tensors_.front().offset > 0)
     return nullptr;  // frame bytes first
   const QueuedTensor& t = tensors_.front();
@@ -25,9 +25,9 @@ std::shared_ptr<pipe::ChunkedSource> FrameQueue::blocked() const {
   return t.source;
 }
 
-void FrameQueue::append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
+void FrameQueue::append_control(wire::FrameKind kind, uint64_t id, const uint8_t* payload,
                                 size_t size) {
-  pipe::append_control_frame(bytes_, kind, id, payload, size);
+  wire::append_control_frame(bytes_, kind, id, payload, size);
 }
 
 void FrameQueue::consume(size_t n) {
@@ -53,4 +53,4 @@ void FrameQueue::consume(size_t n) {
   for (QueuedTensor& t : tensors_) t.offset -= at;
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -4,7 +4,7 @@
 // Every stream transport writes from one: it appends frames, hands the
 // pieces to its stream in wire order, and drops what the stream took.
 //
-// A tensor routed with a pipe::ChunkedSource offers only the bytes its
+// A tensor routed with a wire::ChunkedSource offers only the bytes its
 // source made ready so far, and nothing after it goes out before all of it
 // did: when the stream took everything offered and the queue waits on such
 // a source (blocked()), the writer calls its advance() and goes on.
@@ -22,16 +22,16 @@
 #include "core/message.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 class FrameQueue {
  public:
-  // Appends `m` encoded as a frame (pipe::append_frame), its tensors' bytes
+  // Appends `m` encoded as a frame (wire::append_frame), its tensors' bytes
   // after it but for those `routes` hands to a channel.
   void append(const rpc::Message& m, const std::vector<Device>& devices,
-              const std::vector<pipe::TensorRoute>& routes);
-  // Appends a control frame (pipe::append_control_frame).
-  void append_control(pipe::FrameKind kind, uint64_t id, const uint8_t* payload,
+              const std::vector<wire::TensorRoute>& routes);
+  // Appends a control frame (wire::append_control_frame).
+  void append_control(wire::FrameKind kind, uint64_t id, const uint8_t* payload,
                       size_t size);
 
   bool empty() const { return bytes_.empty() && tensors_.empty(); }
@@ -43,7 +43,7 @@ class FrameQueue {
   void for_each_piece(Emit&& emit) const;
   // The source the queue waits on: everything before it went, and all of
   // its ready bytes too; null when the queue has bytes to offer (or none).
-  std::shared_ptr<pipe::ChunkedSource> blocked() const;
+  std::shared_ptr<wire::ChunkedSource> blocked() const;
   // Drops the first `n` bytes (n <= size()).
   void consume(size_t n);
 
@@ -63,7 +63,7 @@ class FrameQueue {
     size_t offset = 0;
     Tensor tensor;
     size_t sent = 0;
-    std::shared_ptr<pipe::ChunkedSource> source;  // null: every byte is ready
+    std::shared_ptr<wire::ChunkedSource> source;  // null: every byte is ready
     size_t size() const { return source ? source->size() : tensor.nbytes(); }
     size_t available() const { return source ? source->ready() : tensor.nbytes(); }
     const uint8_t* data() const {
@@ -88,4 +88,4 @@ void FrameQueue::for_each_piece(Emit&& emit) const {
   if (at < bytes_.size()) emit(bytes_.data() + at, bytes_.size() - at);
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

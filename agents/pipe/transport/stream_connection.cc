@@ -7,7 +7,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -15,9 +15,9 @@ using Clock = std::chrono::steady_clock;
 using rpc::Message;
 
 StreamConnection::StreamConnection(ConnectionEvents& events, tcp::socket socket,
-                                   const pipe::FrameLimits& limits,
-                                   pipe::FrameReader::Allocate allocate,
-                                   pipe::FrameReader::Progress progress)
+                                   const wire::FrameLimits& limits,
+                                   wire::FrameReader::Allocate allocate,
+                                   wire::FrameReader::Progress progress)
     : events_(events),
       strand_(asio::make_strand(socket.get_executor())),
       socket_(std::move(socket)),
@@ -37,7 +37,7 @@ std::string StreamConnection::remote_address() const {
 }
 
 bool StreamConnection::enqueue(const Message& m, const std::vector<Device>& devices,
-                               const std::vector<pipe::TensorRoute>& routes,
+                               const std::vector<wire::TensorRoute>& routes,
                                bool send_now) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
@@ -47,7 +47,7 @@ bool StreamConnection::enqueue(const Message& m, const std::vector<Device>& devi
 
 void StreamConnection::enqueue_locked(const Message& m,
                                       const std::vector<Device>& devices,
-                                      const std::vector<pipe::TensorRoute>& routes,
+                                      const std::vector<wire::TensorRoute>& routes,
                                       bool send_now) {
   queued_.append(m, devices, routes);
   if (send_now && !writing_ && sends_inline()) send_inline_locked();
@@ -80,7 +80,7 @@ void StreamConnection::send_inline_locked() {
   if (n > 0) queued_.consume(static_cast<size_t>(n));
 }
 
-bool StreamConnection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
+bool StreamConnection::enqueue_control(wire::FrameKind kind, const uint8_t* payload,
                                        size_t size, uint64_t id) {
   MutexLock lock(mu_);
   if (closed_ || closing_) return false;
@@ -124,7 +124,7 @@ void StreamConnection::write_some() {
     close_socket(/*graceful=*/true);
     return;
   }
-  if (std::shared_ptr<pipe::ChunkedSource> waiting = sending_.blocked()) {
+  if (std::shared_ptr<wire::ChunkedSource> waiting = sending_.blocked()) {
     // The next chunk is copied while the kernel still sends the last one.
     try {
       waiting->advance();
@@ -193,7 +193,7 @@ void StreamConnection::read_some() {
 }
 
 bool StreamConnection::drain() {
-  pipe::InboundFrame frame;
+  wire::InboundFrame frame;
   for (;;) {
     try {
       if (!reader_.pop(frame)) return true;  // a stranger's next frame is parsed here
@@ -206,7 +206,7 @@ bool StreamConnection::drain() {
   }
 }
 
-void StreamConnection::replay(pipe::InboundFrame frame) {
+void StreamConnection::replay(wire::InboundFrame frame) {
   asio::post(strand_, [self = shared_from_this(), frame = std::move(frame)]() mutable {
     if (!self->events_.on_frame(self, std::move(frame))) return;
     if (self->drain()) self->read_some();
@@ -250,4 +250,4 @@ void StreamConnection::close_socket(bool graceful) {
   socket_.close(ignored);
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -31,18 +31,18 @@
 #include "core/message.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 class StreamConnection : public Connection,
                          public std::enable_shared_from_this<StreamConnection> {
  public:
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               const std::vector<pipe::TensorRoute>& routes, bool send_now) override
+               const std::vector<wire::TensorRoute>& routes, bool send_now) override
       SB_EXCLUDES(mu_);
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
+  bool enqueue_control(wire::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void start_reading() override;
-  void replay(pipe::InboundFrame frame) override;
+  void replay(wire::InboundFrame frame) override;
   void close_after_flush() override SB_EXCLUDES(mu_);
   bool wait_closed(std::chrono::steady_clock::time_point deadline) override
       SB_EXCLUDES(mu_);
@@ -58,8 +58,8 @@ class StreamConnection : public Connection,
   // null), frames are checked against `limits` (and the stranger limits
   // until `trusted`).
   StreamConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
-                   const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-                   pipe::FrameReader::Progress progress);
+                   const wire::FrameLimits& limits, wire::FrameReader::Allocate allocate,
+                   wire::FrameReader::Progress progress);
 
   using IoDone = std::function<void(const boost::system::error_code&, size_t)>;
   // The stream. Called on the strand, one write and one read at a time;
@@ -92,7 +92,7 @@ class StreamConnection : public Connection,
   // Queues a frame on the stream itself, under mu_ (after the checks of
   // enqueue()); `send_now` as in enqueue().
   void enqueue_locked(const rpc::Message& m, const std::vector<Device>& devices,
-                      const std::vector<pipe::TensorRoute>& routes, bool send_now)
+                      const std::vector<wire::TensorRoute>& routes, bool send_now)
       SB_REQUIRES(mu_);
   // Fails the connection from the strand (not under mu_).
   void fail_later(std::string reason);
@@ -120,7 +120,7 @@ class StreamConnection : public Connection,
   // reading.
   bool drain();
 
-  pipe::FrameReader reader_;  // strand only
+  wire::FrameReader reader_;  // strand only
   CondVar closed_cv_;
   bool writing_ SB_GUARDED_BY(mu_) = false;
   bool closing_ SB_GUARDED_BY(mu_) = false;
@@ -130,4 +130,4 @@ class StreamConnection : public Connection,
   std::vector<boost::asio::const_buffer> buffers_;
 };
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -26,7 +26,7 @@
 
 #include "agents/pipe/transport/connection.h"
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe::transport {
 
 class PipeTransport {
  public:
@@ -63,4 +63,4 @@ class PipeTransport {
   virtual void join() = 0;
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe::transport

@@ -10,7 +10,7 @@
 #include "core/little_endian.h"
 #include "common/check.h"
 
-namespace switchboard::agents::pipe {
+namespace switchboard::agents::pipe::wire {
 namespace {
 
 // A tensor remainder smaller than this is read through the buffer (with
@@ -634,4 +634,4 @@ std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
   return frames;
 }
 
-}  // namespace switchboard::agents::pipe
+}  // namespace switchboard::agents::pipe::wire

@@ -56,7 +56,7 @@
 #include "core/message.h"
 #include "core/tensor.h"
 
-namespace switchboard::agents::pipe {
+namespace switchboard::agents::pipe::wire {
 
 inline constexpr uint32_t kMagic = 0x49504253;  // bytes 53 42 50 49: "SBPI"
 inline constexpr uint8_t kVersion = 1;
@@ -343,4 +343,4 @@ class FrameReader {
 std::vector<InboundFrame> decode_all(const uint8_t* data, size_t size,
                                      const FrameLimits& limits = {});
 
-}  // namespace switchboard::agents::pipe
+}  // namespace switchboard::agents::pipe::wire

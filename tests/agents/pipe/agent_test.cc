@@ -60,8 +60,8 @@
 
 using namespace switchboard;
 using namespace std::chrono_literals;
-using agents::PipeAgent;
-using agents::PipeAgentOptions;
+using agents::pipe::PipeAgent;
+using agents::pipe::PipeAgentOptions;
 using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;
@@ -298,9 +298,9 @@ class RawSocket {
   int fd_ = -1;
 };
 
-std::vector<uint8_t> header_bytes(const agents::pipe::FrameHeader& header) {
-  std::vector<uint8_t> bytes(agents::pipe::kHeaderSize);
-  agents::pipe::encode_header(header, bytes.data());
+std::vector<uint8_t> header_bytes(const agents::pipe::wire::FrameHeader& header) {
+  std::vector<uint8_t> bytes(agents::pipe::wire::kHeaderSize);
+  agents::pipe::wire::encode_header(header, bytes.data());
   return bytes;
 }
 
@@ -308,7 +308,7 @@ std::vector<uint8_t> header_bytes(const agents::pipe::FrameHeader& header) {
 std::vector<uint8_t> hello_from_w1() {
   const std::vector<uint8_t> payload{0x96, 0x00, 0x01, 0xa2, 'w', '1', 0xc4, 0x00, 0xc3, 0xa0};
   std::vector<uint8_t> bytes;
-  agents::pipe::append_control_frame(bytes, agents::pipe::FrameKind::kHello, 0,
+  agents::pipe::wire::append_control_frame(bytes, agents::pipe::wire::FrameKind::kHello, 0,
                                      payload.data(), payload.size());
   return bytes;
 }
@@ -387,27 +387,27 @@ TEST_CASE(
     cases.push_back({"garbage bytes", garbage});
   }
   {
-    pipe::FrameHeader header;
-    header.kind = pipe::FrameKind::kHeartbeat;
+    pipe::wire::FrameHeader header;
+    header.kind = pipe::wire::FrameKind::kHeartbeat;
     std::vector<uint8_t> bytes = header_bytes(header);
     bytes[0] ^= 0xff;
     cases.push_back({"a header with a bad magic", bytes});
   }
   {
     std::vector<uint8_t> bytes;
-    pipe::append_frame(bytes, request("sneaky", {1, 2, 3}));
+    pipe::wire::append_frame(bytes, request("sneaky", {1, 2, 3}));
     cases.push_back({"a request before any hello", bytes});
   }
   {
     std::vector<uint8_t> bytes;
-    pipe::append_control_frame(bytes, pipe::FrameKind::kHeartbeat, 0);
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHeartbeat, 0);
     cases.push_back({"a heartbeat before any hello", bytes});
   }
   cases.push_back({"a hello claiming rank 1, which is already connected", hello_from_w1()});
   {
     // The same hello, then a request that must not be served as w1's.
     std::vector<uint8_t> bytes = hello_from_w1();
-    pipe::append_frame(bytes, request("impostor", {4}));
+    pipe::wire::append_frame(bytes, request("impostor", {4}));
     cases.push_back({"a hello claiming rank 1 followed by a request", bytes});
   }
   {
@@ -415,7 +415,7 @@ TEST_CASE(
     // I/O thread and ended the process.
     const std::vector<uint8_t> payload{0x01};
     std::vector<uint8_t> bytes;
-    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
                                payload.size());
     cases.push_back({"a hello whose payload is not a hello", bytes});
   }
@@ -423,15 +423,15 @@ TEST_CASE(
     // A dynamic group's join hello sent to a static group.
     const std::vector<uint8_t> payload{0x96, 0x01, 0x05, 0xa1, 'x', 0xc4, 0x00, 0xc3, 0xa0};
     std::vector<uint8_t> bytes;
-    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
                                payload.size());
     cases.push_back({"a dynamic group's join hello to a static group", bytes});
   }
   {
-    pipe::FrameHeader header;
-    header.kind = pipe::FrameKind::kRequest;
+    pipe::wire::FrameHeader header;
+    header.kind = pipe::wire::FrameKind::kRequest;
     header.id = 1;
-    header.function_length = pipe::FrameLimits{}.max_function_length + 1;
+    header.function_length = pipe::wire::FrameLimits{}.max_function_length + 1;
     cases.push_back({"an oversized function_length", header_bytes(header)});
   }
 
@@ -491,10 +491,10 @@ TEST_CASE("headers announcing huge bodies before any hello cost no memory until 
     return;
   }
   const size_t before = peak_rss();
-  agents::pipe::FrameHeader header;
-  header.kind = agents::pipe::FrameKind::kHello;
+  agents::pipe::wire::FrameHeader header;
+  header.kind = agents::pipe::wire::FrameKind::kHello;
   header.payload_length =
-      static_cast<uint32_t>(agents::pipe::FrameLimits{}.max_payload_bytes);
+      static_cast<uint32_t>(agents::pipe::wire::FrameLimits{}.max_payload_bytes);
   // Three strangers, each announcing a 1 GiB hello and sending none of it;
   // each is closed when its hello does not come.
   std::vector<std::unique_ptr<RawSocket>> strangers;
@@ -539,7 +539,7 @@ bool has_external_ipv4() {
 
 TEST_CASE("the listen address is an address, an interface, the environment's or a default",
           "[pipe][address]") {
-  using agents::resolve_listen_address;
+  using agents::pipe::resolve_listen_address;
   ScopedEnv no_switchboard("SWITCHBOARD_PIPE_SOCKET_IFNAME", std::nullopt);
   CHECK(resolve_listen_address("127.0.0.1") == "127.0.0.1");
   CHECK(resolve_listen_address("::1") == "::1");

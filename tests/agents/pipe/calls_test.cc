@@ -23,8 +23,8 @@
 
 using namespace switchboard;
 using namespace std::chrono_literals;
-using agents::PipeAgent;
-using agents::PipeAgentOptions;
+using agents::pipe::PipeAgent;
+using agents::pipe::PipeAgentOptions;
 using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;

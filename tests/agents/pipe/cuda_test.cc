@@ -93,7 +93,7 @@ void install_fake_runtime() {
     REQUIRE(!(dst.device().is_cpu() && src.device().is_cpu()));
     ++fake_copies;
     if (src.device().is_cpu() &&
-        src.nbytes() < agents::channel::DeviceLanding::kMinCopyBytes)
+        src.nbytes() < agents::pipe::channel::DeviceLanding::kMinCopyBytes)
       ++fake_small_h2d;
     if (src.nbytes() > 0) std::memcpy(dst.data(), src.data(), src.nbytes());
   });

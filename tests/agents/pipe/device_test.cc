@@ -20,8 +20,8 @@
 
 using namespace switchboard;
 using namespace std::chrono_literals;
-using agents::PipeAgent;
-using agents::PipeAgentOptions;
+using agents::pipe::PipeAgent;
+using agents::pipe::PipeAgentOptions;
 using rpc::Future;
 using rpc::RpcContext;
 using rpc::with_timeout;

@@ -425,16 +425,16 @@ void evict_in_store(const std::shared_ptr<Store>& store, int rank, const std::st
   auto pipe = std::make_shared<PrefixStore>("pipe", store);
   rendezvous::MembershipToken token(pipe, "dyn/token", "the test");
   token.acquire(kGuard);
-  std::vector<agents::Member> members = agents::decode_members(pipe->get("dyn/members"));
-  std::erase_if(members, [&](const agents::Member& m) { return m.rank == rank; });
+  std::vector<agents::pipe::Member> members = agents::pipe::decode_members(pipe->get("dyn/members"));
+  std::erase_if(members, [&](const agents::pipe::Member& m) { return m.rank == rank; });
   pipe->set(fmt::format("dyn/evicted/{}", rank), Bytes(why.begin(), why.end()));
-  pipe->set("dyn/members", agents::encode_members(members));
+  pipe->set("dyn/members", agents::pipe::encode_members(members));
   token.release();
 }
 
 std::set<std::string> names_in_store(Store& store) {
   std::set<std::string> out;
-  for (const agents::Member& m : agents::decode_members(store.get("pipe/dyn/members"))) {
+  for (const agents::pipe::Member& m : agents::pipe::decode_members(store.get("pipe/dyn/members"))) {
     out.insert(m.announcement.name);
   }
   return out;
@@ -662,7 +662,7 @@ TEST_CASE("a second group founded in a store restarted empty gives the store bac
   TcpStore store("127.0.0.1", g.port, client_options());
   const std::string other = "second-group";
   store.multi_set({"pipe/dyn/group", "pipe/dyn/members"},
-                  {Bytes(other.begin(), other.end()), agents::encode_members({})});
+                  {Bytes(other.begin(), other.end()), agents::pipe::encode_members({})});
   // The members take the store back (bounded wait for the key to change).
   CHECK(switchboard::testing::eventually(
       [&] {

@@ -29,6 +29,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 using namespace std::chrono_literals;
 using rpc::Future;
 using rpc::Message;
@@ -119,7 +120,7 @@ class RawPeer {
   void send_hello(const Hello& hello) {
     const std::vector<uint8_t> payload = encode_hello(hello);
     std::vector<uint8_t> bytes;
-    pipe::append_control_frame(bytes, pipe::FrameKind::kHello, 0, payload.data(),
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
                                payload.size());
     send(bytes);
   }
@@ -144,16 +145,16 @@ class RawPeer {
   }
   void send_request(const std::string& function) {
     std::vector<uint8_t> bytes;
-    pipe::append_frame(bytes, request(function));
+    pipe::wire::append_frame(bytes, request(function));
     send(bytes);
   }
   // The next hello the agent sends (heartbeats skipped); nullopt when it
   // closed the connection first.
   std::optional<Hello> read_hello() {
     for (;;) {
-      pipe::InboundFrame frame;
+      pipe::wire::InboundFrame frame;
       while (reader_.pop(frame)) {
-        if (frame.kind == pipe::FrameKind::kHello) return decode_hello(frame.message.payload);
+        if (frame.kind == pipe::wire::FrameKind::kHello) return decode_hello(frame.message.payload);
       }
       if (!receive()) return std::nullopt;
     }
@@ -161,7 +162,7 @@ class RawPeer {
   // Whether the agent closes the connection (within the guard).
   bool closed_by_peer() {
     for (;;) {
-      pipe::InboundFrame frame;
+      pipe::wire::InboundFrame frame;
       while (reader_.pop(frame)) {
       }
       if (!receive()) return true;
@@ -189,7 +190,7 @@ class RawPeer {
   }
 
   int fd_ = -1;
-  pipe::FrameReader reader_;
+  pipe::wire::FrameReader reader_;
 };
 
 }  // namespace
@@ -248,8 +249,8 @@ namespace {
 std::vector<uint8_t> hello_header(uint32_t payload_length) {
   const std::vector<uint8_t> payload(16, 0);
   std::vector<uint8_t> frame;
-  pipe::append_control_frame(frame, pipe::FrameKind::kHello, 0, payload.data(), payload.size());
-  frame.resize(pipe::kHeaderSize);
+  pipe::wire::append_control_frame(frame, pipe::wire::FrameKind::kHello, 0, payload.data(), payload.size());
+  frame.resize(pipe::wire::kHeaderSize);
   for (int i = 0; i < 4; ++i) frame[20 + i] = static_cast<uint8_t>(payload_length >> (8 * i));
   return frame;
 }

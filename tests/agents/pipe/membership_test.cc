@@ -17,6 +17,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 

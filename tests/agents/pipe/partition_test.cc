@@ -14,6 +14,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 using namespace std::chrono_literals;
 
 namespace {

@@ -11,6 +11,8 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
+using namespace switchboard::agents::pipe::transport;
 using State = PeerTable::State;
 
 namespace {
@@ -19,21 +21,21 @@ namespace {
 class FakeConnection final : public Connection {
  public:
   bool enqueue(const rpc::Message&, const std::vector<Device>&,
-               const std::vector<pipe::TensorRoute>&, bool) override {
+               const std::vector<pipe::wire::TensorRoute>&, bool) override {
     return true;
   }
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t*, size_t, uint64_t) override {
+  bool enqueue_control(pipe::wire::FrameKind kind, const uint8_t*, size_t, uint64_t) override {
     controls.push_back(kind);
     return true;
   }
   void start_reading() override { reading = true; }
-  void replay(pipe::InboundFrame frame) override { replayed.push_back(std::move(frame)); }
+  void replay(pipe::wire::InboundFrame frame) override { replayed.push_back(std::move(frame)); }
   void close_after_flush() override {}
   bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
   void close_now() override {}
 
-  std::vector<pipe::FrameKind> controls;
-  std::vector<pipe::InboundFrame> replayed;
+  std::vector<pipe::wire::FrameKind> controls;
+  std::vector<pipe::wire::InboundFrame> replayed;
   bool reading = false;
 };
 
@@ -85,7 +87,7 @@ TEST_CASE("hellos that come before the table is filled are replayed once it is",
   CHECK(early->replayed.empty());
   peers.fill_static(announcements(2), 0, {});
   REQUIRE(early->replayed.size() == 1);
-  CHECK(early->replayed[0].kind == pipe::FrameKind::kHello);
+  CHECK(early->replayed[0].kind == pipe::wire::FrameKind::kHello);
   CHECK(early->replayed[0].message.payload == hello.payload);
   CHECK_FALSE(peers.defer_hello(early, hello));
 }

@@ -8,7 +8,7 @@
 
 #include "agents/pipe/host_key.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace {
 
@@ -19,8 +19,8 @@ constexpr std::chrono::microseconds kWait{500'000};
 }  // namespace
 
 ShmLane::ShmLane(LaneCarrier& carrier, size_t capacity, std::string off_reason,
-                 const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-                 pipe::FrameReader::Progress progress)
+                 const wire::FrameLimits& limits, wire::FrameReader::Allocate allocate,
+                 wire::FrameReader::Progress progress)
     : carrier_(carrier),
       capacity_(capacity),
       off_reason_(std::move(off_reason)),
@@ -112,13 +112,13 @@ bool ShmLane::refused(const std::string& reason) {
 }
 
 void ShmLane::enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-                      const std::vector<pipe::TensorRoute>& routes) {
+                      const std::vector<wire::TensorRoute>& routes) {
   MutexLock lock(mu_);
   queued_.append(m, devices, routes);
   write_or_fail_locked();
 }
 
-void ShmLane::enqueue_control(pipe::FrameKind kind, uint64_t id, const uint8_t* data,
+void ShmLane::enqueue_control(wire::FrameKind kind, uint64_t id, const uint8_t* data,
                               size_t size) {
   MutexLock lock(mu_);
   queued_.append_control(kind, id, data, size);
@@ -164,7 +164,7 @@ void ShmLane::write_loop(const Alive& alive) {
   for (;;) {
     if (!alive->load()) return;
     bool flushed_while_closing = false;
-    std::shared_ptr<pipe::ChunkedSource> waiting;  // a staged tensor's next chunk
+    std::shared_ptr<wire::ChunkedSource> waiting;  // a staged tensor's next chunk
     {
       std::shared_ptr<Connection> self = carrier_.lane_connection();
       if (self == nullptr) return;
@@ -251,9 +251,9 @@ void ShmLane::socket_ended(std::string why) {
 // Reads the ring into a frame reader of its own and hands the frames on.
 void ShmLane::read_loop(const Alive& alive) {
   ShmRing& ring = *in_->ring;
-  pipe::FrameReader reader(limits_, allocate_);
+  wire::FrameReader reader(limits_, allocate_);
   reader.set_progress(progress_);
-  pipe::InboundFrame frame;
+  wire::InboundFrame frame;
   for (;;) {
     if (!alive->load()) return;
     bool wait = false;
@@ -308,4 +308,4 @@ void ShmLane::read_loop(const Alive& alive) {
   }
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

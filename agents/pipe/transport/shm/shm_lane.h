@@ -47,7 +47,7 @@
 #include "common/mutex.h"
 #include "core/message.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 // What the lane needs of the connection it rides beside.
 class LaneCarrier {
@@ -81,8 +81,8 @@ class ShmLane {
   // Received tensors come from `allocate`, frames are checked against
   // `limits`. `carrier` must outlive the lane.
   ShmLane(LaneCarrier& carrier, size_t capacity, std::string off_reason,
-          const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-          pipe::FrameReader::Progress progress);
+          const wire::FrameLimits& limits, wire::FrameReader::Allocate allocate,
+          wire::FrameReader::Progress progress);
   // Stops the threads and joins them (detaches the one it runs on).
   ~ShmLane();
   ShmLane(const ShmLane&) = delete;
@@ -108,8 +108,8 @@ class ShmLane {
   // Queues a frame into the ring (after switch_out()); what does not fit
   // now goes from the writer thread.
   void enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               const std::vector<pipe::TensorRoute>& routes) SB_EXCLUDES(mu_);
-  void enqueue_control(pipe::FrameKind kind, uint64_t id, const uint8_t* data,
+               const std::vector<wire::TensorRoute>& routes) SB_EXCLUDES(mu_);
+  void enqueue_control(wire::FrameKind kind, uint64_t id, const uint8_t* data,
                        size_t size) SB_EXCLUDES(mu_);
   // Whether everything queued went into the ring.
   bool out_flushed() const SB_EXCLUDES(mu_);
@@ -153,9 +153,9 @@ class ShmLane {
   LaneCarrier& carrier_;
   const size_t capacity_;
   const std::string off_reason_;
-  const pipe::FrameLimits limits_;
-  const pipe::FrameReader::Allocate allocate_;
-  const pipe::FrameReader::Progress progress_;
+  const wire::FrameLimits limits_;
+  const wire::FrameReader::Allocate allocate_;
+  const wire::FrameReader::Progress progress_;
 
   mutable Mutex mu_;  // the outbound direction
   CondVar queued_cv_;
@@ -180,4 +180,4 @@ class ShmLane {
   const Alive alive_ = std::make_shared<std::atomic<bool>>(true);
 };
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -17,7 +17,7 @@
 #include <system_error>
 #include <thread>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 namespace {
 
@@ -357,4 +357,4 @@ void ShmRing::wake_all() {
   futex_wake(&header_->space_word);
 }
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

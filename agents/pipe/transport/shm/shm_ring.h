@@ -53,7 +53,7 @@
 #include <string>
 #include <utility>
 
-namespace switchboard::agents {
+namespace switchboard::agents::pipe {
 
 class ShmRingCorrupt : public std::runtime_error {
  public:
@@ -162,4 +162,4 @@ class ShmRing {
   SpinBudget spin_;    // of wait_space (producer) or wait_data (consumer)
 };
 
-}  // namespace switchboard::agents
+}  // namespace switchboard::agents::pipe

@@ -4,16 +4,16 @@
 
 #include <boost/asio/write.hpp>
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using rpc::Message;
 
 TcpConnection::TcpConnection(ConnectionEvents& events, tcp::socket socket,
-                             const pipe::FrameLimits& limits,
-                             pipe::FrameReader::Allocate allocate,
-                             pipe::FrameReader::Progress progress, size_t lane_capacity)
+                             const wire::FrameLimits& limits,
+                             wire::FrameReader::Allocate allocate,
+                             wire::FrameReader::Progress progress, size_t lane_capacity)
     : StreamConnection(events, std::move(socket), limits, allocate, progress),
       lane_(std::make_unique<ShmLane>(static_cast<LaneCarrier&>(*this), lane_capacity,
                                       "this worker has it off", limits,
@@ -34,7 +34,7 @@ void TcpConnection::async_read_some(asio::mutable_buffer buffer, IoDone done) {
 }
 
 bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices,
-                            const std::vector<pipe::TensorRoute>& routes, bool send_now) {
+                            const std::vector<wire::TensorRoute>& routes, bool send_now) {
   MutexLock lock(mu_);
   if (closing_or_closed_locked()) return false;
   if (lane_->out_active()) {
@@ -46,7 +46,7 @@ bool TcpConnection::enqueue(const Message& m, const std::vector<Device>& devices
   return true;
 }
 
-bool TcpConnection::enqueue_control(pipe::FrameKind kind, const uint8_t* payload,
+bool TcpConnection::enqueue_control(wire::FrameKind kind, const uint8_t* payload,
                                     size_t size, uint64_t id) {
   {
     MutexLock lock(mu_);
@@ -80,7 +80,7 @@ std::string TcpConnection::lane_peer() {
 
 void TcpConnection::offer_lane_locked() {
   if (std::optional<std::vector<uint8_t>> offer = lane_->offer()) {
-    queued_.append_control(pipe::FrameKind::kLane, 0, offer->data(), offer->size());
+    queued_.append_control(wire::FrameKind::kLane, 0, offer->data(), offer->size());
   }
 }
 
@@ -90,7 +90,7 @@ void TcpConnection::on_lane_frame(const std::vector<uint8_t>& payload) {
   switch (op) {
     case ShmLane::Op::kOffer: {
       const std::vector<uint8_t> answer = lane_->answer(text);
-      enqueue_control(pipe::FrameKind::kLane, answer.data(), answer.size());
+      enqueue_control(wire::FrameKind::kLane, answer.data(), answer.size());
       return;
     }
     case ShmLane::Op::kAccept: {
@@ -101,7 +101,7 @@ void TcpConnection::on_lane_frame(const std::vector<uint8_t>& payload) {
       expected = lane_->switch_out();
       if (expected) {
         const std::vector<uint8_t> marker = ShmLane::payload(ShmLane::Op::kSwitch);
-        queued_.append_control(pipe::FrameKind::kLane, 0, marker.data(), marker.size());
+        queued_.append_control(wire::FrameKind::kLane, 0, marker.data(), marker.size());
         kick_locked();
       }
       break;
@@ -120,4 +120,4 @@ void TcpConnection::on_lane_frame(const std::vector<uint8_t>& payload) {
                          static_cast<int>(op), payload.size()));
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

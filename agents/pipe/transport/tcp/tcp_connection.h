@@ -19,7 +19,7 @@
 #include "agents/pipe/transport/shm/shm_lane.h"
 #include "agents/pipe/transport/stream_connection.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 class TcpConnection final : public StreamConnection, private LaneCarrier {
  public:
@@ -29,15 +29,15 @@ class TcpConnection final : public StreamConnection, private LaneCarrier {
   // same-host lane (a power of two; 0: no lane, neither offered nor
   // accepted).
   TcpConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
-                const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-                pipe::FrameReader::Progress progress, size_t lane_capacity);
+                const wire::FrameLimits& limits, wire::FrameReader::Allocate allocate,
+                wire::FrameReader::Progress progress, size_t lane_capacity);
   // Stops the lane's threads (joins them, unless called on one).
   ~TcpConnection() override;
 
   bool enqueue(const rpc::Message& m, const std::vector<Device>& devices,
-               const std::vector<pipe::TensorRoute>& routes, bool send_now) override
+               const std::vector<wire::TensorRoute>& routes, bool send_now) override
       SB_EXCLUDES(mu_);
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload = nullptr,
+  bool enqueue_control(wire::FrameKind kind, const uint8_t* payload = nullptr,
                        size_t size = 0, uint64_t id = 0) override SB_EXCLUDES(mu_);
   void close_after_flush() override SB_EXCLUDES(mu_);
   void on_lane_frame(const std::vector<uint8_t>& payload) override SB_EXCLUDES(mu_);
@@ -75,4 +75,4 @@ class TcpConnection final : public StreamConnection, private LaneCarrier {
   std::unique_ptr<ShmLane> lane_;  // never null; set in the constructor
 };
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

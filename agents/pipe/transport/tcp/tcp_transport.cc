@@ -27,7 +27,7 @@
 #include "common/error.h"
 #include "common/mutex.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace {
 
@@ -326,4 +326,4 @@ std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
   return std::make_unique<TcpTransport>(events, std::move(options));
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -22,16 +22,16 @@
 #include "agents/pipe/transport/transport.h"
 #include "common/listen_address.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 struct TcpTransportOptions {
   // Names the agent in errors and logs.
   std::string agent_name;
   size_t num_io_threads = 1;  // at least one runs
   // Every connection's reader: frame limits and where received tensors go.
-  pipe::FrameLimits limits;
-  pipe::FrameReader::Allocate allocate;
-  pipe::FrameReader::Progress progress;  // may be null
+  wire::FrameLimits limits;
+  wire::FrameReader::Allocate allocate;
+  wire::FrameReader::Progress progress;  // may be null
   // The listener's port comes from this range when set (else the kernel
   // picks one).
   std::optional<PortRange> ports;
@@ -53,4 +53,4 @@ struct TcpTransportOptions {
 std::unique_ptr<PipeTransport> make_tcp_transport(ConnectionEvents& events,
                                                   TcpTransportOptions options);
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -10,15 +10,15 @@
 
 #include "agents/pipe/transport/tls/tls_context.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
 TlsConnection::TlsConnection(ConnectionEvents& events, tcp::socket socket,
-                             const pipe::FrameLimits& limits,
-                             pipe::FrameReader::Allocate allocate,
-                             pipe::FrameReader::Progress progress,
+                             const wire::FrameLimits& limits,
+                             wire::FrameReader::Allocate allocate,
+                             wire::FrameReader::Progress progress,
                              std::shared_ptr<asio::ssl::context> context)
     : StreamConnection(events, std::move(socket), limits, std::move(allocate),
                        std::move(progress)),
@@ -71,4 +71,4 @@ void TlsConnection::handshake(bool client, std::chrono::milliseconds timeout,
   });
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -20,15 +20,15 @@
 
 #include "agents/pipe/transport/stream_connection.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 class TlsConnection final : public StreamConnection {
  public:
   // As TcpConnection, over a TLS session on `context` (shared by every
   // connection of the transport).
   TlsConnection(ConnectionEvents& events, boost::asio::ip::tcp::socket socket,
-                const pipe::FrameLimits& limits, pipe::FrameReader::Allocate allocate,
-                pipe::FrameReader::Progress progress,
+                const wire::FrameLimits& limits, wire::FrameReader::Allocate allocate,
+                wire::FrameReader::Progress progress,
                 std::shared_ptr<boost::asio::ssl::context> context);
 
   // Once, before start_reading(): runs the handshake as the client or the
@@ -51,4 +51,4 @@ class TlsConnection final : public StreamConnection {
   bool handshake_timed_out_ = false;                                // strand only
 };
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 namespace ssl = boost::asio::ssl;
 
@@ -113,4 +113,4 @@ std::string tls_failure_reason(const boost::system::error_code& error, SSL* ssl)
   return reason;
 }
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

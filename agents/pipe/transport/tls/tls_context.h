@@ -20,7 +20,7 @@
 
 #include "agents/pipe/options.h"
 
-namespace switchboard::agents::transport {
+namespace switchboard::agents::pipe::transport {
 
 std::shared_ptr<boost::asio::ssl::context> make_tls_context(
     const PipeTlsOptions& files, const std::string& agent_name);
@@ -29,4 +29,4 @@ std::shared_ptr<boost::asio::ssl::context> make_tls_context(
 // certificate check's result when that is what failed.
 std::string tls_failure_reason(const boost::system::error_code& error, SSL* ssl);
 
-}  // namespace switchboard::agents::transport
+}  // namespace switchboard::agents::pipe::transport

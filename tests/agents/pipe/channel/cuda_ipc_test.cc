@@ -23,6 +23,8 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
+using namespace switchboard::agents::pipe::transport;
 using Catch::Contains;
 using channel::CudaIpcChannel;
 
@@ -32,17 +34,17 @@ namespace {
 class RecordingConnection final : public Connection {
  public:
   bool enqueue(const rpc::Message&, const std::vector<Device>&,
-               const std::vector<pipe::TensorRoute>&, bool) override {
+               const std::vector<pipe::wire::TensorRoute>&, bool) override {
     return true;
   }
-  bool enqueue_control(pipe::FrameKind kind, const uint8_t* payload, size_t size,
+  bool enqueue_control(pipe::wire::FrameKind kind, const uint8_t* payload, size_t size,
                        uint64_t) override {
-    REQUIRE(kind == pipe::FrameKind::kChannel);
+    REQUIRE(kind == pipe::wire::FrameKind::kChannel);
     sent.emplace_back(payload, payload + size);
     return true;
   }
   void start_reading() override {}
-  void replay(pipe::InboundFrame) override {}
+  void replay(pipe::wire::InboundFrame) override {}
   void close_after_flush() override {}
   bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
   void close_now() override {}
@@ -63,14 +65,14 @@ Tensor device_tensor(int64_t n, float first) {
   return t;
 }
 
-pipe::InboundFrame frame_for(uint64_t outbox, int64_t n,
+pipe::wire::InboundFrame frame_for(uint64_t outbox, int64_t n,
                              Device target = Device::cuda(0)) {
-  pipe::InboundFrame f;
+  pipe::wire::InboundFrame f;
   f.message.id = 5;
   f.message.tensors.emplace_back();
   f.devices = {target};
   f.channel_tensors.push_back(
-      {0, DType::kFloat32, {n}, {pipe::TensorChannel::kCudaIpc, outbox}});
+      {0, DType::kFloat32, {n}, {pipe::wire::TensorChannel::kCudaIpc, outbox}});
   return f;
 }
 
@@ -99,10 +101,10 @@ struct Link {
   // Sends `t`, delivers the export (if any) and fetches it at the receiver;
   // the release goes back to the sender.
   Tensor round(const Tensor& t) {
-    std::optional<pipe::TensorRoute> route = sender.send(out, t);
+    std::optional<pipe::wire::TensorRoute> route = sender.send(out, t);
     REQUIRE(route);
     out.deliver(receiver, in);
-    pipe::InboundFrame f = frame_for(route->buffer, t.numel());
+    pipe::wire::InboundFrame f = frame_for(route->buffer, t.numel());
     receiver.check(in, f);
     Tensor got = receiver.fetch(in, f.channel_tensors[0], Device::cuda(1));
     in.deliver(sender, out);
@@ -219,7 +221,7 @@ TEST_CASE(
     forged[30] ^= 0xff;  // and handles that name nothing
     const uint64_t forged_id = load_le<uint64_t>(forged.data() + 1);
     link.receiver.on_frame(link.in, forged);
-    pipe::InboundFrame f = frame_for(forged_id, 10);
+    pipe::wire::InboundFrame f = frame_for(forged_id, 10);
     link.receiver.check(link.in, f);
     CHECK_THROWS_WITH(link.receiver.fetch(link.in, f.channel_tensors[0], Device::cuda(0)),
                       Contains("invalid handle"));
@@ -239,7 +241,7 @@ TEST_CASE(
   CHECK(link.ipc->inboxes_alive == 1);
   link.receiver.forget(link.in);
   CHECK(link.ipc->inboxes_alive == 0);
-  pipe::InboundFrame f = frame_for(in_flight->buffer, 1000);
+  pipe::wire::InboundFrame f = frame_for(in_flight->buffer, 1000);
   CHECK_THROWS_AS(link.receiver.fetch(link.in, f.channel_tensors[0], Device::cuda(0)),
                   ConnectionError);
   link.sender.forget(link.out);

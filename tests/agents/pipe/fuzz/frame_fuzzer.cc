@@ -35,7 +35,7 @@
 #include "tests/agents/pipe/fuzz/fuzz_check.h"
 
 using namespace switchboard;
-using namespace switchboard::agents::pipe;
+using namespace switchboard::agents::pipe::wire;
 
 namespace {
 

@@ -33,6 +33,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 
 namespace {
 
@@ -60,8 +61,8 @@ void poke32(uint8_t* base, size_t at, uint32_t v) {
   reinterpret_cast<std::atomic<uint32_t>*>(base + at)->store(v, std::memory_order_release);
 }
 
-pipe::FrameLimits small_limits() {
-  pipe::FrameLimits limits;
+pipe::wire::FrameLimits small_limits() {
+  pipe::wire::FrameLimits limits;
   limits.max_function_length = 256;
   limits.max_payload_bytes = 64 * 1024;
   limits.max_tensors = 16;
@@ -96,8 +97,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FUZZ_CHECK((data[1] & 7) == 0);
-  pipe::FrameReader reader(small_limits(), nullptr);
-  pipe::InboundFrame frame;
+  pipe::wire::FrameReader reader(small_limits(), nullptr);
+  pipe::wire::InboundFrame frame;
   uint64_t ours = 0;  // the reader's position, as the fuzzer tracks it
   bool reader_failed = false;
   size_t at = 2;

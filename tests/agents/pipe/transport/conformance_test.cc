@@ -38,7 +38,9 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
-using namespace switchboard::agents::transport;
+using namespace switchboard::agents::pipe;
+using namespace switchboard::agents::pipe::transport;
+using namespace switchboard::agents::pipe::transport;
 using namespace std::chrono_literals;
 using rpc::Message;
 using rpc::MessageType;
@@ -52,8 +54,8 @@ constexpr std::chrono::milliseconds kGuard = 60s;
 class Endpoint final : public ConnectionEvents {
  public:
   bool on_frame(const std::shared_ptr<Connection>& connection,
-                pipe::InboundFrame frame) override SB_EXCLUDES(mu_) {
-    if (frame.kind == pipe::FrameKind::kLane) {
+                pipe::wire::InboundFrame frame) override SB_EXCLUDES(mu_) {
+    if (frame.kind == pipe::wire::FrameKind::kLane) {
       connection->on_lane_frame(frame.message.payload);
       return true;
     }
@@ -83,7 +85,7 @@ class Endpoint final : public ConnectionEvents {
     changed_.wait_for(mu_, kGuard, [&]() SB_REQUIRES(mu_) { return !failures_.empty(); });
     return failures_.empty() ? std::string() : failures_.front();
   }
-  std::vector<pipe::InboundFrame> frames() SB_EXCLUDES(mu_) {
+  std::vector<pipe::wire::InboundFrame> frames() SB_EXCLUDES(mu_) {
     MutexLock lock(mu_);
     return frames_;
   }
@@ -95,7 +97,7 @@ class Endpoint final : public ConnectionEvents {
  private:
   Mutex mu_;
   CondVar changed_;
-  std::vector<pipe::InboundFrame> frames_ SB_GUARDED_BY(mu_);
+  std::vector<pipe::wire::InboundFrame> frames_ SB_GUARDED_BY(mu_);
   std::vector<std::string> failures_ SB_GUARDED_BY(mu_);
 };
 
@@ -243,8 +245,8 @@ TEST_CASE(
   }
   REQUIRE(pair.server_events.wait_frames(kFrames));
   REQUIRE(pair.client_events.wait_frames(kFrames));
-  const std::vector<pipe::InboundFrame> at_server = pair.server_events.frames();
-  const std::vector<pipe::InboundFrame> at_client = pair.client_events.frames();
+  const std::vector<pipe::wire::InboundFrame> at_server = pair.server_events.frames();
+  const std::vector<pipe::wire::InboundFrame> at_client = pair.client_events.frames();
   size_t tensor = 0;
   for (int i = 0; i < kFrames; ++i) {
     INFO("frame " << i);
@@ -266,14 +268,14 @@ TEST_CASE("a tensor larger than any buffer or ring arrives intact", "[pipe][tran
   const Tensor big = pattern(int64_t{24} << 20, 3);  // 24 MiB, over the 1 MiB lane ring
   REQUIRE(pair.client->enqueue(request(7, {1, 2, 3}, {big}), {}, {}, false));
   REQUIRE(pair.server_events.wait_frames(1));
-  const pipe::InboundFrame got = pair.server_events.frames().at(0);
+  const pipe::wire::InboundFrame got = pair.server_events.frames().at(0);
   REQUIRE(got.message.tensors.size() == 1);
   CHECK(same_bytes(got.message.tensors[0], big));
 }
 
 // Bytes made ready chunk by chunk from `pattern`, as a staged CUDA
 // tensor's are (agents/pipe/channel/staging.h); counts its advances.
-class PatternSource final : public pipe::ChunkedSource {
+class PatternSource final : public pipe::wire::ChunkedSource {
  public:
   PatternSource(Tensor pattern, size_t chunk)
       : pattern_(std::move(pattern)),
@@ -312,7 +314,7 @@ TEST_CASE(
   REQUIRE(pair.server != nullptr);
   const Tensor source_bytes = pattern(int64_t{10} << 20, 9);  // 10 MiB in 1 MiB chunks
   auto source = std::make_shared<PatternSource>(source_bytes, size_t{1} << 20);
-  std::vector<pipe::TensorRoute> routes(2);
+  std::vector<pipe::wire::TensorRoute> routes(2);
   routes[1].source = source;
   const Tensor before = pattern(5000, 1);
   const bool send_now = GENERATE(false, true);
@@ -323,7 +325,7 @@ TEST_CASE(
                                  {}, {}, send_now));
   }
   REQUIRE(pair.server_events.wait_frames(4));
-  const std::vector<pipe::InboundFrame> got = pair.server_events.frames();
+  const std::vector<pipe::wire::InboundFrame> got = pair.server_events.frames();
   for (int i = 0; i < 4; ++i) CHECK(got[i].message.id == static_cast<uint64_t>(i + 1));
   REQUIRE(got[0].message.tensors.size() == 2);
   CHECK(same_bytes(got[0].message.tensors[0], before));

@@ -17,8 +17,8 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
-using namespace switchboard::agents::pipe;
-using namespace switchboard::agents::pipe::frame_test;
+using namespace switchboard::agents::pipe::wire;
+using namespace switchboard::agents::pipe::wire::frame_test;
 
 TEST_CASE("header rules are enforced with messages naming field, value and limit",
           "[pipe_frame]") {

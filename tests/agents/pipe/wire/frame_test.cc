@@ -21,8 +21,8 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
-using namespace switchboard::agents::pipe;
-using namespace switchboard::agents::pipe::frame_test;
+using namespace switchboard::agents::pipe::wire;
+using namespace switchboard::agents::pipe::wire::frame_test;
 using Catch::Contains;
 using rpc::Message;
 using rpc::MessageType;

@@ -16,7 +16,7 @@
 #include "common/error.h"
 #include "core/message.h"
 
-namespace switchboard::agents::pipe::frame_test {
+namespace switchboard::agents::pipe::wire::frame_test {
 
 using rpc::Message;
 using rpc::MessageType;
@@ -133,4 +133,4 @@ inline void require_frame_error(const Bytes& bytes, const std::string& text,
 }
 
 
-}  // namespace switchboard::agents::pipe::frame_test
+}  // namespace switchboard::agents::pipe::wire::frame_test

@@ -20,6 +20,7 @@
 #include "tests/agents/pipe/fuzz/shm_ring_fuzzer.h"
 
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 using namespace std::chrono_literals;
 
 namespace {

@@ -27,6 +27,7 @@
 
 using namespace switchboard;
 using namespace switchboard::agents;
+using namespace switchboard::agents::pipe;
 using namespace std::chrono_literals;
 using pipe_test::kGuard;
 using pipe_test::request;
