@@ -4,7 +4,7 @@
 // PipeRpcBackendOptions (agents/builtin_backends.h) and PipeAgentOptions
 // both inherit; PipeAgentOptions adds the two fields every backend's options
 // share (rpc::RpcBackendOptions holds those on the public side). Plain
-// values; their own header so that the agent's parts (agents/pipe_*.h) can
+// values; their own header so that the agent's parts (agents/pipe/*.h) can
 // read them without the agent.
 #pragma once
 
@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/pipe/transport/tls/tls_options.h"
 #include "agents/pipe/wire/frame.h"
 #include "core/tensor.h"
 #include "common/auth.h"
@@ -25,33 +26,7 @@
 
 namespace switchboard::agents::pipe {
 
-// Mutual TLS for every PIPE connection (docs/security.md): this worker's
-// certificate chain and private key, and the CA whose certificates it
-// accepts from its peers, as PEM files. All three or none; the key file
-// must be readable by its owner only. Every peer must present a
-// certificate signed by the CA (host names are not checked: the CA is
-// the job's).
-struct PipeTlsOptions {
-  // The variables a worker reads when its options name no files.
-  static constexpr const char* kCertVariable = "SWITCHBOARD_TLS_CERT_FILE";
-  static constexpr const char* kKeyVariable = "SWITCHBOARD_TLS_KEY_FILE";
-  static constexpr const char* kCaVariable = "SWITCHBOARD_TLS_CA_FILE";
-
-  std::string cert_file;
-  std::string key_file;
-  std::string ca_file;
-
-  // Whether any file is named (then all three must be).
-  bool enabled() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
-  // The files the three variables name (empty where unset).
-  static PipeTlsOptions from_environment() {
-    auto read = [](const char* name) {
-      const char* value = std::getenv(name);
-      return std::string(value ? value : "");
-    };
-    return {read(kCertVariable), read(kKeyVariable), read(kCaVariable)};
-  }
-};
+using transport::PipeTlsOptions;  // agents/pipe/transport/tls/tls_options.h
 
 struct PipeSettings {
   size_t num_io_threads = 1;

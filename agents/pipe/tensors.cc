@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "agents/pipe/channel/staging.h"
-#include "agents/pipe/host_key.h"
+#include "common/host_key.h"
 #include "agents/pipe/agent_impl.h"
 #include "common/check.h"
 #include "core/device_ipc.h"

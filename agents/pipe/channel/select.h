@@ -1,6 +1,6 @@
 // How a tensor travels from this worker to a peer: the channel chosen per
 // peer and per (source device, target device) pair, from the two workers'
-// ChannelDescriptors (agents/pipe/announcement.h, exchanged in their announcements).
+// ChannelDescriptors (descriptor.h, exchanged in their announcements).
 //
 // Fallback order, first that applies:
 //   cuda_ipc     CUDA to CUDA, both workers on one host (same boot, network,
@@ -18,7 +18,7 @@
 #include <string>
 
 #include "agents/pipe/wire/frame.h"
-#include "agents/pipe/announcement.h"
+#include "agents/pipe/channel/descriptor.h"
 #include "core/tensor.h"
 
 namespace switchboard::agents::pipe::channel {

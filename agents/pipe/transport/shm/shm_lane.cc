@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "agents/pipe/host_key.h"
+#include "common/host_key.h"
 
 namespace switchboard::agents::pipe::transport {
 

@@ -18,7 +18,7 @@
 
 #include "agents/pipe/transport/connection.h"
 #include "agents/pipe/wire/frame.h"
-#include "agents/pipe/options.h"
+#include "agents/pipe/transport/tls/tls_options.h"
 #include "agents/pipe/transport/transport.h"
 #include "common/listen_address.h"
 

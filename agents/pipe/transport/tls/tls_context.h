@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "agents/pipe/options.h"
+#include "agents/pipe/transport/tls/tls_options.h"
 
 namespace switchboard::agents::pipe::transport {
 

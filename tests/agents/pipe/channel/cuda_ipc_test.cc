@@ -26,6 +26,7 @@ using namespace switchboard::agents;
 using namespace switchboard::agents::pipe;
 using namespace switchboard::agents::pipe::transport;
 using Catch::Contains;
+using channel::ChannelDescriptor;
 using channel::CudaIpcChannel;
 
 namespace {

@@ -8,8 +8,8 @@
 
 #include <string>
 
-namespace switchboard::agents::pipe {
+namespace switchboard {
 
 const std::string& host_key();
 
-}  // namespace switchboard::agents::pipe
+}  // namespace switchboard

@@ -1,11 +1,11 @@
-#include "agents/pipe/host_key.h"
+#include "common/host_key.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>
 
-namespace switchboard::agents::pipe {
+namespace switchboard {
 
 namespace {
 
@@ -32,4 +32,4 @@ const std::string& host_key() {
   return key;
 }
 
-}  // namespace switchboard::agents::pipe
+}  // namespace switchboard
