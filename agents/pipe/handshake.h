@@ -1,5 +1,5 @@
 // PipeAuth: PIPE's hello authenticated with the job secret (common/auth.h;
-// docs/security.md). Internal to //agents.
+// docs/security.md). Internal to //agents/pipe.
 //
 // With a secret, a connection is authenticated in the hello before any
 // other frame is read from it:

@@ -4,7 +4,7 @@
 // and name, validate the device maps, introduce itself to every member and
 // wait for their welcomes, publish itself) and leaving (goodbyes, draining,
 // unpublishing); a member admitting a joiner, and reporting joins and
-// leaves to the membership listener. Internal to //agents.
+// leaves to the membership listener. Internal to //agents/pipe.
 //
 // Store keys, under the agent's "pipe/" prefix:
 //   dyn/token      the membership token (rendezvous/membership_token.h)

@@ -1,7 +1,7 @@
 // How a dynamic PIPE group decides a partition (agents/pipe/membership.h):
 // what each member says about its links, kept in the store, how long a
 // member's word stays fresh, and the rule that decides from them whether a
-// lost member is taken off the list. Internal to //agents; pure code, no
+// lost member is taken off the list. Internal to //agents/pipe; pure code, no
 // store and no threads.
 //
 // Every member writes its link view under dyn/view/<rank> at each poll of

@@ -3,7 +3,7 @@
 // the state of its connection, why it is down, the connections that have
 // not said hello yet, hellos that came before the table was filled, and
 // the device routes (reverse maps, this worker's devices) that follow from
-// the members' announcements. Internal to //agents.
+// the members' announcements. Internal to //agents/pipe.
 //
 // States: kAbsent (a dynamic group's rank no worker holds) → kConnecting →
 // kUp → kLost (its connection failed) or kLeft (it said goodbye). A peer's

@@ -6,7 +6,7 @@
 // connected; then the hellos of the higher ranks, also those that
 // reconnect after a connection was lost (the higher rank of a pair makes
 // it again: reconnect()). (join() waits for the group to be quiet over the
-// store: rendezvous/quiet_group.h.) Internal to //agents.
+// store: rendezvous/quiet_group.h.) Internal to //agents/pipe.
 //
 // Thread safety: run() once, on the constructing thread; check_hello() on
 // any thread (it reads what run() published in the peer table).

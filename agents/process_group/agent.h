@@ -3,7 +3,7 @@
 // and CPU tensors only; no heartbeats (a hung peer shows as call timeouts).
 // Slower than PIPE; it shows that the backend registry is pluggable and
 // serves as a reference agent. Inside: a PeerSender and a PeerListener per
-// peer over one ProcessGroupLink (agents/process_group_{sender,listener,link}.h).
+// peer over one ProcessGroupLink (sender.h, listener.h, link.h).
 //
 // Per-peer metrics (rpc/metrics.h): bytes and messages each way, counted by
 // the sender and listener; the state is connected once the group formed,

@@ -4,7 +4,7 @@
 // Gloo sends and recvs of its parts (the wire format in
 // agents/process_group/agent.h). Also PeerEvents, what a sender or a
 // listener reports to its agent, and PeerThread, the thread each runs on.
-// Internal to //agents.
+// Internal to //agents/process_group.
 //
 // Thread safety: send() and receive() may run on many threads at once
 // (each peer's sender and listener); close() from any thread: it destroys

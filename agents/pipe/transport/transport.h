@@ -1,10 +1,11 @@
 // PipeTransport: how the PIPE agent reaches its peers and is reached by
 // them: a listener, an outgoing connect, the I/O threads that run every
-// Connection (agents/pipe/transport/connection.h), and the timers of the agent's
-// periodic work (heartbeats). The rest of the agent sees connections only
-// through this seam; TCP is one implementation (agents/pipe/transport/tcp/tcp_transport.h),
-// and another (a same-host shared-memory channel) may sit beside it.
-// Internal to //agents (no Asio here).
+// Connection (connection.h), and the timers of the agent's periodic work
+// (heartbeats). The rest of the agent sees connections only through this
+// seam. The one implementation is tcp/tcp_transport.h: plain TCP, or
+// mutual TLS (tls/), with the same-host lane (shm/) that a plain TCP
+// connection hands its frames to once both sides agree. Internal to
+// //agents/pipe (no Asio here).
 //
 // Lifecycle: listen() once; connect() and every() any number of times; then
 // close() (no more accepts or timer ticks), then join() (waits for the I/O
