@@ -2,10 +2,9 @@
 
 #include <cxxabi.h>
 
-#include <typeinfo>
-
 #include <cstdlib>
 #include <memory>
+#include <typeinfo>
 
 #include "agents/pipe/agent.h"
 #include "agents/process_group/agent.h"

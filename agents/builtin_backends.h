@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
 #include "agents/pipe/options.h"
+#include "core/tensor.h"
 #include "rpc/backend_registry.h"
 #include "rpc/device_map.h"
 

@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <string>
 
-#include "core/little_endian.h"
 #include "common/check.h"
 #include "common/error.h"
+#include "core/little_endian.h"
 
 namespace switchboard {
 namespace {

@@ -159,8 +159,9 @@ void PipeAgent::Impl::start_up() {
     spdlog::info("rpc agent \"{}\": every PIPE connection proves the job secret", name);
   }
   if (tls) spdlog::info("rpc agent \"{}\": every PIPE connection is inside mutual TLS", name);
-  transport->listen(resolve_listen_address(options.listen_address),
-                    [this](std::shared_ptr<transport::Connection> c) { on_accept(std::move(c)); });
+  transport->listen(
+      resolve_listen_address(options.listen_address),
+      [this](std::shared_ptr<transport::Connection> c) { on_accept(std::move(c)); });
   WorkerAnnouncement mine;
   mine.name = name;
   mine.address = transport->address();
@@ -316,8 +317,8 @@ bool PipeAgent::Impl::on_proof(const std::shared_ptr<transport::Connection>& con
   return accept_claim(connection, claim);
 }
 
-bool PipeAgent::Impl::on_challenge(const std::shared_ptr<transport::Connection>& connection,
-                                   const Hello& hello) {
+bool PipeAgent::Impl::on_challenge(
+    const std::shared_ptr<transport::Connection>& connection, const Hello& hello) {
   const int peer = connection->peer;
   // With a secret, a connecting side is trusted once its peer's challenge
   // checked: a second challenge is a protocol error.
@@ -349,8 +350,8 @@ bool PipeAgent::Impl::on_challenge(const std::shared_ptr<transport::Connection>&
   return true;
 }
 
-bool PipeAgent::Impl::accept_claim(const std::shared_ptr<transport::Connection>& connection,
-                                   const Hello& hello) {
+bool PipeAgent::Impl::accept_claim(
+    const std::shared_ptr<transport::Connection>& connection, const Hello& hello) {
   std::string problem;
   if (hello.kind == Hello::Kind::kJoin) {
     if (!dynamic) {
@@ -416,7 +417,8 @@ void PipeAgent::Impl::deliver_reply(int to, Message reply) {
   };
   std::vector<Device> wire;
   std::vector<wire::TensorRoute> routes;
-  const std::shared_ptr<transport::Connection> connection = to == rank ? nullptr : peers.connection(to);
+  const std::shared_ptr<transport::Connection> connection =
+      to == rank ? nullptr : peers.connection(to);
   try {
     wire = wire_devices(reply, to, /*reply=*/true);
     if (to == rank) {
@@ -459,8 +461,8 @@ void PipeAgent::Impl::complete_now(Message response) {
   calls.complete(id, std::move(response));  // false: timed out or cancelled
 }
 
-void PipeAgent::Impl::connection_failed(const std::shared_ptr<transport::Connection>& connection,
-                                        const std::string& reason) {
+void PipeAgent::Impl::connection_failed(
+    const std::shared_ptr<transport::Connection>& connection, const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
   if (cuda_ipc) cuda_ipc->forget(*connection);
@@ -531,7 +533,8 @@ void PipeAgent::Impl::reconnect(int peer) {
       reconnect_logged.erase(peer);
     } else {
       reconnect_at[peer] =
-          transport::now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
+          transport::now_ns() +
+          std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
       log = reconnect_logged.insert(peer).second;
     }
   }

@@ -27,23 +27,23 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <set>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
-#include "core/host_buffer_cache.h"
+#include "agents/pipe/agent.h"
+#include "agents/pipe/announcement.h"
 #include "agents/pipe/channel/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
 #include "agents/pipe/handshake.h"
-#include "agents/pipe/agent.h"
-#include "agents/pipe/transport/connection.h"
-#include "agents/pipe/announcement.h"
 #include "agents/pipe/membership.h"
 #include "agents/pipe/peer_table.h"
 #include "agents/pipe/static_group.h"
+#include "agents/pipe/transport/connection.h"
 #include "agents/pipe/transport/transport.h"
 #include "common/mutex.h"
+#include "core/host_buffer_cache.h"
 #include "rpc/call_table.h"
 
 namespace switchboard::agents::pipe {
@@ -59,7 +59,8 @@ ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOpti
 // CPU (tensors.cc).
 rpc::Message copy_tensors(rpc::Message m, const std::vector<Device>& devices);
 
-struct PipeAgent::Impl final : transport::ConnectionEvents, std::enable_shared_from_this<PipeAgent::Impl> {
+struct PipeAgent::Impl final : transport::ConnectionEvents,
+                               std::enable_shared_from_this<PipeAgent::Impl> {
   Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::string name, int rank,
        std::optional<int> world_size, const PipeAgentOptions& options);
   ~Impl() override;
@@ -85,21 +86,26 @@ struct PipeAgent::Impl final : transport::ConnectionEvents, std::enable_shared_f
   // A hello: a claim (kStatic, kJoin: challenged first with a secret,
   // agents/pipe/handshake.h), a challenge or a proof, or a welcome (dynamic).
   // False when the connection is not to be read on.
-  bool on_hello(const std::shared_ptr<transport::Connection>& connection, const rpc::Message& frame);
+  bool on_hello(const std::shared_ptr<transport::Connection>& connection,
+                const rpc::Message& frame);
   // A claim, once authenticated (or without a secret): identifies the
   // connection (static) or admits the joiner (dynamic).
-  bool accept_claim(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
+  bool accept_claim(const std::shared_ptr<transport::Connection>& connection,
+                    const Hello& hello);
   // The connecting side's check of a challenge, and the accepting side's
   // check of a proof.
-  bool on_challenge(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
-  bool on_proof(const std::shared_ptr<transport::Connection>& connection, const Hello& hello);
+  bool on_challenge(const std::shared_ptr<transport::Connection>& connection,
+                    const Hello& hello);
+  bool on_proof(const std::shared_ptr<transport::Connection>& connection,
+                const Hello& hello);
 
   // Calls and replies.
   // `connection`: the one the request came by (null for a self-send).
   void accept_request(int from, wire::InboundFrame request,
                       std::shared_ptr<transport::Connection> connection = nullptr);
   void deliver_reply(int to, rpc::Message reply);
-  void complete(wire::InboundFrame response, std::shared_ptr<transport::Connection> connection);
+  void complete(wire::InboundFrame response,
+                std::shared_ptr<transport::Connection> connection);
   void complete_now(rpc::Message response);
   // The tensors of a received frame that a channel carries, until they are
   // fetched: those still here when it goes (the request was refused or
@@ -108,7 +114,9 @@ struct PipeAgent::Impl final : transport::ConnectionEvents, std::enable_shared_f
   struct Unfetched {
     Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<transport::Connection> connection,
               std::vector<wire::InboundFrame::ChannelTensor> tensors)
-        : impl(std::move(impl)), connection(std::move(connection)), tensors(std::move(tensors)) {}
+        : impl(std::move(impl)),
+          connection(std::move(connection)),
+          tensors(std::move(tensors)) {}
     // One owner: a copy would give the outboxes back twice.
     Unfetched(const Unfetched&) = delete;
     Unfetched& operator=(const Unfetched&) = delete;
@@ -128,8 +136,9 @@ struct PipeAgent::Impl final : transport::ConnectionEvents, std::enable_shared_f
   // the CPU and every non-contiguous CPU one made contiguous. The routes
   // (empty: every tensor's bytes in the frame). Throws
   // std::invalid_argument naming `to` for a tensor that cannot travel.
-  std::vector<wire::TensorRoute> route_tensors(rpc::Message& m, const std::vector<Device>& wire,
-                                               int to, transport::Connection& connection)
+  std::vector<wire::TensorRoute> route_tensors(rpc::Message& m,
+                                               const std::vector<Device>& wire, int to,
+                                               transport::Connection& connection)
       SB_EXCLUDES(choices_mu);
   // Logs a channel chosen for (to, src, dst) the first time.
   void log_choice(int to, Device src, Device dst, const channel::Choice& choice)

@@ -14,7 +14,6 @@
 #include "core/tensor.h"
 #include "rpc/device_map.h"
 
-
 namespace switchboard::agents::pipe {
 
 using channel::ChannelDescriptor;  // agents/pipe/channel/descriptor.h

@@ -30,7 +30,8 @@ Mac PipeAuth::mac(std::string_view label, const Nonce& connector_nonce,
                        kSeparator, bytes_of(acceptor)});
 }
 
-std::vector<uint8_t> PipeAuth::claim(transport::Connection& connection, Hello hello) const {
+std::vector<uint8_t> PipeAuth::claim(transport::Connection& connection,
+                                     Hello hello) const {
   if (enabled()) {
     const Nonce nonce = random_nonce();
     {
@@ -94,8 +95,10 @@ Hello PipeAuth::challenge(transport::Connection& connection, const Hello& claim,
   return answer;
 }
 
-std::string PipeAuth::check_challenge(transport::Connection& connection, const Hello& challenge,
-                                      const std::string& expected_name, Hello* proof) const {
+std::string PipeAuth::check_challenge(transport::Connection& connection,
+                                      const Hello& challenge,
+                                      const std::string& expected_name,
+                                      Hello* proof) const {
   if (!challenge.accepted) {
     return fmt::format("worker \"{}\" refused the connection: {}", challenge.name,
                        challenge.reason);

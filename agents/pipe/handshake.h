@@ -33,8 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "agents/pipe/transport/connection.h"
 #include "agents/pipe/announcement.h"
+#include "agents/pipe/transport/connection.h"
 #include "common/auth.h"
 #include "common/mutex.h"
 

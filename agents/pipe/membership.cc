@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -883,7 +883,8 @@ void Membership::leave(Timeout timeout) {
   auto say_goodbye = [&] {
     if (goodbyes_sent) return;
     goodbyes_sent = true;
-    for (auto& c : peers_.close_to_newcomers()) c->enqueue_control(wire::FrameKind::kGoodbye);
+    for (auto& c : peers_.close_to_newcomers())
+      c->enqueue_control(wire::FrameKind::kGoodbye);
   };
   try {
     token.acquire(limit);

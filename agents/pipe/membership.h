@@ -66,19 +66,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
-#include <functional>
 #include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "agents/pipe/announcement.h"
 #include "agents/pipe/handshake.h"
 #include "agents/pipe/options.h"
-#include "agents/pipe/announcement.h"
 #include "agents/pipe/partition.h"
 #include "agents/pipe/peer_table.h"
 #include "agents/pipe/transport/transport.h"
@@ -113,9 +113,9 @@ class Membership {
   // This worker is `name`, rank `rank` of a group of at most `capacity`
   // ranks; listeners run on `pool`; `drop` as above.
   Membership(std::shared_ptr<Store> store, std::string name, int rank, int capacity,
-             const PipeAgentOptions& options, PeerTable& peers, transport::PipeTransport& transport,
-             const PipeAuth& auth, rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool,
-             DropPeer drop);
+             const PipeAgentOptions& options, PeerTable& peers,
+             transport::PipeTransport& transport, const PipeAuth& auth,
+             rpc::CallTable& calls, std::shared_ptr<rpc::ThreadPool> pool, DropPeer drop);
   ~Membership();
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
@@ -147,8 +147,9 @@ class Membership {
   // announcement, decoded): admits the joiner or refuses it, answers with a
   // welcome, and reports the join. False when refused (the connection
   // closes once the welcome went out).
-  bool on_join_hello(const std::shared_ptr<transport::Connection>& connection, const Hello& hello,
-                     const WorkerAnnouncement& joiner) SB_EXCLUDES(mu_);
+  bool on_join_hello(const std::shared_ptr<transport::Connection>& connection,
+                     const Hello& hello, const WorkerAnnouncement& joiner)
+      SB_EXCLUDES(mu_);
   // The joiner's side: a member's welcome (accepted or refused).
   void on_welcome(const Hello& hello) SB_EXCLUDES(mu_);
   // The connection to `peer` ended (`how`, `why`): it counts as answered

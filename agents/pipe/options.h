@@ -18,8 +18,8 @@
 
 #include "agents/pipe/transport/tls/tls_options.h"
 #include "agents/pipe/wire/frame.h"
-#include "core/tensor.h"
 #include "common/auth.h"
+#include "core/tensor.h"
 #include "rpc/backend_registry.h"
 #include "rpc/call_table.h"
 #include "rpc/device_map.h"

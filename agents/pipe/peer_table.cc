@@ -81,7 +81,8 @@ void PeerTable::set_metrics_state(int peer, rpc::ConnectionState state) const {
 
 void PeerTable::replay(std::vector<EarlyHello> early) {
   for (auto& [connection, hello] : early) {
-    connection->replay(wire::InboundFrame{wire::FrameKind::kHello, std::move(hello), {}, {}});
+    connection->replay(
+        wire::InboundFrame{wire::FrameKind::kHello, std::move(hello), {}, {}});
   }
 }
 
@@ -102,15 +103,17 @@ bool PeerTable::defer_hello(const std::shared_ptr<transport::Connection>& connec
 
 // -------------------------------------------------------------- connections
 
-bool PeerTable::add_unidentified(const std::shared_ptr<transport::Connection>& connection) {
+bool PeerTable::add_unidentified(
+    const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   if (stopping_) return false;
   unidentified_.push_back(connection);
   return true;
 }
 
-void PeerTable::connect(int peer, transport::PipeTransport& transport, const PipeAuth& auth,
-                        const Hello& hello, std::chrono::milliseconds timeout) {
+void PeerTable::connect(int peer, transport::PipeTransport& transport,
+                        const PipeAuth& auth, const Hello& hello,
+                        std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   const WorkerAnnouncement& a = infos_[peer].announcement;
   std::shared_ptr<transport::Connection> connection;
@@ -174,7 +177,8 @@ void PeerTable::connect(int peer, transport::PipeTransport& transport, const Pip
                                     self_name_, name_of(peer), a.address, a.port, why));
 }
 
-void PeerTable::authenticated(int peer, const std::shared_ptr<transport::Connection>& connection) {
+void PeerTable::authenticated(int peer,
+                              const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
   if (s.connection != connection || s.state != State::kConnecting) return;
@@ -183,7 +187,8 @@ void PeerTable::authenticated(int peer, const std::shared_ptr<transport::Connect
   changed_.notify_all();
 }
 
-void PeerTable::refused(int peer, const std::shared_ptr<transport::Connection>& connection,
+void PeerTable::refused(int peer,
+                        const std::shared_ptr<transport::Connection>& connection,
                         const std::string& why) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
@@ -195,7 +200,8 @@ void PeerTable::refused(int peer, const std::shared_ptr<transport::Connection>& 
   changed_.notify_all();
 }
 
-bool PeerTable::identify(int peer, const std::shared_ptr<transport::Connection>& connection) {
+bool PeerTable::identify(int peer,
+                         const std::shared_ptr<transport::Connection>& connection) {
   MutexLock lock(mu_);
   Status& s = status_[peer];
   // A connection made again after the last one was lost replaces it (a

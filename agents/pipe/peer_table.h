@@ -32,14 +32,14 @@
 #include <utility>
 #include <vector>
 
+#include "agents/pipe/announcement.h"
 #include "agents/pipe/handshake.h"
 #include "agents/pipe/transport/connection.h"
-#include "agents/pipe/announcement.h"
 #include "agents/pipe/transport/transport.h"
 #include "common/mutex.h"
+#include "core/message.h"
 #include "rpc/agent.h"
 #include "rpc/device_map.h"
-#include "core/message.h"
 #include "rpc/metrics.h"
 
 namespace switchboard::agents::pipe {
@@ -105,14 +105,15 @@ class PeerTable {
                     const WorkerAnnouncement& mine, DeviceRoutes routes) SB_EXCLUDES(mu_);
   // Keeps a hello that came before the table was ready (a faster peer
   // finished the all-gather first) and returns true; false once ready.
-  bool defer_hello(const std::shared_ptr<transport::Connection>& connection, const rpc::Message& frame)
-      SB_EXCLUDES(mu_);
+  bool defer_hello(const std::shared_ptr<transport::Connection>& connection,
+                   const rpc::Message& frame) SB_EXCLUDES(mu_);
 
   // -------------------------------------------------------------- connections
 
   // An accepted connection that has not said hello; false (the caller
   // drops it) once stop() ran.
-  bool add_unidentified(const std::shared_ptr<transport::Connection>& connection) SB_EXCLUDES(mu_);
+  bool add_unidentified(const std::shared_ptr<transport::Connection>& connection)
+      SB_EXCLUDES(mu_);
   // Connects to `peer` through `transport`, sends `hello` (a claim:
   // kStatic or kJoin) sealed by `auth` and makes the connection the peer's,
   // reading. Without a secret the peer is up at once; with one, it is up
@@ -120,19 +121,20 @@ class PeerTable {
   // `timeout` at most for both. Throws ConnectionError naming this worker,
   // the peer and its address, or AuthenticationError (the peer refused,
   // or did not prove the secret: refused()).
-  void connect(int peer, transport::PipeTransport& transport, const PipeAuth& auth, const Hello& hello,
-               std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
+  void connect(int peer, transport::PipeTransport& transport, const PipeAuth& auth,
+               const Hello& hello, std::chrono::milliseconds timeout) SB_EXCLUDES(mu_);
   // The connecting side's authentication of `peer` over `connection`
   // succeeded: the peer is up.
   void authenticated(int peer, const std::shared_ptr<transport::Connection>& connection)
       SB_EXCLUDES(mu_);
   // ... or failed (`why`): the peer is lost, and connect() throws
   // AuthenticationError with `why`.
-  void refused(int peer, const std::shared_ptr<transport::Connection>& connection, const std::string& why)
-      SB_EXCLUDES(mu_);
+  void refused(int peer, const std::shared_ptr<transport::Connection>& connection,
+               const std::string& why) SB_EXCLUDES(mu_);
   // Makes `connection` (which said hello as `peer`) the peer's, up; false,
   // changing nothing, when the peer has a connection already.
-  bool identify(int peer, const std::shared_ptr<transport::Connection>& connection) SB_EXCLUDES(mu_);
+  bool identify(int peer, const std::shared_ptr<transport::Connection>& connection)
+      SB_EXCLUDES(mu_);
   // A dynamic group's member side: admits the worker that said hello as
   // `hello_name`, rank `r`, over `connection`, when the table is open to
   // newcomers, the rank free, the announcement names the same worker, its
@@ -143,13 +145,14 @@ class PeerTable {
   // is no longer unidentified.
   using RouteRule =
       std::function<DeviceRoutes(const std::vector<rpc::WorkerDevices>& members)>;
-  std::string admit(int r, const std::string& hello_name, const WorkerAnnouncement& joiner,
-                    const std::shared_ptr<transport::Connection>& connection, const RouteRule& routes_with)
-      SB_EXCLUDES(mu_);
+  std::string admit(int r, const std::string& hello_name,
+                    const WorkerAnnouncement& joiner,
+                    const std::shared_ptr<transport::Connection>& connection,
+                    const RouteRule& routes_with) SB_EXCLUDES(mu_);
   // The peer whose connection was `connection` lost it (`reason`): marks
   // it kLost (unless it left) and forgets an unidentified connection.
-  Loss lose(const std::shared_ptr<transport::Connection>& connection, const std::string& reason)
-      SB_EXCLUDES(mu_);
+  Loss lose(const std::shared_ptr<transport::Connection>& connection,
+            const std::string& reason) SB_EXCLUDES(mu_);
   // A peer that was up said goodbye: marks it kLeft; returns whether it
   // was up.
   bool mark_left(int peer) SB_EXCLUDES(mu_);
@@ -168,7 +171,8 @@ class PeerTable {
 
   // Refuses newcomers from now on (admit()) and returns the connections of
   // the peers up (to say goodbye to).
-  std::vector<std::shared_ptr<transport::Connection>> close_to_newcomers() SB_EXCLUDES(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> close_to_newcomers()
+      SB_EXCLUDES(mu_);
   // Marks the table stopping (losses are quiet, accepts refused, waits
   // woken) and returns every connection, identified or not.
   std::vector<std::shared_ptr<transport::Connection>> stop() SB_EXCLUDES(mu_);
@@ -176,7 +180,8 @@ class PeerTable {
   // those of deferred hellos) and returns them. The owner drops them before
   // the transport that made them: each holds objects of that transport's
   // I/O context (a socket, a strand), which must not outlive it.
-  std::vector<std::shared_ptr<transport::Connection>> release_connections() SB_EXCLUDES(mu_);
+  std::vector<std::shared_ptr<transport::Connection>> release_connections()
+      SB_EXCLUDES(mu_);
 
   // For the heartbeat: the connections of the peers up and the
   // unidentified ones; nullopt once stopping.

@@ -17,7 +17,8 @@ using Clock = std::chrono::steady_clock;
 
 StaticRendezvous::StaticRendezvous(std::string name, int rank, int world_size,
                                    const PipeAgentOptions& options, PeerTable& peers,
-                                   transport::PipeTransport& transport, const PipeAuth& auth)
+                                   transport::PipeTransport& transport,
+                                   const PipeAuth& auth)
     : name_(std::move(name)),
       rank_(rank),
       world_size_(world_size),
@@ -106,8 +107,8 @@ void StaticRendezvous::run(Store& store, const WorkerAnnouncement& mine) {
   }
 }
 
-std::string StaticRendezvous::accept_hello(const Hello& hello,
-                                           const std::shared_ptr<transport::Connection>& connection) {
+std::string StaticRendezvous::accept_hello(
+    const Hello& hello, const std::shared_ptr<transport::Connection>& connection) {
   const int peer = hello.rank;
   if (connection->peer >= 0) return "a second hello";
   if (peer <= rank_ || peer >= world_size_) {

@@ -19,9 +19,9 @@
 #include <optional>
 #include <string>
 
+#include "agents/pipe/announcement.h"
 #include "agents/pipe/handshake.h"
 #include "agents/pipe/options.h"
-#include "agents/pipe/announcement.h"
 #include "agents/pipe/peer_table.h"
 #include "agents/pipe/transport/transport.h"
 
@@ -51,7 +51,8 @@ class StaticRendezvous {
   // A static hello on `connection` from a higher rank: makes the
   // connection that peer's and returns "", or returns what is wrong with
   // it (the protocol error to close the connection with).
-  std::string accept_hello(const Hello& hello, const std::shared_ptr<transport::Connection>& connection);
+  std::string accept_hello(const Hello& hello,
+                           const std::shared_ptr<transport::Connection>& connection);
 
   // Connects again to `peer` (a lower rank, whose connection was lost), as
   // run() did: the hello, and the proof of the secret within `timeout`.

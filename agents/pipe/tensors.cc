@@ -11,10 +11,10 @@
 #include <string_view>
 #include <vector>
 
-#include "agents/pipe/channel/staging.h"
-#include "common/host_key.h"
 #include "agents/pipe/agent_impl.h"
+#include "agents/pipe/channel/staging.h"
 #include "common/check.h"
+#include "common/host_key.h"
 #include "core/device_ipc.h"
 
 namespace switchboard::agents::pipe {
@@ -31,7 +31,8 @@ namespace {
 // the source that does so is returned (null when the bytes are all there).
 // A tensor that cannot be copied (no CUDA runtime linked, not contiguous)
 // throws std::invalid_argument naming the target worker `to`.
-std::shared_ptr<wire::ChunkedSource> stage_on_cpu(Message& m, size_t i, const std::string& to,
+std::shared_ptr<wire::ChunkedSource> stage_on_cpu(Message& m, size_t i,
+                                                  const std::string& to,
                                                   HostBufferCache& buffers) {
   Tensor& t = m.tensors[i];
   if (t.device().is_cpu()) {
@@ -174,9 +175,9 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
   }
 }
 
-std::vector<wire::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
-                                                              const std::vector<Device>& wire,
-                                                              int to, transport::Connection& connection) {
+std::vector<wire::TensorRoute> PipeAgent::Impl::route_tensors(
+    Message& m, const std::vector<Device>& wire, int to,
+    transport::Connection& connection) {
   std::vector<wire::TensorRoute> routes;
   const std::string& peer_name = peers.name_of(to);
   for (size_t i = 0; i < m.tensors.size(); ++i) {
@@ -194,7 +195,8 @@ std::vector<wire::TensorRoute> PipeAgent::Impl::route_tensors(Message& m,
         }
       }
     }
-    if (std::shared_ptr<wire::ChunkedSource> source = stage_on_cpu(m, i, peer_name, *buffers)) {
+    if (std::shared_ptr<wire::ChunkedSource> source =
+            stage_on_cpu(m, i, peer_name, *buffers)) {
       routes.resize(m.tensors.size());
       routes[i].source = std::move(source);
     }

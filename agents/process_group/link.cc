@@ -5,8 +5,8 @@
 
 #include <deque>
 
-#include "agents/process_group/wire.h"
 #include "agents/process_group/frame.h"
+#include "agents/process_group/wire.h"
 #include "collective/gloo_process_group.h"
 #include "common/error.h"
 

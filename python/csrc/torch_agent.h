@@ -71,7 +71,7 @@ struct AgentConfig {
   std::optional<bool> shm;  // the same-host lane; none: on
   int heartbeat_interval_ms = 0;  // 0: PIPE's default
   int heartbeat_timeout_ms = -1;  // -1: PIPE's default; 0: off
-  std::string listen_address;  // empty: PIPE's rule (agents/pipe/address.h)
+  std::string listen_address;     // empty: PIPE's rule (agents/pipe/address.h)
   bool insecure = false;  // listen beyond loopback without a secret
 };
 

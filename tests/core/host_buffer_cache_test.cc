@@ -10,8 +10,8 @@
 #include "core/tensor.h"
 
 using switchboard::DType;
-using switchboard::Tensor;
 using switchboard::HostBufferCache;
+using switchboard::Tensor;
 
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;

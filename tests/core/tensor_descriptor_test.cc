@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/tensor.h"
 
 using namespace switchboard;
 using namespace switchboard;

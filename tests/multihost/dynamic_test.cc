@@ -280,11 +280,13 @@ SB_CHILD_MAIN(outsider) {
     member.name = "m0";
     member.address = at.substr(0, at.find(':'));
     member.port = std::stoi(at.substr(at.find(':') + 1));
-    local->set("pipe/dyn/members", switchboard::agents::pipe::encode_members({{0, member}}));
+    local->set("pipe/dyn/members",
+               switchboard::agents::pipe::encode_members({{0, member}}));
     switchboard::agents::pipe::PipeAgentOptions options;
     options.rpc_timeout = std::chrono::seconds(10);
     options.secret = secret;
-    switchboard::agents::pipe::PipeAgent agent(local, "intruder", 7, std::nullopt, options);
+    switchboard::agents::pipe::PipeAgent agent(local, "intruder", 7, std::nullopt,
+                                               options);
   }));
   std::fflush(stdout);
   return 0;

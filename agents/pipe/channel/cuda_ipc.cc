@@ -6,8 +6,8 @@
 #include <bit>
 #include <cstring>
 
-#include "core/little_endian.h"
 #include "common/error.h"
+#include "core/little_endian.h"
 
 namespace switchboard::agents::pipe::channel {
 

@@ -76,30 +76,32 @@ class CudaIpcChannel {
   // is free or fits (the caller stages the tensor). Queues the outbox's
   // export on `connection` first when it is new. Throws what the runtime
   // throws (the call fails).
-  std::optional<wire::TensorRoute> send(transport::Connection& connection, const Tensor& t)
-      SB_EXCLUDES(mu_);
+  std::optional<wire::TensorRoute> send(transport::Connection& connection,
+                                        const Tensor& t) SB_EXCLUDES(mu_);
 
   // Either side: a kChannel frame from `connection`. Throws ProtocolError
   // (the connection should close) for a malformed one, an export of a
   // known outbox, a release of one not in flight.
-  void on_frame(const transport::Connection& connection, const std::vector<uint8_t>& payload)
-      SB_EXCLUDES(mu_);
+  void on_frame(const transport::Connection& connection,
+                const std::vector<uint8_t>& payload) SB_EXCLUDES(mu_);
 
   // Receiver, as a frame arrives: throws ProtocolError unless every
   // channel tensor of `frame` names an outbox `connection` exported that
   // holds its bytes.
-  void check(const transport::Connection& connection, const wire::InboundFrame& frame) const
-      SB_EXCLUDES(mu_);
+  void check(const transport::Connection& connection,
+             const wire::InboundFrame& frame) const SB_EXCLUDES(mu_);
   // Receiver, on the pool: a new tensor on `device` holding the bytes of
   // `tensor` (checked), once they arrived; releases the outbox to the
   // sender whatever happens. Throws ConnectionError when the connection
   // closed meanwhile, or what the runtime throws.
-  Tensor fetch(transport::Connection& connection, const wire::InboundFrame::ChannelTensor& tensor,
-               Device device) SB_EXCLUDES(mu_);
+  Tensor fetch(transport::Connection& connection,
+               const wire::InboundFrame::ChannelTensor& tensor, Device device)
+      SB_EXCLUDES(mu_);
 
   // Receiver: gives the outbox of `tensor` back to the sender without
   // fetching it (the call it belongs to is gone).
-  void release(transport::Connection& connection, const wire::InboundFrame::ChannelTensor& tensor);
+  void release(transport::Connection& connection,
+               const wire::InboundFrame::ChannelTensor& tensor);
 
   // The connection closed: frees its outboxes and unmaps its inboxes.
   void forget(const transport::Connection& connection) SB_EXCLUDES(mu_);

@@ -17,8 +17,8 @@
 #include <cstddef>
 #include <string>
 
-#include "agents/pipe/wire/frame.h"
 #include "agents/pipe/channel/descriptor.h"
+#include "agents/pipe/wire/frame.h"
 #include "core/tensor.h"
 
 namespace switchboard::agents::pipe::channel {

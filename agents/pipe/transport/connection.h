@@ -1,6 +1,6 @@
 // Connection and ConnectionEvents: the PIPE agent's view of one connection
-// to one peer, whatever carries it (the transports under agents/pipe/transport/: tcp, tls, shm;
-// a transport is chosen through agents/pipe/transport/transport.h). Internal to
+// to one peer, whatever carries it (the transports under agents/pipe/transport/: tcp,
+// tls, shm; a transport is chosen through agents/pipe/transport/transport.h). Internal to
 // //agents (no Asio here).
 //
 // A connection is used in both directions: frames queued with enqueue*()
@@ -24,8 +24,8 @@
 
 #include "agents/pipe/wire/frame.h"
 #include "common/auth.h"
-#include "core/tensor.h"
 #include "core/message.h"
+#include "core/tensor.h"
 
 namespace switchboard::agents::pipe::transport {
 

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe/transport/frame_queue.h"
 #include "agents/pipe/transport/connection.h"
+#include "agents/pipe/transport/frame_queue.h"
 #include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
 #include "core/message.h"

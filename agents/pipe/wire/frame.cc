@@ -7,8 +7,8 @@
 #include <limits>
 #include <new>
 
-#include "core/little_endian.h"
 #include "common/check.h"
+#include "core/little_endian.h"
 
 namespace switchboard::agents::pipe::wire {
 namespace {

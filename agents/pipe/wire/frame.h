@@ -51,10 +51,10 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor_descriptor.h"
 #include "common/error.h"
 #include "core/message.h"
 #include "core/tensor.h"
+#include "core/tensor_descriptor.h"
 
 namespace switchboard::agents::pipe::wire {
 

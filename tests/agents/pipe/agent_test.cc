@@ -44,12 +44,12 @@
 #include "agents/builtin_backends.h"
 #include "agents/pipe/address.h"
 #include "agents/pipe/wire/frame.h"
-#include "core/tensor.h"
 #include "common/error.h"
 #include "common/mutex.h"
+#include "core/remote_error.h"
+#include "core/tensor.h"
 #include "rpc/backend_registry.h"
 #include "rpc/call_context.h"
-#include "core/remote_error.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
@@ -66,8 +66,8 @@ using rpc::Future;
 using rpc::Message;
 using rpc::MessageType;
 using rpc::RpcContext;
-using rpc::WorkerInfo;
 using rpc::with_timeout;
+using rpc::WorkerInfo;
 using sbtest::Subprocess;
 using switchboard::testing::Gate;
 using switchboard::testing::on_threads;
@@ -308,8 +308,8 @@ std::vector<uint8_t> header_bytes(const agents::pipe::wire::FrameHeader& header)
 std::vector<uint8_t> hello_from_w1() {
   const std::vector<uint8_t> payload{0x96, 0x00, 0x01, 0xa2, 'w', '1', 0xc4, 0x00, 0xc3, 0xa0};
   std::vector<uint8_t> bytes;
-  agents::pipe::wire::append_control_frame(bytes, agents::pipe::wire::FrameKind::kHello, 0,
-                                     payload.data(), payload.size());
+  agents::pipe::wire::append_control_frame(bytes, agents::pipe::wire::FrameKind::kHello,
+                                           0, payload.data(), payload.size());
   return bytes;
 }
 
@@ -415,16 +415,16 @@ TEST_CASE(
     // I/O thread and ended the process.
     const std::vector<uint8_t> payload{0x01};
     std::vector<uint8_t> bytes;
-    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
-                               payload.size());
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0,
+                                     payload.data(), payload.size());
     cases.push_back({"a hello whose payload is not a hello", bytes});
   }
   {
     // A dynamic group's join hello sent to a static group.
     const std::vector<uint8_t> payload{0x96, 0x01, 0x05, 0xa1, 'x', 0xc4, 0x00, 0xc3, 0xa0};
     std::vector<uint8_t> bytes;
-    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
-                               payload.size());
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0,
+                                     payload.data(), payload.size());
     cases.push_back({"a dynamic group's join hello to a static group", bytes});
   }
   {

@@ -2,8 +2,6 @@
 // at call time in a binary without a CUDA runtime (pipe_cuda_test.cc covers
 // the path with one). Workers are RpcContexts on threads over one
 // HashStore, on 127.0.0.1.
-#include "agents/pipe/agent.h"
-
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <memory>
@@ -12,8 +10,9 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "core/tensor.h"
+#include "agents/pipe/agent.h"
 #include "common/error.h"
+#include "core/tensor.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
 #include "tests/util/threads.h"

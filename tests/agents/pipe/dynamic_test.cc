@@ -21,12 +21,12 @@
 
 #include "agents/builtin_backends.h"
 #include "agents/pipe/announcement.h"
-#include "core/tensor.h"
 #include "common/error.h"
 #include "common/logging.h"
+#include "core/tensor.h"
+#include "rendezvous/membership_token.h"
 #include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
-#include "rendezvous/membership_token.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
@@ -425,7 +425,8 @@ void evict_in_store(const std::shared_ptr<Store>& store, int rank, const std::st
   auto pipe = std::make_shared<PrefixStore>("pipe", store);
   rendezvous::MembershipToken token(pipe, "dyn/token", "the test");
   token.acquire(kGuard);
-  std::vector<agents::pipe::Member> members = agents::pipe::decode_members(pipe->get("dyn/members"));
+  std::vector<agents::pipe::Member> members =
+      agents::pipe::decode_members(pipe->get("dyn/members"));
   std::erase_if(members, [&](const agents::pipe::Member& m) { return m.rank == rank; });
   pipe->set(fmt::format("dyn/evicted/{}", rank), Bytes(why.begin(), why.end()));
   pipe->set("dyn/members", agents::pipe::encode_members(members));
@@ -434,7 +435,8 @@ void evict_in_store(const std::shared_ptr<Store>& store, int rank, const std::st
 
 std::set<std::string> names_in_store(Store& store) {
   std::set<std::string> out;
-  for (const agents::pipe::Member& m : agents::pipe::decode_members(store.get("pipe/dyn/members"))) {
+  for (const agents::pipe::Member& m :
+       agents::pipe::decode_members(store.get("pipe/dyn/members"))) {
     out.insert(m.announcement.name);
   }
   return out;

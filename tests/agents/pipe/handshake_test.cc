@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "agents/pipe/agent.h"
-#include "agents/pipe/wire/frame.h"
 #include "agents/pipe/announcement.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/auth.h"
 #include "common/error.h"
 #include "common/mutex.h"
@@ -120,8 +120,8 @@ class RawPeer {
   void send_hello(const Hello& hello) {
     const std::vector<uint8_t> payload = encode_hello(hello);
     std::vector<uint8_t> bytes;
-    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0, payload.data(),
-                               payload.size());
+    pipe::wire::append_control_frame(bytes, pipe::wire::FrameKind::kHello, 0,
+                                     payload.data(), payload.size());
     send(bytes);
   }
   // Sends `bytes`; false once the agent closed the connection.
@@ -154,7 +154,8 @@ class RawPeer {
     for (;;) {
       pipe::wire::InboundFrame frame;
       while (reader_.pop(frame)) {
-        if (frame.kind == pipe::wire::FrameKind::kHello) return decode_hello(frame.message.payload);
+        if (frame.kind == pipe::wire::FrameKind::kHello)
+          return decode_hello(frame.message.payload);
       }
       if (!receive()) return std::nullopt;
     }
@@ -249,7 +250,8 @@ namespace {
 std::vector<uint8_t> hello_header(uint32_t payload_length) {
   const std::vector<uint8_t> payload(16, 0);
   std::vector<uint8_t> frame;
-  pipe::wire::append_control_frame(frame, pipe::wire::FrameKind::kHello, 0, payload.data(), payload.size());
+  pipe::wire::append_control_frame(frame, pipe::wire::FrameKind::kHello, 0,
+                                   payload.data(), payload.size());
   frame.resize(pipe::wire::kHeaderSize);
   for (int i = 0; i < 4; ++i) frame[20 + i] = static_cast<uint8_t>(payload_length >> (8 * i));
   return frame;

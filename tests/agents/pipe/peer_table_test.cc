@@ -24,12 +24,15 @@ class FakeConnection final : public Connection {
                const std::vector<pipe::wire::TensorRoute>&, bool) override {
     return true;
   }
-  bool enqueue_control(pipe::wire::FrameKind kind, const uint8_t*, size_t, uint64_t) override {
+  bool enqueue_control(pipe::wire::FrameKind kind, const uint8_t*, size_t,
+                       uint64_t) override {
     controls.push_back(kind);
     return true;
   }
   void start_reading() override { reading = true; }
-  void replay(pipe::wire::InboundFrame frame) override { replayed.push_back(std::move(frame)); }
+  void replay(pipe::wire::InboundFrame frame) override {
+    replayed.push_back(std::move(frame));
+  }
   void close_after_flush() override {}
   bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
   void close_now() override {}

@@ -15,10 +15,10 @@
 #include <string>
 
 #include "collective/gloo_process_group.h"
-#include "core/tensor.h"
 #include "common/error.h"
-#include "rpc/future.h"
 #include "core/message.h"
+#include "core/tensor.h"
+#include "rpc/future.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "tests/util/agent_helpers.h"

@@ -40,9 +40,9 @@
 #include <thread>
 #include <vector>
 
+#include "agents/pipe/transport/connection.h"
 #include "agents/pipe/transport/frame_queue.h"
 #include "agents/pipe/transport/shm/shm_ring.h"
-#include "agents/pipe/transport/connection.h"
 #include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
 #include "core/message.h"

@@ -17,9 +17,9 @@
 #include <string>
 
 #include "agents/pipe/transport/connection.h"
-#include "agents/pipe/wire/frame.h"
 #include "agents/pipe/transport/tls/tls_options.h"
 #include "agents/pipe/transport/transport.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/listen_address.h"
 
 namespace switchboard::agents::pipe::transport {

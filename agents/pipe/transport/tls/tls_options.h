@@ -25,7 +25,9 @@ struct PipeTlsOptions {
   std::string ca_file;
 
   // Whether any file is named (then all three must be).
-  bool enabled() const { return !cert_file.empty() || !key_file.empty() || !ca_file.empty(); }
+  bool enabled() const {
+    return !cert_file.empty() || !key_file.empty() || !ca_file.empty();
+  }
   // The files the three variables name (empty where unset).
   static PipeTlsOptions from_environment() {
     auto read = [](const char* name) {

@@ -6,18 +6,19 @@
 // peer's messages and frames do (protocol errors naming the outbox), and
 // that a closed connection frees and unmaps everything. The channel
 // choice is in the same file (agents/pipe/channel/select.h).
+#include "agents/pipe/channel/cuda_ipc.h"
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "core/little_endian.h"
-#include "agents/pipe/channel/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
 #include "agents/pipe/channel/staging.h"
 #include "agents/pipe/transport/connection.h"
 #include "common/error.h"
+#include "core/little_endian.h"
 #include "core/tensor.h"
 #include "tests/agents/pipe/fake_device_ipc.h"
 
@@ -67,7 +68,7 @@ Tensor device_tensor(int64_t n, float first) {
 }
 
 pipe::wire::InboundFrame frame_for(uint64_t outbox, int64_t n,
-                             Device target = Device::cuda(0)) {
+                                   Device target = Device::cuda(0)) {
   pipe::wire::InboundFrame f;
   f.message.id = 5;
   f.message.tensors.emplace_back();

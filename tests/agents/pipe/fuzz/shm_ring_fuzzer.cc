@@ -26,10 +26,10 @@
 #include <stdexcept>
 #include <vector>
 
-#include "agents/pipe/wire/frame.h"
-#include "tests/agents/pipe/fuzz/fuzz_check.h"
 #include "agents/pipe/transport/shm/shm_ring.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/error.h"
+#include "tests/agents/pipe/fuzz/fuzz_check.h"
 
 using namespace switchboard;
 using namespace switchboard::agents;

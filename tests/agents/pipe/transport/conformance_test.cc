@@ -1,9 +1,9 @@
 // The transport conformance suite: what every PIPE transport promises the
-// agent (agents/pipe/transport/transport.h, agents/pipe/transport/connection.h), run over each
-// one: plain TCP, TCP with the same-host lane (frames through shared
-// memory), and TCP inside mutual TLS. Each case stands in for the agent:
-// an endpoint that records the frames its connections hand it, answers the
-// lane's negotiation, and trusts its peer from the start (no hello).
+// agent (agents/pipe/transport/transport.h, agents/pipe/transport/connection.h), run over
+// each one: plain TCP, TCP with the same-host lane (frames through shared memory), and
+// TCP inside mutual TLS. Each case stands in for the agent: an endpoint that records the
+// frames its connections hand it, answers the lane's negotiation, and trusts its peer
+// from the start (no hello).
 //
 // Promises: frames go out in the order queued and arrive intact, in both
 // directions of one connection, tensors of any size included; what was
@@ -12,8 +12,6 @@
 // nobody listens on fails with ConnectionError; timers tick until told to
 // stop. Nothing here sleeps hoping for an order: every wait is on a
 // condition, bounded by kGuard.
-#include "agents/pipe/transport/transport.h"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -28,8 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "agents/pipe/transport/tcp/tcp_transport.h"
 #include "agents/pipe/transport/connection.h"
+#include "agents/pipe/transport/tcp/tcp_transport.h"
+#include "agents/pipe/transport/transport.h"
 #include "agents/pipe/wire/frame.h"
 #include "common/error.h"
 #include "common/mutex.h"

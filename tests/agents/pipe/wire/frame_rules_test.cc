@@ -1,8 +1,6 @@
 // PIPE's frame codec refusing what no correct peer sends (header and
 // descriptor rules, the limits and the flags), and what a header may
 // announce before its bytes come. The round trips are in pipe_frame_test.cc.
-#include "agents/pipe/wire/frame.h"
-
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -10,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "agents/pipe/wire/frame.h"
 #include "common/error.h"
 #include "core/message.h"
+#include "core/tensor.h"
 #include "tests/agents/pipe/wire/frame_test_util.h"
 
 using namespace switchboard;

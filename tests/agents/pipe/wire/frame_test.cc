@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
 #include "common/error.h"
 #include "core/message.h"
+#include "core/tensor.h"
 #include "tests/agents/pipe/wire/frame_test_util.h"
 
 using namespace switchboard;

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "agents/pipe/wire/frame.h"
-#include "core/tensor.h"
 #include "common/error.h"
 #include "core/message.h"
+#include "core/tensor.h"
 
 namespace switchboard::agents::pipe::wire::frame_test {
 
@@ -131,6 +131,5 @@ inline void require_frame_error(const Bytes& bytes, const std::string& text,
     CHECK_THAT(e.what(), Contains(text));
   }
 }
-
 
 }  // namespace switchboard::agents::pipe::wire::frame_test

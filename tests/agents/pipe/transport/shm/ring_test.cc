@@ -3,8 +3,6 @@
 // values refused, close() waking a waiting side, and a brief fuzz run of
 // tests/agents/pipe/fuzz/shm_ring_fuzzer.cc (tools/fuzz_shm_ring runs it long,
 // with sanitizers).
-#include "agents/pipe/transport/shm/shm_ring.h"
-
 #include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -17,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "agents/pipe/transport/shm/shm_ring.h"
 #include "tests/agents/pipe/fuzz/shm_ring_fuzzer.h"
 
 using namespace switchboard::agents;

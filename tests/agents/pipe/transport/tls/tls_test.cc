@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "agents/pipe/agent.h"
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/tensor.h"
 #include "rpc/future.h"
 #include "rpc/rpc.h"
 #include "store/hash_store.h"
