@@ -172,6 +172,17 @@ size_t BlockDecoder::checked_nbytes(size_t index, const TensorDescriptor& d) con
 
 }  // namespace
 
+void check_descriptors_length(uint64_t length, uint64_t count, std::string_view where) {
+  const uint64_t least = min_descriptors_length(count);
+  const uint64_t most = max_descriptors_length(count);
+  if (length < least || length > most) {
+    throw ProtocolError(fmt::format(
+        "{}: descriptors_length {} is out of range for tensor_count {} (must be between {} "
+        "and {})",
+        where, length, count, least, most));
+  }
+}
+
 size_t descriptors_length(const std::vector<Tensor>& tensors,
                           const std::vector<Device>& devices, std::string_view caller) {
   SB_REQUIRE(tensors.size() <= kMaxTensorsPerMessage,

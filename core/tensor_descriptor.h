@@ -59,6 +59,12 @@ constexpr uint64_t max_descriptors_length(uint64_t count) {
   return count * descriptor_size(kMaxTensorDims);
 }
 
+// Throws ProtocolError, starting with `where` (e.g. "pipe frame"), unless a
+// header's `length` of descriptor bytes lies between
+// min_descriptors_length(count) and max_descriptors_length(count): the
+// check every format makes before it reads the body.
+void check_descriptors_length(uint64_t length, uint64_t count, std::string_view where);
+
 // The most descriptor bytes a valid header can announce: 34,078,720 (32.5
 // MiB), which fits PIPE's u32 descriptors_length field.
 inline constexpr uint64_t kMaxDescriptorsLength =

@@ -151,14 +151,8 @@ Header decode_header(const Tensor& header) {
   check_size(h, "function length", h.function_length, wire::kMaxFunctionLength);
   check_size(h, "payload length", h.payload_length, kMaxPayloadLength);
   check_size(h, "tensor count", h.tensor_count, kMaxTensorsPerMessage);
-  const uint64_t least = min_descriptors_length(h.tensor_count);
-  const uint64_t most = max_descriptors_length(h.tensor_count);
-  if (h.descriptors_length < least || h.descriptors_length > most) {
-    throw ProtocolError(fmt::format(
-        "message {}: sizes out of range: descriptors length {} for tensor count {} (must "
-        "be between {} and {})",
-        h.id, h.descriptors_length, h.tensor_count, least, most));
-  }
+  check_descriptors_length(h.descriptors_length, h.tensor_count,
+                           fmt::format("message {}", h.id));
   return h;
 }
 

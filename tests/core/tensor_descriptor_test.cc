@@ -239,3 +239,20 @@ TEST_CASE("bytes after the last descriptor and too many tensors are refused",
   const Bytes most(size_t{kMaxTensorsPerMessage} * descriptor_size(0), 0);
   REQUIRE(decode(most, kMaxTensorsPerMessage).size() == kMaxTensorsPerMessage);
 }
+
+TEST_CASE("a header's descriptors_length is checked against its tensor_count",
+          "[tensor_descriptor]") {
+  // The bounds are inclusive: 8 bytes per tensor at least, 8 + 8 * 64 at most.
+  CHECK_NOTHROW(check_descriptors_length(0, 0, "f"));
+  CHECK_NOTHROW(check_descriptors_length(16, 2, "f"));
+  CHECK_NOTHROW(check_descriptors_length(2 * descriptor_size(kMaxTensorDims), 2, "f"));
+  CHECK_THROWS_MATCHES(
+      check_descriptors_length(15, 2, "pipe frame"), ProtocolError,
+      Catch::Message("pipe frame: descriptors_length 15 is out of range for tensor_count 2 "
+                     "(must be between 16 and 1040)"));
+  CHECK_THROWS_MATCHES(
+      check_descriptors_length(1041, 2, "message 7"), ProtocolError,
+      Catch::Message("message 7: descriptors_length 1041 is out of range for tensor_count 2 "
+                     "(must be between 16 and 1040)"));
+  CHECK_THROWS_AS(check_descriptors_length(8, 0, "f"), ProtocolError);
+}

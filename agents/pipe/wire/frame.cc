@@ -139,14 +139,7 @@ void check_lengths(const FrameHeader& h, const FrameLimits& limits) {
         max_tensors,
         max_tensors == limits.max_tensors ? "max_tensors" : "kMaxTensorsPerMessage"));
   }
-  const uint64_t least = min_descriptors_length(h.tensor_count);
-  const uint64_t most = max_descriptors_length(h.tensor_count);
-  if (h.descriptors_length < least || h.descriptors_length > most) {
-    throw ProtocolError(fmt::format(
-        "pipe frame: descriptors_length {} is out of range for tensor_count {} (must be "
-        "between {} and {})",
-        h.descriptors_length, h.tensor_count, least, most));
-  }
+  check_descriptors_length(h.descriptors_length, h.tensor_count, "pipe frame");
 }
 
 }  // namespace
