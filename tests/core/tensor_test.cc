@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/collective/tensor_test_util.h"
+#include "tests/core/tensor_test_util.h"
 
 namespace {
 

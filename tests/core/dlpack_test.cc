@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "tests/collective/tensor_test_util.h"
+#include "tests/core/tensor_test_util.h"
 
 namespace {
 
