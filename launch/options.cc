@@ -11,8 +11,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "common/cli.h"
 #include "rendezvous/init_method.h"
-#include "tools/cli/cli.h"
 
 namespace switchboard::launch {
 

@@ -1,5 +1,5 @@
 // Command line of the launcher (//launch, run by tools/launch): its options,
-// their flags (CLI11, through //tools/cli) and where the store server binary
+// their flags (CLI11, through //common:cli) and where the store server binary
 // is found.
 //
 // Thread safety: plain functions over values; nothing is shared.

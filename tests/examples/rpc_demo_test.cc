@@ -1,4 +1,4 @@
-// The main job's RPC demo (tools/rpc_demo) run as tools/demo runs it: a
+// The main job's RPC demo (examples/rpc_demo) run as tools/demo runs it: a
 // parameter server and four trainers under the launcher, in --quick mode,
 // one of them joining the dynamic group mid-run and one leaving it.
 // Its own checks decide the exit status (the held-out loss fell tenfold,
@@ -17,7 +17,7 @@ TEST_CASE("the RPC demo trains as a ps and four trainers, one joining mid-run an
   // The launcher's store server binds 127.0.0.1, port 0; the demo binds
   // PIPE and Gloo to 127.0.0.1 by default.
   Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "5", "--",
-                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick"});
+                     sbtest::runfile("examples/rpc_demo/rpc_demo"), "--quick"});
   const std::string out = launch.read_all();
   INFO(out);
   CHECK(launch.wait() == 0);
@@ -53,7 +53,7 @@ TEST_CASE("the RPC demo trains as a ps and four trainers, one joining mid-run an
 TEST_CASE("the RPC demo with three trainers and nobody joining or leaving late",
           "[examples][rpc_demo]") {
   Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "4", "--",
-                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
+                     sbtest::runfile("examples/rpc_demo/rpc_demo"), "--quick",
                      "--late-joiner", "0", "--leaver", "0"});
   const std::string out = launch.read_all();
   INFO(out);
@@ -76,7 +76,7 @@ TEST_CASE("the RPC demo with three trainers and nobody joining or leaving late",
 TEST_CASE("the RPC demo with --metrics-port 0 serves metrics and reports them",
           "[examples][rpc_demo][metrics]") {
   Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "4", "--",
-                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
+                     sbtest::runfile("examples/rpc_demo/rpc_demo"), "--quick",
                      "--late-joiner", "0", "--leaver", "0", "--metrics-port", "0"});
   const std::string out = launch.read_all();
   INFO(out);
@@ -98,7 +98,7 @@ TEST_CASE("the RPC demo refuses a leaver that is also the late joiner",
   // The usage error goes to stderr: the shell merges it into what we read.
   Subprocess launch({"/bin/sh", "-c",
                      sbtest::runfile("tools/launch/launch") + " --nproc 4 -- " +
-                         sbtest::runfile("tools/rpc_demo/rpc_demo") +
+                         sbtest::runfile("examples/rpc_demo/rpc_demo") +
                          " --quick --late-joiner 2 --leaver 2 2>&1"});
   const std::string out = launch.read_all();
   INFO(out);
@@ -110,7 +110,7 @@ TEST_CASE("the RPC demo fails when the loss does not go down", "[examples][rpc_d
   // Three steps cannot lower the loss tenfold: the ps says so and exits 1,
   // and the launcher reports it.
   Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "3", "--",
-                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick", "--steps",
+                     sbtest::runfile("examples/rpc_demo/rpc_demo"), "--quick", "--steps",
                      "3"});
   const std::string out = launch.read_all();
   INFO(out);
@@ -120,7 +120,7 @@ TEST_CASE("the RPC demo fails when the loss does not go down", "[examples][rpc_d
 
 TEST_CASE("the RPC demo refuses to run without a trainer", "[examples][rpc_demo]") {
   Subprocess launch({sbtest::runfile("tools/launch/launch"), "--nproc", "1", "--",
-                     sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick"});
+                     sbtest::runfile("examples/rpc_demo/rpc_demo"), "--quick"});
   (void)launch.read_all();
   CHECK(launch.wait() == 1);  // the launcher's status for a failed rank (2 here)
 }

@@ -266,12 +266,28 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
   // Nodes 0..2 on hosts 1..3: rank 0 (the ps) on host 1, trainer-1 and the
   // late joiner trainer-2 on hosts 2 and 3.
   for (int node = 0; node < 3; ++node) {
-    launchers.push_back(cluster.spawn(
-        node + 1,
-        {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", sbtest::runfile("tools/launch/launch"),
-         "--nnodes", "3", "--node-rank", std::to_string(node), "--nproc-per-node", "1",
-         "--store", url, "--secret-file", secret_file(), "--", sbtest::runfile("tools/rpc_demo/rpc_demo"), "--quick",
-         "--late-joiner", "2", "--leaver", "0"}));
+    launchers.push_back(
+        cluster.spawn(node + 1, {"/bin/sh",
+                                 "-c",
+                                 "exec \"$0\" \"$@\" 2>&1",
+                                 sbtest::runfile("tools/launch/launch"),
+                                 "--nnodes",
+                                 "3",
+                                 "--node-rank",
+                                 std::to_string(node),
+                                 "--nproc-per-node",
+                                 "1",
+                                 "--store",
+                                 url,
+                                 "--secret-file",
+                                 secret_file(),
+                                 "--",
+                                 sbtest::runfile("examples/rpc_demo/rpc_demo"),
+                                 "--quick",
+                                 "--late-joiner",
+                                 "2",
+                                 "--leaver",
+                                 "0"}));
   }
   std::vector<std::string> out;
   for (int node = 0; node < 3; ++node) {

@@ -1,4 +1,4 @@
-// TestCa: a CertificateAuthority (testkit/certificate_authority.h) in a
+// TestCa: a CertificateAuthority (common/certificate_authority.h) in a
 // fresh directory under TEST_TMPDIR (else /tmp), removed with it: what TLS
 // tests need. Certificates are valid for a day. One thread per TestCa.
 #pragma once
@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "testkit/certificate_authority.h"
+#include "common/certificate_authority.h"
 
 namespace sbtest {
 

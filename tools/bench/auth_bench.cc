@@ -10,13 +10,13 @@
 
 #include "agents/pipe/agent.h"
 #include "common/auth.h"
+#include "common/cli.h"
 #include "rpc/future.h"
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"
 #include "tools/bench/report.h"
 #include "tools/bench/stats.h"
-#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 

@@ -43,12 +43,12 @@
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "core/tensor.h"
+#include "common/cli.h"
 #include "common/error.h"
+#include "core/tensor.h"
 #include "store/tcp_store.h"
 #include "tools/bench/process.h"
 #include "tools/bench/report.h"
-#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 

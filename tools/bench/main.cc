@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/logging.h"
 #include "tools/bench/auth_bench.h"
 #include "tools/bench/collective_bench.h"
 #include "tools/bench/ray_bench.h"
 #include "tools/bench/rpc_bench.h"
 #include "tools/bench/store_bench.h"
-#include "tools/cli/cli.h"
 
 int main(int argc, char** argv) {
   using namespace switchboard::bench;

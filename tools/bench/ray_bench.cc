@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "tools/bench/process.h"
-#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 namespace {

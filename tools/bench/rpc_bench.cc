@@ -51,18 +51,18 @@
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
+#include "common/certificate_authority.h"
+#include "common/cli.h"
 #include "common/error.h"
+#include "core/tensor.h"
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"
+#include "testkit/netns_cluster.h"
 #include "tools/bench/process.h"
 #include "tools/bench/report.h"
 #include "tools/bench/rpc_compare.h"
 #include "tools/bench/rpc_tcp_baseline.h"
 #include "tools/bench/stats.h"
-#include "testkit/certificate_authority.h"
-#include "tools/cli/cli.h"
-#include "testkit/netns_cluster.h"
 
 namespace switchboard::bench {
 

@@ -10,10 +10,10 @@
 #include <map>
 #include <memory>
 
+#include "common/cli.h"
 #include "tools/bench/process.h"
 #include "tools/bench/report.h"
 #include "tools/bench/store_load.h"
-#include "tools/cli/cli.h"
 
 namespace switchboard::bench {
 

@@ -1,5 +1,5 @@
 // One `bench` subcommand, as each benchmark adds itself to the `bench` app
-// (CLI11, through //tools/cli): its parsed flags and what runs it.
+// (CLI11, through //common:cli): its parsed flags and what runs it.
 #pragma once
 
 #include <functional>

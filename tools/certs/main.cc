@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "testkit/certificate_authority.h"
-#include "tools/cli/cli.h"
+#include "common/certificate_authority.h"
+#include "common/cli.h"
 
 int main(int argc, char** argv) {
   std::string dir;

@@ -22,10 +22,10 @@
 #include <exception>
 #include <string>
 
+#include "common/cli.h"
 #include "common/logging.h"
 #include "launch/options.h"
 #include "launch/supervisor.h"
-#include "tools/cli/cli.h"
 
 int main(int argc, char** argv) {
   using namespace switchboard::launch;

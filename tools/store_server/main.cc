@@ -19,10 +19,10 @@
 #include <optional>
 
 #include "common/auth.h"
+#include "common/cli.h"
 #include "common/error.h"
 #include "common/logging.h"
 #include "store/tcp_store_server.h"
-#include "tools/cli/cli.h"
 
 namespace {
 

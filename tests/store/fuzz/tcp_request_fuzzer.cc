@@ -1,6 +1,6 @@
 // libFuzzer target for the TCPStore server's input path: the request parser,
 // the per-connection RequestStream and the socket-free ServerState.
-// Build and run with tools/fuzz_store (clang, ASan + UBSan, no Bazel).
+// Build and run with tests/store/fuzz/fuzz_store (clang, ASan + UBSan, no Bazel).
 //
 // Input: byte 0 is a control byte (fragment sizes, which client sends each
 // request, when clients reconnect); the rest is a request byte stream. Checks

@@ -1,8 +1,8 @@
 // libFuzzer target for the PIPE agent's wire codec (agents/pipe/wire/frame.h):
 // FrameReader fed an arbitrary byte stream under small limits (so that no
 // input can make it allocate more than a few MiB).
-// Build and run with tools/fuzz_pipe_frame (clang, ASan + UBSan, no Bazel);
-// tests/agents/pipe/wire/frame_fuzz_smoke_test.cc runs it under gcc as well.
+// Build and run with tests/agents/pipe/fuzz/fuzz_pipe_frame (clang, ASan + UBSan, no
+// Bazel); tests/agents/pipe/wire/frame_fuzz_smoke_test.cc runs it under gcc as well.
 //
 // Input: byte 0 is a control byte (bits 0-1: read sizes, all at once / one
 // byte / 1-16 / 1-5000; bit 7: a custom allocator), the rest a byte stream.

@@ -1,6 +1,6 @@
 // The PIPE frame fuzz target's entry points, shared by the libFuzzer build
-// (tools/fuzz_pipe_frame) and the brief fuzz run in the normal test suite
-// (tests/agents/pipe/wire/frame_fuzz_smoke_test.cc).
+// (tests/agents/pipe/fuzz/fuzz_pipe_frame) and the brief fuzz run in the normal test
+// suite (tests/agents/pipe/wire/frame_fuzz_smoke_test.cc).
 #pragma once
 
 #include <cstddef>

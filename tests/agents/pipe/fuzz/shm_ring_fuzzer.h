@@ -1,7 +1,7 @@
 // The shared-memory ring's fuzz target: a hostile peer process, played by
 // the input, writes whatever it likes into the ring's header and data
 // while this side reads (and writes) through ShmRing. Shared by the
-// libFuzzer build (tools/fuzz_shm_ring) and the brief run in the normal
+// libFuzzer build (tests/agents/pipe/fuzz/fuzz_shm_ring) and the brief run in the normal
 // test suite (tests/agents/pipe/transport/shm/ring_test.cc).
 #pragma once
 

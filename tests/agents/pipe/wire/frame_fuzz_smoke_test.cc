@@ -1,7 +1,7 @@
 // The brief fuzz run of the normal test suite: the PIPE frame fuzz target
 // (tests/agents/pipe/fuzz/frame_fuzzer.cc, compiled here without libFuzzer)
 // fed its seeds and 20,000 deterministic mutations of them. The long run
-// with sanitizers and coverage guidance is tools/fuzz_pipe_frame.
+// with sanitizers and coverage guidance is tests/agents/pipe/fuzz/fuzz_pipe_frame.
 #include <fmt/format.h>
 
 #include <catch2/catch.hpp>
@@ -93,7 +93,7 @@ class Mutator {
 };
 
 // Runs one input; on anything escaping, fails naming the input in hex (save
-// it with xxd -r -p to reproduce under tools/fuzz_pipe_frame's binary).
+// it with xxd -r -p to reproduce under tests/agents/pipe/fuzz/fuzz_pipe_frame's binary).
 void run(const Bytes& input) {
   try {
     LLVMFuzzerTestOneInput(input.data(), input.size());

@@ -201,7 +201,7 @@ TEST_CASE("descriptor rules are enforced with messages naming tensor, value and 
   }
   SECTION("strides overflow in a shape with no elements") {
     // [0, 2^40, 2^40]: numel 0, but the contiguous strides overflow
-    // (regression: found by tools/fuzz_pipe_frame, UB in Tensor::empty).
+    // (regression: found by tests/agents/pipe/fuzz/fuzz_pipe_frame, UB in Tensor::empty).
     Bytes r = wire(make_message(MessageType::kResponse, 6, "", {},
                                 {make_tensor(DType::kInt8, {0, 1, 1}, 1)}));
     patch<int64_t>(r, kHeaderSize + 8 + 8, int64_t{1} << 40);

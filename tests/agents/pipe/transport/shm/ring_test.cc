@@ -1,8 +1,8 @@
 // The same-host lane's ring (agents/pipe/transport/shm/shm_ring.h): bytes across threads
 // through a shared segment, the segment's name handling, a hostile peer's
 // values refused, close() waking a waiting side, and a brief fuzz run of
-// tests/agents/pipe/fuzz/shm_ring_fuzzer.cc (tools/fuzz_shm_ring runs it long,
-// with sanitizers).
+// tests/agents/pipe/fuzz/shm_ring_fuzzer.cc (tests/agents/pipe/fuzz/fuzz_shm_ring runs it
+// long, with sanitizers).
 #include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>

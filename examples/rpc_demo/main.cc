@@ -1,16 +1,16 @@
 // rpc_demo: a parameter server and its trainers over Switchboard RPC, the
 // main job (tools/demo). Run it under the launcher:
 //
-//   bazel build //tools/rpc_demo //tools/launch
-//   bazel-bin/tools/launch/launch --nproc 4 -- bazel-bin/tools/rpc_demo/rpc_demo
+//   bazel build //examples/rpc_demo //tools/launch
+//   bazel-bin/tools/launch/launch --nproc 4 -- bazel-bin/examples/rpc_demo/rpc_demo
 //
 // Rank 0 is the parameter server "ps" (ps.cc); ranks 1..N-1 are the trainers
 // "trainer-1", ... (trainer.cc). They form a dynamic group: with 3 or more
-// trainers, one joins mid-run and one leaves early. They fit y = X w* + noise with SGD: each
-// trainer pushes minibatch gradients to the ps with rpc_async, the ps
-// averages them in batches (parameter_server.h) and the trainers fetch the
-// new parameters. At the end the trainers check over a Gloo allreduce that
-// they all hold the same parameters. `rpc_demo --help` lists the flags.
+// trainers, one joins mid-run and one leaves early. They fit y = X w* + noise with SGD:
+// each trainer pushes minibatch gradients to the ps with rpc_async, the ps averages them
+// in batches (parameter_server.h) and the trainers fetch the new parameters. At the end
+// the trainers check over a Gloo allreduce that they all hold the same parameters.
+// `rpc_demo --help` lists the flags.
 //
 // Exit status: 0 the held-out loss went down and the trainers agree; 1 it
 // did not, they do not, or something failed (the error is printed); 2 a
@@ -25,13 +25,13 @@
 #include <optional>
 #include <string>
 
+#include "common/cli.h"
 #include "common/listen_address.h"
 #include "common/logging.h"
+#include "examples/rpc_demo/flags.h"
+#include "examples/rpc_demo/roles.h"
 #include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
-#include "tools/cli/cli.h"
-#include "tools/rpc_demo/flags.h"
-#include "tools/rpc_demo/roles.h"
 
 namespace switchboard::rpc_demo {
 

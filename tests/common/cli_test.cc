@@ -1,10 +1,10 @@
-// The command line every tool shares (tools/cli): the help layout, how parse
+// The command line every tool shares (common/cli): the help layout, how parse
 // errors are worded, and the validators' ranges.
+#include "common/cli.h"
+
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "tools/cli/cli.h"
 
 namespace cli = switchboard::cli;
 

@@ -27,8 +27,8 @@
 #include <string>
 #include <utility>
 
+#include "examples/rpc_demo/flags.h"
 #include "rpc/backend_registry.h"
-#include "tools/rpc_demo/flags.h"
 
 namespace switchboard::rpc_demo {
 

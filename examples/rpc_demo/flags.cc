@@ -1,8 +1,8 @@
-#include "tools/rpc_demo/flags.h"
+#include "examples/rpc_demo/flags.h"
 
 #include <algorithm>
 
-#include "tools/cli/cli.h"
+#include "common/cli.h"
 
 namespace switchboard::rpc_demo {
 

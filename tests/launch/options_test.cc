@@ -1,15 +1,16 @@
 // The launcher's flags (launch/options.h) without starting anything:
 // what they accept, what they refuse and with which message, and that the
 // worker's command is passed on unchanged.
+#include "launch/options.h"
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "launch/options.h"
-#include "tools/cli/cli.h"
+#include "common/cli.h"
 
 namespace cli = switchboard::cli;
 using switchboard::launch::add_launch_flags;

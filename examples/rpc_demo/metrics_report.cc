@@ -2,20 +2,20 @@
 // an excerpt of a real scrape of the worker's Prometheus endpoint.
 #include <fmt/format.h>
 
+#include <boost/asio/buffers_iterator.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
-#include <boost/asio/buffers_iterator.hpp>
 #include <boost/asio/streambuf.hpp>
 #include <boost/asio/write.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 
+#include "examples/rpc_demo/roles.h"
 #include "rpc/metrics.h"
 #include "rpc/rpc.h"
-#include "tools/rpc_demo/roles.h"
 
 namespace switchboard::rpc_demo {
 namespace {

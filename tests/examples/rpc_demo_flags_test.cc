@@ -1,11 +1,11 @@
-// The RPC demo's flags (tools/rpc_demo/flags.h): defaults, --quick, ranges,
+// The RPC demo's flags (examples/rpc_demo/flags.h): defaults, --quick, ranges,
 // and the per-trainer values that follow from them.
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
-#include "tools/cli/cli.h"
-#include "tools/rpc_demo/flags.h"
+#include "common/cli.h"
+#include "examples/rpc_demo/flags.h"
 
 namespace cli = switchboard::cli;
 using namespace switchboard::rpc_demo;

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "common/cli.h"
 #include "common/logging.h"
 #include "store/tcp_store.h"
-#include "tools/cli/cli.h"
 
 using namespace switchboard;
 

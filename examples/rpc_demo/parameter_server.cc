@@ -1,4 +1,4 @@
-#include "tools/rpc_demo/parameter_server.h"
+#include "examples/rpc_demo/parameter_server.h"
 
 #include <algorithm>
 #include <utility>

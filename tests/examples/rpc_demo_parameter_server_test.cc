@@ -1,5 +1,5 @@
 // The RPC demo's parameter server without RPC: its batching rule
-// (tools/rpc_demo/parameter_server.h), its refusals, and trainers as
+// (examples/rpc_demo/parameter_server.h), its refusals, and trainers as
 // threads that finish at different times. Every wait is bounded, so a
 // deadlock fails the test instead of hanging it.
 #include <catch2/catch.hpp>
@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "tools/rpc_demo/parameter_server.h"
-#include "tools/rpc_demo/regression.h"
+#include "examples/rpc_demo/parameter_server.h"
+#include "examples/rpc_demo/regression.h"
 
 using switchboard::DType;
 using switchboard::Tensor;

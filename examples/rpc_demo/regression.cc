@@ -1,4 +1,4 @@
-#include "tools/rpc_demo/regression.h"
+#include "examples/rpc_demo/regression.h"
 
 #include <algorithm>
 #include <cmath>

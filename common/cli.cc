@@ -1,4 +1,4 @@
-#include "tools/cli/cli.h"
+#include "common/cli.h"
 
 #include <fmt/format.h>
 

@@ -1,10 +1,10 @@
-#include "testkit/certificate_authority.h"
+#include "common/certificate_authority.h"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 

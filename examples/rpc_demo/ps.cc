@@ -16,14 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/tensor.h"
+#include "examples/rpc_demo/parameter_server.h"
+#include "examples/rpc_demo/regression.h"
+#include "examples/rpc_demo/roles.h"
 #include "rendezvous/init_method.h"
 #include "rpc/rpc.h"
 #include "store/store.h"
-#include "tools/rpc_demo/parameter_server.h"
-#include "tools/rpc_demo/regression.h"
-#include "tools/rpc_demo/roles.h"
 
 namespace switchboard::rpc_demo {
 

@@ -1,4 +1,4 @@
-// Command line of the RPC demo: its flags (CLI11, through //tools/cli) and
+// Command line of the RPC demo: its flags (CLI11, through //common:cli) and
 // what follows from them.
 //
 // Thread safety: plain functions over values; nothing is shared.
