@@ -14,7 +14,7 @@
 // A daemon that needs the machine's /sys (slurmd does) runs with
 // daemon_command() instead of command().
 //
-// Used by the multi-host tests (tests/util/netns_cluster.h adds their child
+// Used by the multi-host tests (tests/util/netns_spawn.h starts their
 // processes) and by `bench rpc --hosts`.
 //
 // Addresses: host i is 198.18.0.(i+1)/24 on eth0 and, with

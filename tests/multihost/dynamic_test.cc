@@ -1,4 +1,4 @@
-// Dynamic groups across hosts (network namespaces, tests/util/netns_cluster.h):
+// Dynamic groups across hosts (network namespaces, tests/util/netns_spawn.h):
 // one view of the group when a member is cut off or stopped, a store server
 // restarted under the group, and an outsider that does not have the job
 // secret. Every worker is a process in its host; the test waits on their
@@ -34,14 +34,16 @@
 #include "store/hash_store.h"
 #include "store/tcp_store.h"
 #include "tests/multihost/multihost_util.h"
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 #include "tests/util/subprocess.h"
 
 namespace {
 
 namespace rpc = switchboard::rpc;
-using sbtest::NetnsCluster;
+using sbtest::spawn_child_in;
+using sbtest::spawn_store_server_in;
 using sbtest::Subprocess;
+using switchboard::netns::NetnsCluster;
 using namespace sbtest::multihost;
 
 bool skipped() { return NetnsCluster::skipped(); }
@@ -299,9 +301,10 @@ std::vector<Subprocess> steady_members(NetnsCluster& cluster, const ControlFile&
   std::vector<Subprocess> members;
   const std::vector<std::string> names = {"a", "b"};
   for (int i = 0; i < 2; ++i) {
-    members.push_back(cluster.spawn_child(
-        i + 1, "view_member", {names[i], std::to_string(i), "steady", control.path()},
-        dynamic_env(cluster, i + 1, store_port)));
+    members.push_back(
+        spawn_child_in(cluster, i + 1, "view_member",
+                       {names[i], std::to_string(i), "steady", control.path()},
+                       dynamic_env(cluster, i + 1, store_port)));
     REQUIRE(members.back().read_line() == "ready");
   }
   return members;
@@ -312,9 +315,9 @@ std::vector<Subprocess> steady_members(NetnsCluster& cluster, const ControlFile&
 void join_then_leave(NetnsCluster& cluster, const ControlFile& control,
                      std::vector<Subprocess>& members, const std::string& store_port, int host,
                      int rank) {
-  Subprocess d = cluster.spawn_child(host, "view_member",
-                                     {"d", std::to_string(rank), "joiner", control.path()},
-                                     dynamic_env(cluster, host, store_port));
+  Subprocess d = spawn_child_in(cluster, host, "view_member",
+                                {"d", std::to_string(rank), "joiner", control.path()},
+                                dynamic_env(cluster, host, store_port));
   CHECK(d.read_line() == "group: a b d");
   CHECK(d.read_line() == "a answered " + cluster.address(1));
   control.set("done");
@@ -337,14 +340,14 @@ TEST_CASE("a dynamic group across hosts drops a member cut off or stopped mid-ru
   NetnsCluster cluster({.hosts = 5});
   const ControlFile control;
   const std::string store_port = "29900";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
   std::vector<Subprocess> members;
   const std::vector<std::string> names = {"a", "b", "c"};
   for (int i = 0; i < 3; ++i) {
-    members.push_back(cluster.spawn_child(
-        i + 1, "view_member", {names[i], std::to_string(i), i == 2 ? "cutoff" : "member",
-                               control.path()},
+    members.push_back(spawn_child_in(
+        cluster, i + 1, "view_member",
+        {names[i], std::to_string(i), i == 2 ? "cutoff" : "member", control.path()},
         env_of(i + 1)));
     REQUIRE(members.back().read_line() == "ready");
   }
@@ -362,8 +365,8 @@ TEST_CASE("a dynamic group across hosts drops a member cut off or stopped mid-ru
     CHECK(std::stoi(line.substr(13)) <= kDynamicHeartbeatMs + 3000);
     CHECK_THAT(line, Catch::EndsWith("group: a b"));
   }
-  Subprocess d = cluster.spawn_child(4, "view_member", {"d", "3", "joiner", control.path()},
-                                     env_of(4));
+  Subprocess d = spawn_child_in(cluster, 4, "view_member",
+                                {"d", "3", "joiner", control.path()}, env_of(4));
   CHECK(d.read_line() == "group: a b d");
   CHECK(d.read_line() == "a answered " + cluster.address(1));
   control.set("joined");
@@ -411,12 +414,13 @@ TEST_CASE("a partition with both sides still reaching the store: the larger side
   NetnsCluster cluster({.hosts = n + 1});
   const ControlFile control;
   const std::string store_port = "29950";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   std::vector<Subprocess> members;
   for (int r = 0; r < n; ++r) {
-    members.push_back(cluster.spawn_child(
-        r + 1, "split_member", {names[r], std::to_string(r), control.path(), expected},
-        dynamic_env(cluster, r + 1, store_port)));
+    members.push_back(
+        spawn_child_in(cluster, r + 1, "split_member",
+                       {names[r], std::to_string(r), control.path(), expected},
+                       dynamic_env(cluster, r + 1, store_port)));
     REQUIRE(members.back().read_line() == "ready");
   }
   // Member r runs in host r + 1; the store's host 0 is in neither side.
@@ -447,14 +451,14 @@ TEST_CASE("a store server restarted empty under a dynamic group across hosts get
   const ControlFile control;
   const std::string store_port = "29990";
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   std::vector<Subprocess> members = steady_members(cluster, control, store_port);
   store.kill(SIGTERM);
   store.wait();
-  Subprocess again = cluster.spawn_store_server(0, store_port);
+  Subprocess again = spawn_store_server_in(cluster, 0, store_port);
   // A member writes the group back; the joiner comes after that.
-  Subprocess restored = cluster.spawn_child(
-      0, "store_wait", {"pipe/dyn/group", "pipe/dyn/members"}, env_of(0));
+  Subprocess restored = spawn_child_in(cluster, 0, "store_wait",
+                                       {"pipe/dyn/group", "pipe/dyn/members"}, env_of(0));
   REQUIRE(restored.read_line() == "ok");
   CHECK(restored.wait() == 0);
   join_then_leave(cluster, control, members, store_port, 3, 2);
@@ -471,7 +475,7 @@ TEST_CASE("a store server restarted empty while the members cannot reach it: a w
   const ControlFile control;
   const std::string store_port = "29995";
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   std::vector<Subprocess> members = steady_members(cluster, control, store_port);
   // The members lose the store's host (they still reach each other); the
   // store restarts empty; c, on a host that reaches the store, finds no
@@ -480,9 +484,10 @@ TEST_CASE("a store server restarted empty while the members cannot reach it: a w
   cluster.partition({{1, 2}, {0}});
   store.kill(SIGTERM);
   store.wait();
-  Subprocess again = cluster.spawn_store_server(0, store_port);
-  Subprocess c = cluster.spawn_child(
-      3, "view_member", {"c", "2", "founder", control.path(), "10000"}, env_of(3));
+  Subprocess again = spawn_store_server_in(cluster, 0, store_port);
+  Subprocess c =
+      spawn_child_in(cluster, 3, "view_member",
+                     {"c", "2", "founder", control.path(), "10000"}, env_of(3));
   CHECK(c.read_line() == "group: c");
   // The members reach the store again: they take it back, and c is out,
   // told why.
@@ -510,25 +515,28 @@ TEST_CASE("with a job secret, an outsider on the network can neither read the gr
   switchboard::Secret::random().write_file(secret);
   switchboard::Secret::random().write_file(wrong);
   const std::string store_port = "29970";
-  Subprocess store = cluster.spawn_store_server(0, store_port, {"--secret-file", secret});
+  Subprocess store =
+      spawn_store_server_in(cluster, 0, store_port, {"--secret-file", secret});
   auto env_of = [&](int host) {
     auto env = dynamic_env(cluster, host, store_port);
     env["SWITCHBOARD_SECRET_FILE"] = secret;
     return env;
   };
-  Subprocess m0 = cluster.spawn_child(1, "secret_member", {"m0", "0", control.path()}, env_of(1));
+  Subprocess m0 =
+      spawn_child_in(cluster, 1, "secret_member", {"m0", "0", control.path()}, env_of(1));
   const std::string line = m0.read_line();
   REQUIRE_THAT(line, Catch::StartsWith("listening "));
   const std::string at = line.substr(10, line.find(' ', 10) - 10);
   REQUIRE(m0.read_line() == "ready");
-  Subprocess m1 = cluster.spawn_child(2, "secret_member", {"m1", "1", control.path()}, env_of(2));
+  Subprocess m1 =
+      spawn_child_in(cluster, 2, "secret_member", {"m1", "1", control.path()}, env_of(2));
   m1.read_line();
   REQUIRE(m1.read_line() == "ready");
 
   for (const std::string& has : {std::string("none"), wrong}) {
     INFO("the outsider's secret: " << has);
-    Subprocess outsider =
-        cluster.spawn_child(3, "outsider", {at, has}, dynamic_env(cluster, 3, store_port));
+    Subprocess outsider = spawn_child_in(cluster, 3, "outsider", {at, has},
+                                         dynamic_env(cluster, 3, store_port));
     const std::string out = outsider.read_all();
     INFO("it printed:\n" << out);
     CHECK(outsider.wait() == 0);
@@ -542,8 +550,8 @@ TEST_CASE("with a job secret, an outsider on the network can neither read the gr
     }
   }
   // A worker with the secret joins and calls the members; only it was served.
-  Subprocess joiner = cluster.spawn_child(
-      3, "view_member", {"j", "5", "joiner", control.path(), "m0"}, env_of(3));
+  Subprocess joiner = spawn_child_in(
+      cluster, 3, "view_member", {"j", "5", "joiner", control.path(), "m0"}, env_of(3));
   CHECK(joiner.read_line() == "group: j m0 m1");
   CHECK(joiner.read_line() == "m0 answered " + cluster.address(1));
   control.set("done");

@@ -22,13 +22,15 @@
 #include <vector>
 
 #include "common/auth.h"
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 #include "tests/util/subprocess.h"
 
 namespace {
 
-using sbtest::NetnsCluster;
+using sbtest::spawn_in;
+using sbtest::spawn_store_server_in;
 using sbtest::Subprocess;
+using switchboard::netns::NetnsCluster;
 
 constexpr const char* kMasterPort = "29400";  // each cluster is a network of its own
 
@@ -107,16 +109,16 @@ Subprocess launcher_of(const NetnsCluster& cluster, int node, int nnodes, int np
   argv.push_back("--");
   argv.insert(argv.end(), command.begin(), command.end());
   if (node == 0) {
-    return cluster.spawn(node, argv,
-                         {{"SWITCHBOARD_STORE_SERVER",
-                           sbtest::runfile("tools/store_server/store_server")}});
+    return spawn_in(cluster, node, argv,
+                    {{"SWITCHBOARD_STORE_SERVER",
+                      sbtest::runfile("tools/store_server/store_server")}});
   }
   // Only node 0 runs the store server: the others run a copy of launch with
   // no store server anywhere near it.
   argv[3] = lonely_launch();
   argv.insert(argv.begin(), {"/usr/bin/env", "-u", "RUNFILES_DIR", "-u",
                              "RUNFILES_MANIFEST_FILE", "-u", "SWITCHBOARD_STORE_SERVER"});
-  return cluster.spawn(node, argv);
+  return spawn_in(cluster, node, argv);
 }
 
 // launcher_of() with this binary's `launched` child as the workers.
@@ -260,34 +262,34 @@ TEST_CASE("the demo on four hosts: the store on one, the ps on another, trainers
   NetnsCluster cluster({.hosts = 4});
   const std::string store_port = "29600";
   Subprocess store =
-      cluster.spawn_store_server(0, store_port, {"--secret-file", secret_file()});
+      spawn_store_server_in(cluster, 0, store_port, {"--secret-file", secret_file()});
   const std::string url = fmt::format("tcp://{}:{}", cluster.address(0), store_port);
   std::vector<Subprocess> launchers;
   // Nodes 0..2 on hosts 1..3: rank 0 (the ps) on host 1, trainer-1 and the
   // late joiner trainer-2 on hosts 2 and 3.
   for (int node = 0; node < 3; ++node) {
-    launchers.push_back(
-        cluster.spawn(node + 1, {"/bin/sh",
-                                 "-c",
-                                 "exec \"$0\" \"$@\" 2>&1",
-                                 sbtest::runfile("tools/launch/launch"),
-                                 "--nnodes",
-                                 "3",
-                                 "--node-rank",
-                                 std::to_string(node),
-                                 "--nproc-per-node",
-                                 "1",
-                                 "--store",
-                                 url,
-                                 "--secret-file",
-                                 secret_file(),
-                                 "--",
-                                 sbtest::runfile("examples/rpc_demo/rpc_demo"),
-                                 "--quick",
-                                 "--late-joiner",
-                                 "2",
-                                 "--leaver",
-                                 "0"}));
+    launchers.push_back(spawn_in(cluster, node + 1,
+                                 {"/bin/sh",
+                                  "-c",
+                                  "exec \"$0\" \"$@\" 2>&1",
+                                  sbtest::runfile("tools/launch/launch"),
+                                  "--nnodes",
+                                  "3",
+                                  "--node-rank",
+                                  std::to_string(node),
+                                  "--nproc-per-node",
+                                  "1",
+                                  "--store",
+                                  url,
+                                  "--secret-file",
+                                  secret_file(),
+                                  "--",
+                                  sbtest::runfile("examples/rpc_demo/rpc_demo"),
+                                  "--quick",
+                                  "--late-joiner",
+                                  "2",
+                                  "--leaver",
+                                  "0"}));
   }
   std::vector<std::string> out;
   for (int node = 0; node < 3; ++node) {

@@ -1,21 +1,20 @@
 // Groups across hosts: each host a network namespace on one virtual switch
-// (tests/util/netns_cluster.h), every worker a process in its host, and no
+// (tests/util/netns_spawn.h), every worker a process in its host, and no
 // network setting given: each worker must find the address its peers reach
 // it at by itself (the route to the store, common/listen_address.h).
 //
 // Where namespaces cannot be made (not root, no iproute2), every case
 // prints "skipped: <reason>".
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,25 +27,28 @@
 #include <vector>
 
 #include "collective/groups.h"
-#include "core/tensor.h"
-#include "common/logging.h"
 #include "common/error.h"
-#include "rpc/backend_registry.h"
+#include "common/logging.h"
+#include "core/tensor.h"
 #include "rendezvous/membership_token.h"
+#include "rpc/backend_registry.h"
 #include "rpc/rpc.h"
 #include "store/file_store.h"
 #include "store/tcp_store.h"
 #include "tests/multihost/multihost_util.h"
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 #include "tests/util/subprocess.h"
 
 namespace {
 
 namespace rpc = switchboard::rpc;
 namespace col = switchboard::collective;
-using sbtest::NetnsCluster;
+using sbtest::spawn_child_in;
+using sbtest::spawn_in;
+using sbtest::spawn_store_server_in;
 using sbtest::Subprocess;
 using switchboard::Tensor;
+using switchboard::netns::NetnsCluster;
 
 constexpr const char* kMasterPort = "29500";  // each cluster is a network of its own
 
@@ -298,8 +300,8 @@ void run_static_group(const std::string& backend, int hosts) {
   NetnsCluster cluster({.hosts = hosts});
   std::vector<Subprocess> workers;
   for (int r = 0; r < hosts; ++r) {
-    workers.push_back(cluster.spawn_child(r, "host_worker", {backend},
-                                          worker_env(cluster, r, hosts, cluster.address(0))));
+    workers.push_back(spawn_child_in(cluster, r, "host_worker", {backend},
+                                     worker_env(cluster, r, hosts, cluster.address(0))));
   }
   for (int r = 0; r < hosts; ++r) {
     INFO(backend << ": worker " << r);
@@ -348,7 +350,7 @@ TEST_CASE("the minimal example runs unchanged on three hosts", "[multihost][exam
   std::vector<Subprocess> workers;
   for (int r = 0; r < 3; ++r) {
     workers.push_back(
-        cluster.spawn(r, {program}, worker_env(cluster, r, 3, cluster.address(0))));
+        spawn_in(cluster, r, {program}, worker_env(cluster, r, 3, cluster.address(0))));
   }
   for (int r = 0; r < 3; ++r) {
     const std::string out = workers[r].read_all();
@@ -370,7 +372,7 @@ TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks
     for (int r = 0; r < 2; ++r) {
       auto env = worker_env(cluster, r, 2, cluster.address2(0));
       env["SB_TEST_HOST_ADDRESS"] = cluster.address2(r);
-      workers.push_back(cluster.spawn_child(r, "host_worker", {"PIPE"}, env));
+      workers.push_back(spawn_child_in(cluster, r, "host_worker", {"PIPE"}, env));
     }
     for (int r = 0; r < 2; ++r) {
       const std::string out = workers[r].read_all();
@@ -388,7 +390,7 @@ TEST_CASE("with two networks, SWITCHBOARD_IFNAME picks one and the default picks
       auto env = worker_env(cluster, r, 2, cluster.address(0));
       env["SWITCHBOARD_IFNAME"] = "eth1";
       env["SB_TEST_HOST_ADDRESS"] = cluster.address2(r);
-      workers.push_back(cluster.spawn_child(r, "host_worker", {"PIPE"}, env));
+      workers.push_back(spawn_child_in(cluster, r, "host_worker", {"PIPE"}, env));
     }
     for (int r = 0; r < 2; ++r) {
       const std::string out = workers[r].read_all();
@@ -417,8 +419,8 @@ TEST_CASE("a host cut off mid-run: calls to it fail within the heartbeat timeout
   const ControlFile control;
   std::vector<Subprocess> workers;
   for (int r = 0; r < 3; ++r) {
-    workers.push_back(cluster.spawn_child(r, "partition_worker", {control.path()},
-                                          worker_env(cluster, r, 3, cluster.address(0))));
+    workers.push_back(spawn_child_in(cluster, r, "partition_worker", {control.path()},
+                                     worker_env(cluster, r, 3, cluster.address(0))));
   }
   for (int r = 0; r < 3; ++r) REQUIRE(workers[r].read_line() == "ready");
   cluster.cut(2);
@@ -464,13 +466,13 @@ TEST_CASE("SWITCHBOARD_PORT_RANGE: PIPE listens on a port of the range, and a ra
   NetnsCluster cluster({.hosts = 1});
   auto env = worker_env(cluster, 0, 1, cluster.address(0));
   env["SWITCHBOARD_PORT_RANGE"] = "31000-31001";
-  Subprocess free = cluster.spawn_child(0, "range_worker", {"free"}, env);
+  Subprocess free = spawn_child_in(cluster, 0, "range_worker", {"free"}, env);
   std::string out = free.read_all();
   INFO(out);
   CHECK(free.wait() == 0);
   CHECK_THAT(out, Catch::Contains("listening on 31000\n"));
   env["SWITCHBOARD_PORT_RANGE"] = "31000";
-  Subprocess taken = cluster.spawn_child(0, "range_worker", {"taken"}, env);
+  Subprocess taken = spawn_child_in(cluster, 0, "range_worker", {"taken"}, env);
   out = taken.read_all();
   INFO(out);
   CHECK(taken.wait() == 0);
@@ -505,21 +507,21 @@ TEST_CASE("joining a dynamic group while one member is cut off from everyone, th
   const ControlFile control;
   const std::string& control_path = control.path();
   const std::string store_port = "29700";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   auto env_of = [&](int host) {
     auto env = dynamic_env(cluster, host, store_port);
     if (setting.user_defaults) env["SB_TEST_DEFAULTS"] = std::to_string(setting.join_timeout_ms);
     return env;
   };
-  Subprocess ps =
-      cluster.spawn_child(1, "dynamic_member", {"ps", "0", "member", control_path}, env_of(1));
+  Subprocess ps = spawn_child_in(cluster, 1, "dynamic_member",
+                                 {"ps", "0", "member", control_path}, env_of(1));
   REQUIRE(ps.read_line() == "ready");
-  Subprocess m =
-      cluster.spawn_child(2, "dynamic_member", {"m", "1", "member", control_path}, env_of(2));
+  Subprocess m = spawn_child_in(cluster, 2, "dynamic_member",
+                                {"m", "1", "member", control_path}, env_of(2));
   REQUIRE(m.read_line() == "ready");
   cluster.cut(2);  // m is alive, and reaches nobody, the store included
-  Subprocess joiner =
-      cluster.spawn_child(3, "dynamic_member", {"j", "2", "joiner", control_path}, env_of(3));
+  Subprocess joiner = spawn_child_in(cluster, 3, "dynamic_member",
+                                     {"j", "2", "joiner", control_path}, env_of(3));
   const std::string out = joiner.read_all();
   INFO("the joiner printed:\n" << out);
   CHECK(joiner.wait() == 0);
@@ -548,17 +550,17 @@ TEST_CASE("joining while cut off from one member that still reaches the store fa
   const ControlFile control;
   const std::string& control_path = control.path();
   const std::string store_port = "29750";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
-  Subprocess ps =
-      cluster.spawn_child(1, "dynamic_member", {"ps", "0", "member", control_path}, env_of(1));
+  Subprocess ps = spawn_child_in(cluster, 1, "dynamic_member",
+                                 {"ps", "0", "member", control_path}, env_of(1));
   REQUIRE(ps.read_line() == "ready");
-  Subprocess m =
-      cluster.spawn_child(2, "dynamic_member", {"m", "1", "member", control_path}, env_of(2));
+  Subprocess m = spawn_child_in(cluster, 2, "dynamic_member",
+                                {"m", "1", "member", control_path}, env_of(2));
   REQUIRE(m.read_line() == "ready");
   cluster.partition({{2}, {3}});  // m and the joiner's host cannot reach each other
-  Subprocess joiner =
-      cluster.spawn_child(3, "dynamic_member", {"j", "2", "joiner", control_path}, env_of(3));
+  Subprocess joiner = spawn_child_in(cluster, 3, "dynamic_member",
+                                     {"j", "2", "joiner", control_path}, env_of(3));
   const std::string out = joiner.read_all();
   INFO("the joiner printed:\n" << out);
   CHECK(joiner.wait() == 0);
@@ -567,8 +569,8 @@ TEST_CASE("joining while cut off from one member that still reaches the store fa
   CHECK(std::stoi(out.substr(at + 18)) <= kJoinTimeoutMs + 3000);
   CHECK_THAT(out, Catch::Contains("\"m\" (rank 1") && Catch::Contains("Nothing was changed"));
   // The group is as it was: a worker that joins next finds ps and m.
-  Subprocess next =
-      cluster.spawn_child(4, "dynamic_member", {"k", "3", "joiner", control_path}, env_of(4));
+  Subprocess next = spawn_child_in(cluster, 4, "dynamic_member",
+                                   {"k", "3", "joiner", control_path}, env_of(4));
   const std::string joined = next.read_all();
   INFO("the next joiner printed:\n" << joined);
   CHECK_THAT(joined, Catch::Contains("group: k m ps"));
@@ -587,7 +589,7 @@ TEST_CASE("init_collective_group with a peer that advertises an address no one c
   if (skipped()) return;
   NetnsCluster cluster({.hosts = 2});
   const std::string store_port = "29800";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   std::vector<Subprocess> ranks;
   for (int r = 0; r < 2; ++r) {
     std::map<std::string, std::string> env = {{"MASTER_ADDR", cluster.address(0)},
@@ -595,7 +597,7 @@ TEST_CASE("init_collective_group with a peer that advertises an address no one c
                                               {"RANK", std::to_string(r)}};
     // Rank 1 advertises loopback: rank 0 reaches its own 127.0.0.1 instead.
     if (r == 1) env["SWITCHBOARD_IFNAME"] = "127.0.0.1";
-    ranks.push_back(cluster.spawn_child(r, "group_rank", {}, env));
+    ranks.push_back(spawn_child_in(cluster, r, "group_rank", {}, env));
   }
   for (int r = 0; r < 2; ++r) {
     const std::string out = ranks[r].read_all();
@@ -617,17 +619,17 @@ TEST_CASE("a host whose store link is cut while it holds the membership token ho
   NetnsCluster cluster({.hosts = 3});
   const ControlFile control;
   const std::string store_port = "29950";
-  Subprocess store = cluster.spawn_store_server(0, store_port);
+  Subprocess store = spawn_store_server_in(cluster, 0, store_port);
   auto env_of = [&](int host) { return dynamic_env(cluster, host, store_port); };
   constexpr int kLeaseMs = 2000;
   Subprocess holder =
-      cluster.spawn_child(1, "token_holder", {std::to_string(kLeaseMs)}, env_of(1));
+      spawn_child_in(cluster, 1, "token_holder", {std::to_string(kLeaseMs)}, env_of(1));
   REQUIRE(holder.read_line() == "held");
   cluster.cut(1);
   // A worker joining now waits for the token: one lease after it first
   // sees the holder's last value, it takes the token over and joins.
-  Subprocess joiner = cluster.spawn_child(
-      2, "dynamic_member", {"j", "0", "joiner", control.path()}, env_of(2));
+  Subprocess joiner = spawn_child_in(cluster, 2, "dynamic_member",
+                                     {"j", "0", "joiner", control.path()}, env_of(2));
   const std::string out = joiner.read_all();
   INFO("the joiner printed:\n" << out);
   CHECK(joiner.wait() == 0);

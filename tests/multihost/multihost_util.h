@@ -17,7 +17,7 @@
 #include <string>
 
 #include "store/file_store.h"
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 
 namespace sbtest::multihost {
 

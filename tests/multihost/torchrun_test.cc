@@ -17,13 +17,14 @@
 #include <string>
 #include <vector>
 
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 #include "tests/util/subprocess.h"
 
 namespace {
 
-using sbtest::NetnsCluster;
+using sbtest::spawn_in;
 using sbtest::Subprocess;
+using switchboard::netns::NetnsCluster;
 
 constexpr const char* kPort = "29400";  // each cluster is a network of its own
 
@@ -57,7 +58,7 @@ Subprocess torchrun(const NetnsCluster& cluster, int node, int nnodes, int nproc
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.insert(argv.end(), {"--no_python", sbtest::runfile(program)});
   argv.insert(argv.end(), program_args.begin(), program_args.end());
-  return cluster.spawn(node, argv);
+  return spawn_in(cluster, node, argv);
 }
 
 std::vector<std::string> static_rendezvous(const NetnsCluster& cluster, int node) {

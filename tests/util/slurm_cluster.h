@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/util/netns_cluster.h"
+#include "tests/util/netns_spawn.h"
 #include "tests/util/subprocess.h"
 
 namespace sbtest {
