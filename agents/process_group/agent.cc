@@ -7,10 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <map>
 #include <optional>
 #include <stdexcept>
-#include <unordered_map>
 #include <utility>
 
 #include "agents/process_group/link.h"
@@ -23,6 +21,7 @@
 #include "core/tensor_descriptor.h"
 #include "rendezvous/quiet_group.h"
 #include "rendezvous/rounds.h"
+#include "rpc/backend/static_workers.h"
 #include "rpc/call_table.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -68,16 +67,6 @@ std::optional<std::string> prepare_tensors(Message& m) {
 
 void clone_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
-}
-
-// "0 and 2", "0, 1 and 2".
-std::string and_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
-    out += std::to_string(ranks[i]);
-  }
-  return out;
 }
 
 Store::Timeout store_timeout(Clock::time_point deadline, bool bounded) {
@@ -153,8 +142,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   const int world_size;
   const std::shared_ptr<rpc::ThreadPool> pool;
   const std::shared_ptr<rpc::AgentMetrics> metrics;  // the agent's (may be null)
-  std::vector<WorkerInfo> workers;                   // by rank
-  std::unordered_map<std::string, int> ranks_by_name;
+  rpc::backend::StaticWorkers workers;               // set by the rendezvous
   // The Gloo group, shared by the senders and listeners (set by the
   // rendezvous); `peers` by rank, filled by the rendezvous.
   std::unique_ptr<ProcessGroupLink> link;
@@ -199,7 +187,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
       if (r == rank) continue;
       // Looked up once: the sender and listener count without a lock.
       if (metrics) {
-        peers[r].metrics = metrics->peer(r, workers[r].name);
+        peers[r].metrics = metrics->peer(r, workers.name(r));
         peers[r].metrics->set_state(rpc::ConnectionState::kConnected);  // group formed
       }
       peers[r].sender = std::make_unique<PeerSender>(r, *link, *this, peers[r].metrics);
@@ -208,47 +196,9 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     }
   }
 
-  // "<prefix><rank>" for every rank.
-  std::vector<std::string> rank_keys(const std::string& prefix) const {
-    std::vector<std::string> keys;
-    keys.reserve(world_size);
-    for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
-    return keys;
-  }
-
   void exchange_names(Timeout timeout, Store::Timeout wait_timeout) {
-    const std::vector<std::string> keys = rank_keys(wire::kNamesKey);
-    store->set(keys[rank], name);
-    try {
-      store->wait(keys, wait_timeout);
-    } catch (const TimeoutError&) {
-      std::vector<int> missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!store->check({keys[r]})) missing.push_back(r);
-      }
-      throw TimeoutError(fmt::format(
-          "rpc worker \"{}\" (rank {} of {}): timed out after {} ms waiting for ranks "
-          "[{}] to start",
-          name, rank, world_size, timeout.count(), fmt::join(missing, ", ")));
-    }
-    const std::vector<Bytes> values = store->multi_get(keys);
-    std::map<std::string, std::vector<int>> ranks_of;
-    for (int r = 0; r < world_size; ++r) {
-      workers.push_back(WorkerInfo{to_string(values[r]), r});
-      ranks_of[workers.back().name].push_back(r);
-    }
-    std::vector<std::string> duplicates;
-    for (const auto& [worker_name, ranks] : ranks_of) {
-      if (ranks.size() > 1) {
-        duplicates.push_back(
-            fmt::format("\"{}\" is used by ranks {}", worker_name, and_list(ranks)));
-      }
-    }
-    if (!duplicates.empty()) {
-      throw DuplicateNameError(
-          fmt::format("rpc worker names must be unique: {}", fmt::join(duplicates, "; ")));
-    }
-    for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
+    workers = rpc::backend::StaticWorkers::exchange(
+        *store, {wire::kNamesKey, name, rank, world_size}, timeout, wait_timeout);
   }
 
   void start(RequestHandler h, InlinePredicate runs_inline) {
@@ -268,34 +218,16 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
 
   // ------------------------------------------------------------ lookup
 
-  int find(const WorkerInfo& to) const {
-    if (to.id >= 0 && to.id < world_size && workers[to.id].name == to.name) return to.id;
-    return -1;
-  }
-
+  int find(const WorkerInfo& to) const { return workers.find(to); }
   WorkerInfo worker(const std::string& worker_name) const {
-    auto it = ranks_by_name.find(worker_name);
-    if (it == ranks_by_name.end()) {
-      std::vector<std::string> names;
-      for (const auto& w : workers) names.push_back(fmt::format("\"{}\"", w.name));
-      throw NotFoundError(fmt::format("no rpc worker named \"{}\" (workers: {})",
-                                      worker_name, fmt::join(names, ", ")));
-    }
-    return workers[it->second];
+    return workers.worker(worker_name);
   }
-
-  WorkerInfo worker(int id) const {
-    if (id < 0 || id >= world_size) {
-      throw NotFoundError(
-          fmt::format("no rpc worker with id {} (ids 0 to {})", id, world_size - 1));
-    }
-    return workers[id];
-  }
+  WorkerInfo worker(int id) const { return workers.worker(id); }
 
   // ------------------------------------------------------------ sending
 
   std::string call_prefix(int dst, const std::string& function) const {
-    return rpc::call_prefix(workers[dst].name, function);
+    return rpc::call_prefix(workers.name(dst), function);
   }
 
   Future<Message> send(const WorkerInfo& to, Message request, Timeout timeout) {
@@ -313,7 +245,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     }
     rpc::CallTable::Added call;
     try {
-      call = calls.add({dst, workers[dst].name, request.function, timeout});
+      call = calls.add({dst, workers.name(dst), request.function, timeout});
     } catch (...) {
       return Future<Message>::failed(std::current_exception());
     }
@@ -361,7 +293,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
                                       const std::string& failure) const {
     return std::make_exception_ptr(
         ConnectionError(fmt::format("{}: connection to worker \"{}\" lost: {}", prefix,
-                                    workers[peer].name, failure)));
+                                    workers.name(peer), failure)));
   }
 
   // ------------------------------------------------------------ receiving
@@ -389,7 +321,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
       spdlog::debug(
           "rpc agent \"{}\": dropping a response from \"{}\" to call {}, which "
           "is no longer pending (timed out or cancelled)",
-          name, workers[from].name, id);
+          name, workers.name(from), id);
     }
   }
 
@@ -407,10 +339,10 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
         });
     if (lost == 0) {
       spdlog::info("rpc agent \"{}\": worker \"{}\" went away: {}", name,
-                   workers[peer].name, reason);
+                   workers.name(peer), reason);
     } else {
       spdlog::warn("rpc agent \"{}\": worker \"{}\" went away with {} calls pending: {}",
-                   name, workers[peer].name, lost, reason);
+                   name, workers.name(peer), lost, reason);
     }
   }
 
@@ -418,7 +350,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
 
   // A request from `from`, for the call table; the reply goes back to it.
   rpc::CallTable::Request incoming(int from, Message request) {
-    return {std::move(request), workers[from], nullptr,
+    return {std::move(request), workers.worker(from), nullptr,
             rpc::CallTable::reply_via(weak_from_this(), &Impl::respond, from)};
   }
 
@@ -437,7 +369,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     } else if (peers[to].sender->enqueue(std::move(reply), &failure) !=
                PeerSender::Queued::kQueued) {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
-                    id, workers[to].name);
+                    id, workers.name(to));
     }
   }
 
@@ -455,7 +387,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     group.store = store.get();
     group.prefix = rendezvous::quiet_rounds(wire::kScope, generation);
     group.rank = rank;
-    for (const WorkerInfo& w : workers) group.names.push_back(w.name);
+    group.names = workers.names();
     group.timeout = timeout;
     group.who = fmt::format("join on rpc worker \"{}\"", name);
     rendezvous::wait_for_quiet_group(group);
@@ -526,7 +458,9 @@ WorkerInfo ProcessGroupAgent::worker(const std::string& name) const {
 
 WorkerInfo ProcessGroupAgent::worker(int id) const { return impl_->worker(id); }
 
-std::vector<WorkerInfo> ProcessGroupAgent::workers() const { return impl_->workers; }
+std::vector<WorkerInfo> ProcessGroupAgent::workers() const {
+  return impl_->workers.all();
+}
 
 void ProcessGroupAgent::join(Timeout timeout) { impl_->join(timeout); }
 

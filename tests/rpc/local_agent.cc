@@ -18,17 +18,17 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "core/tensor.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/mutex.h"
 #include "core/message.h"
-#include "rpc/call_table.h"
+#include "core/tensor.h"
 #include "rendezvous/quiet_group.h"
+#include "rpc/backend/static_workers.h"
+#include "rpc/call_table.h"
 #include "store/store.h"
 
 namespace switchboard::testing {
@@ -67,16 +67,6 @@ std::optional<std::string> tensor_problem(const Message& m) {
 // bytes. Only for messages tensor_problem() accepted.
 void copy_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
-}
-
-// "0 and 2", "0, 1 and 2".
-std::string and_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
-    out += std::to_string(ranks[i]);
-  }
-  return out;
 }
 
 Store::Timeout store_timeout(Clock::time_point deadline, bool bounded) {
@@ -255,14 +245,13 @@ struct Impl : std::enable_shared_from_this<Impl> {
   const int world_size;
   const std::shared_ptr<rpc::ThreadPool> pool;
   const std::shared_ptr<rpc::AgentMetrics> metrics;  // the agent's (RpcAgent::metrics())
-  // Set by rendezvous(), immutable afterwards. `workers` and
-  // `ranks_by_name` are set before this agent enters the fabric (other
+  // Set by rendezvous(), immutable afterwards. `workers` is
+  // set before this agent enters the fabric (other
   // agents read them after finding it there); `fabric` once it entered
   // (read by this agent's own calls, all of which come after construction).
   std::shared_ptr<Fabric> fabric;
   std::shared_ptr<Store> store;  // the group's: join() meets the others there
-  std::vector<WorkerInfo> workers;  // by rank
-  std::unordered_map<std::string, int> ranks_by_name;
+  rpc::backend::StaticWorkers workers;
   // The transport's counters, by rank (null for this worker): what a real
   // transport reports through rpc::PeerMetrics. Set with `workers`.
   std::vector<std::shared_ptr<rpc::PeerMetrics>> peers;
@@ -275,13 +264,6 @@ struct Impl : std::enable_shared_from_this<Impl> {
 
 
   // ------------------------------------------------------------ setup
-
-  std::vector<std::string> rank_keys(const std::string& prefix) const {
-    std::vector<std::string> keys;
-    keys.reserve(world_size);
-    for (int r = 0; r < world_size; ++r) keys.push_back(prefix + std::to_string(r));
-    return keys;
-  }
 
   // Blocks until every rank of the group is in the fabric; see the header.
   void rendezvous(const std::shared_ptr<Store>& store_in, Timeout timeout) {
@@ -355,39 +337,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
   }
 
   void exchange_names(Store& store, Timeout timeout, Store::Timeout wait_timeout) {
-    const std::vector<std::string> keys = rank_keys(kNamesKey);
-    store.set(keys[rank], name);
-    try {
-      store.wait(keys, wait_timeout);
-    } catch (const TimeoutError&) {
-      std::vector<int> missing;
-      for (int r = 0; r < world_size; ++r) {
-        if (!store.check({keys[r]})) missing.push_back(r);
-      }
-      throw TimeoutError(fmt::format(
-          "rpc worker \"{}\" (rank {} of {}): timed out after {} ms waiting for ranks "
-          "[{}] to start",
-          name, rank, world_size, timeout.count(), fmt::join(missing, ", ")));
-    }
-    const std::vector<Bytes> values = store.multi_get(keys);
-    std::map<std::string, std::vector<int>> ranks_of;
-    for (int r = 0; r < world_size; ++r) {
-      workers.push_back(WorkerInfo{to_string(values[r]), r});
-      ranks_of[workers.back().name].push_back(r);
-    }
-    std::vector<std::string> duplicates;
-    for (const auto& [worker_name, ranks] : ranks_of) {
-      if (ranks.size() > 1) {
-        duplicates.push_back(
-            fmt::format("\"{}\" is used by ranks {}", worker_name, and_list(ranks)));
-      }
-    }
-    if (!duplicates.empty()) {
-      throw DuplicateNameError(
-          fmt::format("rpc worker names must be unique: {}", fmt::join(duplicates, "; ")));
-    }
-    for (const auto& w : workers) ranks_by_name.emplace(w.name, w.id);
-    for (const auto& w : workers) {
+    workers = rpc::backend::StaticWorkers::exchange(
+        store, {kNamesKey, name, rank, world_size}, timeout, wait_timeout);
+    for (const WorkerInfo& w : workers.all()) {
       peers.push_back(w.id == rank ? nullptr : metrics->peer(w.id, w.name));
     }
   }
@@ -398,40 +350,22 @@ struct Impl : std::enable_shared_from_this<Impl> {
 
   // ------------------------------------------------------------ lookup
 
-  int find(const WorkerInfo& to) const {
-    if (to.id >= 0 && to.id < world_size && workers[to.id].name == to.name) return to.id;
-    return -1;
-  }
-
+  int find(const WorkerInfo& to) const { return workers.find(to); }
   WorkerInfo worker(const std::string& worker_name) const {
-    auto it = ranks_by_name.find(worker_name);
-    if (it == ranks_by_name.end()) {
-      std::vector<std::string> names;
-      for (const auto& w : workers) names.push_back(fmt::format("\"{}\"", w.name));
-      throw NotFoundError(fmt::format("no rpc worker named \"{}\" (workers: {})",
-                                      worker_name, fmt::join(names, ", ")));
-    }
-    return workers[it->second];
+    return workers.worker(worker_name);
   }
-
-  WorkerInfo worker(int id) const {
-    if (id < 0 || id >= world_size) {
-      throw NotFoundError(
-          fmt::format("no rpc worker with id {} (ids 0 to {})", id, world_size - 1));
-    }
-    return workers[id];
-  }
+  WorkerInfo worker(int id) const { return workers.worker(id); }
 
   // ------------------------------------------------------------ sending
 
   std::string call_prefix(int dst, const std::string& function) const {
-    return rpc::call_prefix(workers[dst].name, function);
+    return rpc::call_prefix(workers.name(dst), function);
   }
 
   std::exception_ptr connection_error(int dst, const std::string& function) const {
     return std::make_exception_ptr(
         ConnectionError(fmt::format("{}: connection to worker \"{}\" lost: it shut down",
-                                    call_prefix(dst, function), workers[dst].name)));
+                                    call_prefix(dst, function), workers.name(dst))));
   }
 
   // What is wrong with a call, or nullptr.
@@ -468,7 +402,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     rpc::CallTable::Added call;
     try {
       copy_tensors(request);
-      call = calls.add({dst, workers[dst].name, request.function, timeout});
+      call = calls.add({dst, workers.name(dst), request.function, timeout});
     } catch (...) {
       return Future<Message>::failed(std::current_exception());
     }
@@ -489,7 +423,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
       spdlog::debug(
           "rpc agent \"{}\": dropping a response from \"{}\" to call {}, which is no "
           "longer pending (timed out or cancelled)",
-          name, workers[from].name, id);
+          name, workers.name(from), id);
     }
   }
 
@@ -502,7 +436,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
         [&](const rpc::CallTable::Call& call) { return connection_error(peer, call.function); });
     if (lost > 0) {
       spdlog::warn("rpc agent \"{}\": worker \"{}\" shut down with {} calls pending",
-                   name, workers[peer].name, lost);
+                   name, workers.name(peer), lost);
     }
   }
 
@@ -512,7 +446,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // its reply goes straight back to the caller's table.
   rpc::CallTable::Request incoming(int from, Message request) {
     count(from, request, /*sent=*/false);
-    return {std::move(request), workers[from], nullptr,
+    return {std::move(request), workers.worker(from), nullptr,
             rpc::CallTable::reply_via(weak_from_this(), &Impl::respond, from)};
   }
 
@@ -530,7 +464,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
       caller->complete_call(rank, std::move(reply));
     } else {
       spdlog::debug("rpc agent \"{}\": dropping the response to call {} of \"{}\"", name,
-                    reply.id, workers[to].name);
+                    reply.id, workers.name(to));
     }
   }
 
@@ -548,7 +482,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     group.store = store.get();
     group.prefix = fmt::format("local/join/{}/", generation);
     group.rank = rank;
-    for (const WorkerInfo& w : workers) group.names.push_back(w.name);
+    group.names = workers.names();
     group.gone = [this](int r) -> std::optional<std::string> {
       if (fabric->left(r)) return std::string("shut down");
       return std::nullopt;
@@ -609,7 +543,7 @@ class LocalAgent final : public rpc::RpcAgent {
     return impl_->worker(name);
   }
   WorkerInfo worker(int id) const override { return impl_->worker(id); }
-  std::vector<WorkerInfo> workers() const override { return impl_->workers; }
+  std::vector<WorkerInfo> workers() const override { return impl_->workers.all(); }
 
   void join(Timeout timeout) override { impl_->join(timeout); }
   void shutdown() override { impl_->shutdown(); }

@@ -1,0 +1,67 @@
+// StaticWorkers: the table of a static group's workers (each one's name and
+// rank), exchanged once through the group's store, for agents whose group
+// never changes (PROCESS_GROUP, and backends a user writes the same way).
+//
+//   StaticWorkers workers = StaticWorkers::exchange(
+//       store, {"mybackend/names/", name, rank, world_size}, timeout,
+//       wait_timeout);
+//   int dst = workers.find(to);               // -1: not in this group
+//   WorkerInfo w = workers.worker("trainer");  // NotFoundError if unknown
+//
+// Every rank publishes its name under "<names_key><rank>" and reads every
+// other rank's. Names must be unique within the group.
+//
+// Errors: exchange() throws TimeoutError naming the ranks that did not
+// publish in time, and DuplicateNameError naming each name that more than
+// one rank took, with those ranks. Lookups throw NotFoundError naming the
+// name or id and what the group has.
+//
+// Thread safety: immutable once exchanged; any number of threads may read.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/message.h"
+#include "store/store.h"
+
+namespace switchboard::rpc::backend {
+
+class StaticWorkers {
+ public:
+  // Who this worker is, and under which store keys the group meets.
+  struct Self {
+    std::string names_key;  // the prefix of the per-rank keys
+    std::string name;
+    int rank = 0;
+    int world_size = 1;
+  };
+
+  // Publishes `self.name`, waits up to `wait_timeout` (Store::kNoTimeout:
+  // forever) for every rank's, and returns the table. `timeout` is the
+  // user's figure, named in the timeout's message.
+  static StaticWorkers exchange(Store& store, const Self& self,
+                                std::chrono::milliseconds timeout,
+                                Store::Timeout wait_timeout);
+
+  StaticWorkers() = default;
+
+  int size() const { return static_cast<int>(workers_.size()); }
+  // All workers, by rank.
+  const std::vector<WorkerInfo>& all() const { return workers_; }
+  std::vector<std::string> names() const;
+  // `to`'s rank when a worker of this group has its id and name; else -1.
+  int find(const WorkerInfo& to) const;
+  WorkerInfo worker(const std::string& name) const;
+  WorkerInfo worker(int id) const;
+  // The name of rank `id`, which must be in range.
+  const std::string& name(int id) const { return workers_[id].name; }
+
+ private:
+  std::vector<WorkerInfo> workers_;  // by rank
+  std::unordered_map<std::string, int> ranks_by_name_;
+};
+
+}  // namespace switchboard::rpc::backend
