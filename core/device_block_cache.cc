@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -27,13 +28,13 @@ DeviceBlockCache::DeviceBlockCache(Runtime runtime, size_t max_cached_bytes)
     : runtime_(std::move(runtime)), max_cached_bytes_(max_cached_bytes) {}
 
 DeviceBlockCache::~DeviceBlockCache() {
-  std::map<int, std::deque<Block>> all;
+  std::map<int, BlockPool<Block>> all;
   {
     MutexLock lock(mu_);
     all.swap(free_);
   }
-  for (const auto& [device, blocks] : all) {
-    for (const Block& b : blocks) drop(device, b);
+  for (auto& [device, pool] : all) {
+    for (const Block& b : pool.take_all()) drop(device, b);
   }
 }
 
@@ -47,19 +48,8 @@ std::shared_ptr<void> DeviceBlockCache::allocate(int device, size_t bytes) {
   Block block;
   {
     MutexLock lock(mu_);
-    std::deque<Block>& blocks = free_[device];
-    // The smallest block that fits (and is no more than twice the size).
-    auto best = blocks.end();
-    for (auto it = blocks.begin(); it != blocks.end(); ++it) {
-      if (it->capacity >= wanted && it->capacity / 2 <= wanted &&
-          (best == blocks.end() || it->capacity < best->capacity)) {
-        best = it;
-      }
-    }
-    if (best != blocks.end()) {
-      block = *best;
-      blocks.erase(best);
-      cached_[device] -= block.capacity;
+    if (std::optional<Block> cached = pool(device).take(wanted)) {
+      block = *cached;
       ++reuses_;
     }
   }
@@ -92,19 +82,7 @@ void DeviceBlockCache::give_back(int device, Block block) {
   std::vector<Block> evicted;
   {
     MutexLock lock(mu_);
-    std::deque<Block>& blocks = free_[device];
-    size_t& cached = cached_[device];
-    if (block.capacity > max_cached_bytes_) {
-      evicted.push_back(block);
-    } else {
-      while (cached + block.capacity > max_cached_bytes_ && !blocks.empty()) {
-        evicted.push_back(blocks.front());
-        cached -= blocks.front().capacity;
-        blocks.pop_front();
-      }
-      blocks.push_back(block);
-      cached += block.capacity;
-    }
+    evicted = pool(device).put(block);
   }
   for (const Block& b : evicted) drop(device, b);
 }
@@ -113,16 +91,19 @@ void DeviceBlockCache::release_cached(int device) {
   std::deque<Block> blocks;
   {
     MutexLock lock(mu_);
-    blocks.swap(free_[device]);
-    cached_[device] = 0;
+    blocks = pool(device).take_all();
   }
   for (const Block& b : blocks) drop(device, b);
 }
 
+BlockPool<DeviceBlockCache::Block>& DeviceBlockCache::pool(int device) {
+  return free_.try_emplace(device, max_cached_bytes_).first->second;
+}
+
 size_t DeviceBlockCache::cached_bytes(int device) const {
   MutexLock lock(mu_);
-  auto it = cached_.find(device);
-  return it == cached_.end() ? 0 : it->second;
+  auto it = free_.find(device);
+  return it == free_.end() ? 0 : it->second.cached_bytes();
 }
 
 size_t DeviceBlockCache::reuses() const {

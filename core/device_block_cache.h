@@ -6,14 +6,15 @@
 //
 // A freed block is marked with the point the device's work had reached
 // (an event recorded on the device's default stream) and kept; the next
-// allocation on that device that it fits (a block is reused for a request
-// of at least half its size) waits for that point and takes it. So work
+// allocation on that device that it fits waits for that point and takes
+// it. So work
 // queued on the default stream (or a blocking stream) before the free
 // never sees its memory reused under it; work on non-blocking streams is
 // the user's to finish before the tensor goes, as with cudaFree.
-// At most `max_cached_bytes` per device are kept, the oldest blocks given
-// back first; an allocation the runtime refuses for want of memory gives
-// back every cached block of that device and tries once more.
+// Which block is reused, and which go back when more than
+// `max_cached_bytes` per device are kept, is BlockPool's rule
+// (core/block_pool.h); an allocation the runtime refuses for want of memory
+// gives back every cached block of that device and tries once more.
 //
 // No CUDA here: the runtime's calls are injected (collective/cuda_allocator.cc
 // passes CUDA's; tests pass fakes).
@@ -31,6 +32,7 @@
 #include <memory>
 
 #include "common/mutex.h"
+#include "core/block_pool.h"
 
 namespace switchboard {
 
@@ -78,11 +80,13 @@ class DeviceBlockCache : public std::enable_shared_from_this<DeviceBlockCache> {
   void give_back(int device, Block block) SB_EXCLUDES(mu_);
   void drop(int device, const Block& block);  // to the runtime, not under mu_
 
+  // The device's pool, made on first use.
+  BlockPool<Block>& pool(int device) SB_REQUIRES(mu_);
+
   const Runtime runtime_;
   const size_t max_cached_bytes_;
   mutable Mutex mu_;
-  std::map<int, std::deque<Block>> free_ SB_GUARDED_BY(mu_);  // by device, oldest first
-  std::map<int, size_t> cached_ SB_GUARDED_BY(mu_);
+  std::map<int, BlockPool<Block>> free_ SB_GUARDED_BY(mu_);  // by device
   size_t reuses_ SB_GUARDED_BY(mu_) = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -24,10 +25,15 @@ std::shared_ptr<HostBufferCache> HostBufferCache::create(size_t max_cached_bytes
 }
 
 HostBufferCache::HostBufferCache(size_t max_cached_bytes, size_t min_bytes)
-    : max_cached_bytes_(max_cached_bytes), min_bytes_(std::max<size_t>(min_bytes, 1)) {}
+    : min_bytes_(std::max<size_t>(min_bytes, 1)), free_(max_cached_bytes) {}
 
 HostBufferCache::~HostBufferCache() {
-  for (const Buffer& b : free_) release(b);
+  std::deque<Buffer> all;
+  {
+    MutexLock lock(mu_);
+    all = free_.take_all();
+  }
+  for (const Buffer& b : all) release(b);
 }
 
 void HostBufferCache::release(const Buffer& buffer) {
@@ -46,22 +52,14 @@ Tensor HostBufferCache::empty(const Tensor::Shape& shape, DType dtype, bool pinn
   Buffer buffer{nullptr, 0};
   {
     MutexLock lock(mu_);
-    // The most recently freed buffer that fits (its pages are the likeliest
-    // to be warm); for a pinned one, a pinned buffer first.
-    auto take = [&](bool want_pinned) SB_REQUIRES(mu_) {
-      for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
-        if (it->capacity >= want && it->capacity / 2 <= want &&
-            (!want_pinned || it->pinned)) {
-          buffer = *it;
-          cached_ -= it->capacity;
-          free_.erase(std::next(it).base());
-          ++reuses_;
-          return true;
-        }
-      }
-      return false;
-    };
-    if (!(pinned && take(true))) take(false);
+    // For a pinned one, a pinned buffer first.
+    std::optional<Buffer> cached;
+    if (pinned) cached = free_.take(want, [](const Buffer& b) { return b.pinned; });
+    if (!cached) cached = free_.take(want);
+    if (cached) {
+      buffer = *cached;
+      ++reuses_;
+    }
   }
   if (buffer.data == nullptr) {
     buffer.capacity = round_up(std::max<size_t>(want, 1));  // never a 0-byte buffer
@@ -91,24 +89,14 @@ void HostBufferCache::give_back(Buffer buffer) {
   std::vector<Buffer> evicted;  // freed outside the lock
   {
     MutexLock lock(mu_);
-    if (buffer.capacity > max_cached_bytes_) {
-      evicted.push_back(buffer);
-    } else {
-      while (cached_ + buffer.capacity > max_cached_bytes_ && !free_.empty()) {
-        evicted.push_back(free_.front());
-        cached_ -= free_.front().capacity;
-        free_.pop_front();
-      }
-      free_.push_back(buffer);
-      cached_ += buffer.capacity;
-    }
+    evicted = free_.put(buffer);
   }
   for (const Buffer& b : evicted) release(b);
 }
 
 size_t HostBufferCache::cached_bytes() const {
   MutexLock lock(mu_);
-  return cached_;
+  return free_.cached_bytes();
 }
 
 size_t HostBufferCache::reuses() const {

@@ -7,8 +7,8 @@
 // allocates received tensors of at least `min_bytes` through this cache:
 // when the last Tensor over such a buffer goes away, the buffer comes back
 // here instead of going back to the kernel, and the next tensor that fits
-// takes it (a buffer is reused for a request of at least half its size).
-// At most `max_cached_bytes` are kept; the oldest buffers go first.
+// takes it. Which buffer is reused, and which go when more than
+// `max_cached_bytes` are kept, is BlockPool's rule (core/block_pool.h).
 //
 // Contents of a reused buffer are whatever it held before: callers overwrite
 // it (the frame reader fills every byte).
@@ -32,6 +32,7 @@
 #include <memory>
 
 #include "common/mutex.h"
+#include "core/block_pool.h"
 #include "core/tensor.h"
 
 namespace switchboard {
@@ -80,11 +81,9 @@ class HostBufferCache : public std::enable_shared_from_this<HostBufferCache> {
   HostBufferCache(size_t max_cached_bytes, size_t min_bytes);
   void give_back(Buffer buffer) SB_EXCLUDES(mu_);
 
-  const size_t max_cached_bytes_;
   const size_t min_bytes_;
   mutable Mutex mu_;
-  std::deque<Buffer> free_ SB_GUARDED_BY(mu_);  // oldest first
-  size_t cached_ SB_GUARDED_BY(mu_) = 0;
+  BlockPool<Buffer> free_ SB_GUARDED_BY(mu_);
   size_t reuses_ SB_GUARDED_BY(mu_) = 0;
   size_t pins_ SB_GUARDED_BY(mu_) = 0;
 };
