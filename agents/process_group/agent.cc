@@ -69,13 +69,6 @@ void clone_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
 }
 
-Store::Timeout store_timeout(Clock::time_point deadline, bool bounded) {
-  if (!bounded) return Store::kNoTimeout;
-  const auto left =
-      std::chrono::duration_cast<Timeout>(deadline - Clock::now()) + Timeout(1);
-  return std::max(left, Timeout(1));
-}
-
 void check_arguments(const std::shared_ptr<Store>& store, const std::string& name,
                      int rank, int world_size, const ProcessGroupAgentOptions& options) {
   rpc::validate_worker_name(name);
@@ -167,9 +160,7 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   // ------------------------------------------------------------ setup
 
   void rendezvous(const ProcessGroupAgentOptions& options) {
-    const bool bounded = options.rpc_timeout.count() > 0;
-    const auto deadline = Clock::now() + options.rpc_timeout;
-    exchange_names(options.rpc_timeout, store_timeout(deadline, bounded));
+    exchange_names(options.rpc_timeout, Clock::now() + options.rpc_timeout);
     std::unique_ptr<collective::GlooProcessGroup> group;
     if (world_size > 1) {
       collective::GlooOptions gloo;
@@ -196,9 +187,9 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
     }
   }
 
-  void exchange_names(Timeout timeout, Store::Timeout wait_timeout) {
+  void exchange_names(Timeout timeout, Clock::time_point deadline) {
     workers = rpc::backend::StaticWorkers::exchange(
-        *store, {wire::kNamesKey, name, rank, world_size}, timeout, wait_timeout);
+        *store, {wire::kNamesKey, name, rank, world_size}, timeout, deadline);
   }
 
   void start(RequestHandler h, InlinePredicate runs_inline) {

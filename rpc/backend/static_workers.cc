@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 
 #include "common/error.h"
@@ -20,11 +21,22 @@ std::string and_list(const std::vector<int>& ranks) {
   return out;
 }
 
+// What is left until `deadline`, for the store's wait: at least 1 ms (0
+// would mean no bound to the store).
+Store::Timeout time_left(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()) +
+                    std::chrono::milliseconds(1);
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
 }  // namespace
 
 StaticWorkers StaticWorkers::exchange(Store& store, const Self& self,
                                       std::chrono::milliseconds timeout,
-                                      Store::Timeout wait_timeout) {
+                                      std::chrono::steady_clock::time_point deadline) {
+  const Store::Timeout wait_timeout =
+      timeout.count() > 0 ? time_left(deadline) : Store::kNoTimeout;
   std::vector<std::string> keys;
   keys.reserve(self.world_size);
   for (int r = 0; r < self.world_size; ++r)

@@ -4,7 +4,7 @@
 //
 //   StaticWorkers workers = StaticWorkers::exchange(
 //       store, {"mybackend/names/", name, rank, world_size}, timeout,
-//       wait_timeout);
+//       std::chrono::steady_clock::now() + timeout);
 //   int dst = workers.find(to);               // -1: not in this group
 //   WorkerInfo w = workers.worker("trainer");  // NotFoundError if unknown
 //
@@ -39,12 +39,13 @@ class StaticWorkers {
     int world_size = 1;
   };
 
-  // Publishes `self.name`, waits up to `wait_timeout` (Store::kNoTimeout:
-  // forever) for every rank's, and returns the table. `timeout` is the
-  // user's figure, named in the timeout's message.
+  // Publishes `self.name`, waits for every rank's, and returns the table.
+  // `timeout` is the group's: 0 waits forever, and otherwise the wait ends
+  // at `deadline` (which the caller took from the same timeout, so that
+  // one bound covers its whole rendezvous) and its message names `timeout`.
   static StaticWorkers exchange(Store& store, const Self& self,
                                 std::chrono::milliseconds timeout,
-                                Store::Timeout wait_timeout);
+                                std::chrono::steady_clock::time_point deadline);
 
   StaticWorkers() = default;
 

@@ -69,13 +69,6 @@ void copy_tensors(Message& m) {
   for (Tensor& t : m.tensors) t = t.clone();
 }
 
-Store::Timeout store_timeout(Clock::time_point deadline, bool bounded) {
-  if (!bounded) return Store::kNoTimeout;
-  const auto left =
-      std::chrono::duration_cast<Timeout>(deadline - Clock::now()) + Timeout(1);
-  return std::max(left, Timeout(1));
-}
-
 struct Impl;
 
 // ---------------------------------------------------------------- Fabric
@@ -271,7 +264,7 @@ struct Impl : std::enable_shared_from_this<Impl> {
     const bool bounded = timeout.count() > 0;
     const auto deadline = Clock::now() + timeout;
     std::shared_ptr<Fabric> found = find_fabric(*store);
-    exchange_names(*store, timeout, store_timeout(deadline, bounded));
+    exchange_names(*store, timeout, deadline);
     // Only once in: shutdown() leaves the fabric it finds here, and an agent
     // refused by enter() (its rank taken) must not take out the rank's owner.
     found->enter(rank, world_size, name, shared_from_this());
@@ -336,9 +329,9 @@ struct Impl : std::enable_shared_from_this<Impl> {
     return fabric;
   }
 
-  void exchange_names(Store& store, Timeout timeout, Store::Timeout wait_timeout) {
+  void exchange_names(Store& store, Timeout timeout, Clock::time_point deadline) {
     workers = rpc::backend::StaticWorkers::exchange(
-        store, {kNamesKey, name, rank, world_size}, timeout, wait_timeout);
+        store, {kNamesKey, name, rank, world_size}, timeout, deadline);
     for (const WorkerInfo& w : workers.all()) {
       peers.push_back(w.id == rank ? nullptr : metrics->peer(w.id, w.name));
     }

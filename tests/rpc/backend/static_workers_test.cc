@@ -30,8 +30,9 @@ std::vector<StaticWorkers> exchange_all(HashStore& store,
   const int n = static_cast<int>(names.size());
   std::vector<StaticWorkers> tables(n);
   rethrow_first(on_threads(n, [&](int rank) {
-    tables[rank] = StaticWorkers::exchange(store, {"t/names/", names[rank], rank, n},
-                                           kTimeout, kTimeout);
+    tables[rank] =
+        StaticWorkers::exchange(store, {"t/names/", names[rank], rank, n}, kTimeout,
+                                std::chrono::steady_clock::now() + kTimeout);
   }));
   return tables;
 }
@@ -74,7 +75,8 @@ TEST_CASE("a name that two ranks took is refused on every rank", "[static_worker
   const std::vector<std::string> names = {"w", "x", "w", "x", "y"};
   const int n = static_cast<int>(names.size());
   const auto errors = on_threads(n, [&](int rank) {
-    StaticWorkers::exchange(store, {"d/", names[rank], rank, n}, kTimeout, kTimeout);
+    StaticWorkers::exchange(store, {"d/", names[rank], rank, n}, kTimeout,
+                            std::chrono::steady_clock::now() + kTimeout);
   });
   for (const auto& error : errors) {
     REQUIRE(error);
@@ -92,7 +94,8 @@ TEST_CASE("a rank that never publishes is named in the timeout", "[static_worker
   const auto errors = on_threads(2, [&](int i) {
     const int rank = i * 2;
     StaticWorkers::exchange(store, {"m/", "w" + std::to_string(rank), rank, 4},
-                            milliseconds(250), milliseconds(250));
+                            milliseconds(250),
+                            std::chrono::steady_clock::now() + milliseconds(250));
   });
   for (int i = 0; i < 2; ++i) {
     REQUIRE(errors[i]);
