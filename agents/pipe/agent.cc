@@ -140,6 +140,20 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
     rendezvous = std::make_unique<StaticRendezvous>(this->name, rank, capacity,
                                                     this->options, peers, *transport, auth);
   }
+  Liveness::Hooks hooks;
+  hooks.fail = [this](const std::shared_ptr<transport::Connection>& c,
+                      const std::string& why) { connection_failed(c, why); };
+  hooks.post_reconnect = [this](int peer) {
+    this->owner.pool()->post(
+        [self = shared_from_this(), peer] { self->liveness->reconnect(peer); });
+  };
+  hooks.connect_again = [this](int peer, std::chrono::milliseconds limit) {
+    rendezvous->reconnect(peer, limit);
+  };
+  liveness =
+      std::make_unique<Liveness>(Liveness::Options{this->name, options.heartbeat_timeout,
+                                                   hello_deadline(), !dynamic},
+                                 peers, std::move(hooks));
 }
 
 // The membership watcher and the I/O threads report to this object and its
@@ -173,7 +187,7 @@ void PipeAgent::Impl::start_up() {
   mine.channels = channels;
   // Heartbeats start first: connections made while joining (or during the
   // static rendezvous) must stay alive while the rest is still being set up.
-  transport->every(options.heartbeat_interval, [this] { return heartbeat(); });
+  transport->every(options.heartbeat_interval, [this] { return liveness->tick(); });
   if (dynamic) {
     membership->join(mine);
   } else {
@@ -490,63 +504,8 @@ void PipeAgent::Impl::connection_failed(
     spdlog::warn("rpc agent \"{}\": worker \"{}\" {}", name, peer_name, loss.why);
   }
   fail_calls_to(peer, loss.why);
-  // A static group's lower rank: made again by this worker (heartbeat()).
-  if (!dynamic && loss.was_up && !loss.quiet && peer < rank) {
-    MutexLock lock(reconnect_mu);
-    reconnect_at.emplace(peer, transport::now_ns());
-  }
-}
-
-void PipeAgent::Impl::schedule_reconnects(int64_t now) {
-  std::vector<int> due;
-  {
-    MutexLock lock(reconnect_mu);
-    for (const auto& [peer, at] : reconnect_at) {
-      if (at <= now && reconnecting.insert(peer).second) due.push_back(peer);
-    }
-  }
-  for (int peer : due) {
-    try {
-      owner.pool()->post([self = shared_from_this(), peer] { self->reconnect(peer); });
-    } catch (const std::exception&) {  // the pool is shutting down: so is this worker
-      MutexLock lock(reconnect_mu);
-      reconnecting.erase(peer);
-    }
-  }
-}
-
-void PipeAgent::Impl::reconnect(int peer) {
-  const std::chrono::milliseconds limit =
-      options.heartbeat_timeout.count() > 0 ? options.heartbeat_timeout : hello_deadline();
-  std::string failure;
-  try {
-    rendezvous->reconnect(peer, limit);
-  } catch (const std::exception& e) {
-    failure = e.what();
-  }
-  bool log = false;
-  {
-    MutexLock lock(reconnect_mu);
-    reconnecting.erase(peer);
-    if (failure.empty()) {
-      reconnect_at.erase(peer);
-      reconnect_logged.erase(peer);
-    } else {
-      reconnect_at[peer] =
-          transport::now_ns() +
-          std::chrono::duration_cast<std::chrono::nanoseconds>(limit).count();
-      log = reconnect_logged.insert(peer).second;
-    }
-  }
-  if (failure.empty()) {
-    spdlog::info("rpc agent \"{}\": connected again to worker \"{}\" (rank {}) after its "
-                 "connection was lost",
-                 name, peers.name_of(peer), peer);
-  } else if (log) {
-    spdlog::warn("rpc agent \"{}\": cannot connect again to worker \"{}\" (rank {}): {}; "
-                 "trying every {} ms",
-                 name, peers.name_of(peer), peer, failure, limit.count());
-  }
+  // A static group's lower rank: made again by this worker.
+  if (loss.was_up && !loss.quiet) liveness->lost(peer, rank);
 }
 
 void PipeAgent::Impl::drop_peer(int peer, const std::string& why) {
@@ -571,56 +530,6 @@ void PipeAgent::Impl::fail_calls_to(int peer, const std::string& why) {
                       fmt::format("{}: worker \"{}\" {}", rpc::call_prefix(peer_name, c.function),
                                   peer_name, why)));
                 });
-}
-
-bool PipeAgent::Impl::heartbeat() {
-  const int64_t now = transport::now_ns();
-  const int64_t limit =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(options.heartbeat_timeout)
-          .count();
-  const std::optional<PeerTable::Watched> watched = peers.watched();
-  if (!watched) return false;  // stopping
-  // A tick far later than its interval means this process did not run
-  // (SIGSTOP, a suspended VM, starvation): the peers' silence meanwhile is
-  // not theirs, and what they sent is still unread. Count from now.
-  const int64_t last = last_heartbeat_ns.exchange(now);
-  if (limit > 0 && last != 0 && now - last > limit / 2) {
-    spdlog::warn("rpc agent \"{}\": the heartbeat ran {} ms late (was this process stopped "
-                 "or starved?); the peers' silence is counted from now",
-                 name, (now - last) / 1'000'000);
-    silence_from_ns = now;
-  }
-  auto silent = [&](const std::shared_ptr<transport::Connection>& connection) {
-    return limit > 0 && now - std::max(connection->last_recv_ns.load(), silence_from_ns) > limit;
-  };
-  // A connection that never said hello gets no heartbeats, only the limit;
-  // and however slowly it keeps sending, its hello must be through (the
-  // peer identified, and authenticated with a secret) by the hello deadline.
-  const int64_t hello_limit =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(hello_deadline()).count();
-  for (const auto& connection : watched->unidentified) {
-    if (silent(connection)) {
-      connection_failed(connection,
-                        fmt::format("no hello within {} ms", options.heartbeat_timeout.count()));
-    } else if (hello_limit > 0 &&
-               now - std::max(connection->opened_ns, silence_from_ns) > hello_limit) {
-      connection_failed(connection,
-                        fmt::format("its hello was not through within {} ms of connecting "
-                                    "(the hello deadline)",
-                                    hello_deadline().count()));
-    }
-  }
-  for (const auto& connection : watched->up) {
-    if (silent(connection)) {
-      connection_failed(connection,
-                        fmt::format("silent for over {} ms (heartbeat timeout)",
-                                    options.heartbeat_timeout.count()));
-    } else {
-      connection->enqueue_control(wire::FrameKind::kHeartbeat);
-    }
-  }
-  if (!dynamic) schedule_reconnects(now);
-  return true;
 }
 
 void PipeAgent::Impl::publish_change(rpc::MembershipChange::Kind kind,

@@ -9,8 +9,10 @@
 //   Membership       (membership.h)          a dynamic group's joins and
 //                                            leaves
 //   rpc::CallTable   (rpc/call_table.h)      calls made and requests served
+//   Liveness         (liveness.h)            heartbeats, silence, a static
+//                                            group's reconnects
 // The Impl itself routes what connections report (frames, failures) to
-// them, sends calls and replies, and runs the heartbeat. Internal to
+// them, and sends calls and replies. Internal to
 // //agents/pipe:agent; see agents/pipe/agent.h for the behaviour.
 //
 // Thread safety: the Impl has no lock of its own; its fields are set in
@@ -25,7 +27,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -37,6 +38,7 @@
 #include "agents/pipe/channel/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
 #include "agents/pipe/handshake.h"
+#include "agents/pipe/liveness.h"
 #include "agents/pipe/membership.h"
 #include "agents/pipe/peer_table.h"
 #include "agents/pipe/static_group.h"
@@ -151,16 +153,6 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
   void count_sent(int to, const rpc::Message& m) const;
   void count_received(int from, const rpc::Message& m) const;
 
-  // A heartbeat to every peer up, and the silence check (on a transport
-  // timer); false once stopping.
-  bool heartbeat();
-  // Static groups: a lost connection to a lower rank is made again by this
-  // worker (the higher rank of the pair, as at the rendezvous): at the next
-  // heartbeat tick, then every heartbeat timeout while it fails, on the
-  // pool. So no member of a static group is lost for good, and every
-  // member applies the same rule.
-  void schedule_reconnects(int64_t now) SB_EXCLUDES(reconnect_mu);
-  void reconnect(int peer) SB_EXCLUDES(reconnect_mu);
   // How long an accepted connection has to get its hello through (the peer
   // identified, and authenticated with a secret): the longer of the
   // heartbeat timeout and the RPC timeout (a hello may wait for the static
@@ -203,16 +195,8 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
   // join()s made so far (static groups): each meets the others under keys
   // of its own.
   std::atomic<uint64_t> join_generation{0};
-  // The heartbeat's last tick, and when silence counts from (a late tick
-  // restarts the count: heartbeat()); the heartbeat timer's own.
-  std::atomic<int64_t> last_heartbeat_ns{0};
-  int64_t silence_from_ns = 0;
-  // Static groups: lower ranks to connect to again and when (now_ns()),
-  // those being connected now, and those whose failure was logged.
-  Mutex reconnect_mu;
-  std::map<int, int64_t> reconnect_at SB_GUARDED_BY(reconnect_mu);
-  std::set<int> reconnecting SB_GUARDED_BY(reconnect_mu);
-  std::set<int> reconnect_logged SB_GUARDED_BY(reconnect_mu);
+  // Heartbeats, silence and hello deadlines, a static group's reconnects.
+  std::unique_ptr<Liveness> liveness;
   // Calls made and requests served: ids, deadlines, handlers, draining.
   // Declared last: destroyed first, before the state its callbacks use.
   rpc::CallTable calls;

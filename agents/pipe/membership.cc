@@ -127,7 +127,7 @@ Membership::Membership(std::shared_ptr<Store> store, std::string name, int rank,
       calls_(calls),
       pool_(std::move(pool)),
       drop_(std::move(drop)),
-      liveness_(view_window(options)) {}
+      freshness_(view_window(options)) {}
 
 Membership::~Membership() { stop(); }
 
@@ -526,7 +526,7 @@ void Membership::remove_departed(const std::map<int, std::pair<Gone, std::string
           auto it = views_.find(v);
           return it != views_.end() && it->second.unreachable.count(suspect) > 0;
         },
-        [&](int v) { return v == rank_ || liveness_.live(v, now); });
+        [&](int v) { return v == rank_ || freshness_.live(v, now); });
     if (vote.evict) {
       remove[suspect] = fmt::format("{} (members: {})", why, vote.explain());
     } else {
@@ -587,7 +587,8 @@ void Membership::exchange_views(const std::set<int>& listed) {
   const auto now = Clock::now();
   for (size_t i = 0; i < others.size(); ++i) {
     std::optional<LinkView> view = view_of(values[i]);
-    liveness_.observe(others[i], view ? std::optional<uint64_t>(view->seq) : std::nullopt, now);
+    freshness_.observe(others[i],
+                       view ? std::optional<uint64_t>(view->seq) : std::nullopt, now);
     if (view) {
       views_[others[i]] = std::move(*view);
     } else {

@@ -176,7 +176,7 @@ class Membership {
       SB_EXCLUDES(mu_);
   void reconcile() SB_EXCLUDES(mu_);
   // Writes this worker's link view for the list `listed` and reads the
-  // other listed members' (views_, liveness_).
+  // other listed members' (views_, freshness_).
   void exchange_views(const std::set<int>& listed);
   // At join: which of `unreachable` (members this worker could not reach)
   // are alive, judged by their link views (`first_views`, as read at
@@ -237,7 +237,7 @@ class Membership {
   std::string reported_group_;
   uint64_t view_seq_ = 0;
   std::map<int, LinkView> views_;
-  Liveness liveness_;
+  ViewFreshness freshness_;
   std::map<int, std::string> suspects_;
   std::string undecided_logged_;
   // When this worker's probation as the founder of the group ends (none

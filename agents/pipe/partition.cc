@@ -7,7 +7,7 @@
 
 namespace switchboard::agents::pipe {
 
-void Liveness::observe(int r, std::optional<uint64_t> seq, Clock::time_point now) {
+void ViewFreshness::observe(int r, std::optional<uint64_t> seq, Clock::time_point now) {
   if (!seq) {
     seen_.erase(r);
     return;
@@ -16,7 +16,7 @@ void Liveness::observe(int r, std::optional<uint64_t> seq, Clock::time_point now
   if (!added && it->second.seq != *seq) it->second = Seen{*seq, now};
 }
 
-bool Liveness::live(int r, Clock::time_point now) const {
+bool ViewFreshness::live(int r, Clock::time_point now) const {
   auto it = seen_.find(r);
   return it != seen_.end() && now - it->second.moved <= window_;
 }

@@ -38,10 +38,10 @@
 namespace switchboard::agents::pipe {
 
 // Which members' views moved on within `window`, by this worker's clock.
-class Liveness {
+class ViewFreshness {
  public:
   using Clock = std::chrono::steady_clock;
-  explicit Liveness(std::chrono::milliseconds window) : window_(window) {}
+  explicit ViewFreshness(std::chrono::milliseconds window) : window_(window) {}
 
   // What rank `r`'s view key held at `now` (nullopt: no key). A counter
   // seen for the first time counts as moved now.

@@ -99,8 +99,8 @@ TEST_CASE("a member that lost one peer on its own, while the others still reach 
 
 TEST_CASE("liveness: a view counts as live while its counter moved within the window",
           "[pipe][partition]") {
-  using Clock = Liveness::Clock;
-  Liveness liveness(1000ms);
+  using Clock = ViewFreshness::Clock;
+  ViewFreshness liveness(1000ms);
   const Clock::time_point t0 = Clock::now();
   CHECK_FALSE(liveness.live(1, t0));  // never seen
   liveness.observe(1, 7, t0);
