@@ -140,9 +140,12 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
     rendezvous = std::make_unique<StaticRendezvous>(this->name, rank, capacity,
                                                     this->options, peers, *transport, auth);
   }
+  auto fail = [this](const std::shared_ptr<transport::Connection>& c,
+                     const std::string& why) { connection_failed(c, why); };
+  hello = std::make_unique<HelloHandler>(this->name, capacity, auth, peers,
+                                         rendezvous.get(), membership.get(), fail);
   Liveness::Hooks hooks;
-  hooks.fail = [this](const std::shared_ptr<transport::Connection>& c,
-                      const std::string& why) { connection_failed(c, why); };
+  hooks.fail = fail;
   hooks.post_reconnect = [this](int peer) {
     this->owner.pool()->post(
         [self = shared_from_this(), peer] { self->liveness->reconnect(peer); });
@@ -201,7 +204,8 @@ void PipeAgent::Impl::on_accept(std::shared_ptr<transport::Connection> connectio
 
 bool PipeAgent::Impl::on_frame(const std::shared_ptr<transport::Connection>& connection,
                                wire::InboundFrame frame) {
-  if (frame.kind == wire::FrameKind::kHello) return on_hello(connection, frame.message);
+  if (frame.kind == wire::FrameKind::kHello)
+    return hello->on_hello(connection, frame.message);
   const int from = connection->peer;
   if (from < 0) {
     connection_failed(connection, "protocol error: a frame before the hello");
@@ -263,137 +267,6 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<transport::Connection>& con
       connection_failed(connection, "protocol error: unexpected frame kind");
       return false;
   }
-}
-
-bool PipeAgent::Impl::on_hello(const std::shared_ptr<transport::Connection>& connection,
-                               const Message& frame) {
-  if (peers.defer_hello(connection, frame)) return false;  // replayed once filled
-  Hello hello;
-  try {
-    hello = decode_hello(frame.payload);
-  } catch (const std::exception& e) {
-    connection_failed(connection, fmt::format("protocol error: {}", e.what()));
-    return false;
-  }
-  switch (hello.kind) {
-    case Hello::Kind::kChallenge:
-      return on_challenge(connection, hello);
-    case Hello::Kind::kProof:
-      return on_proof(connection, hello);
-    case Hello::Kind::kWelcome:
-      if (!dynamic || connection->peer < 0 || hello.rank != connection->peer ||
-          !connection->trusted) {
-        connection_failed(connection, fmt::format("protocol error: an unexpected welcome "
-                                                  "from rank {}",
-                                                  hello.rank));
-        return false;
-      }
-      membership->on_welcome(hello);
-      return true;
-    case Hello::Kind::kStatic:
-    case Hello::Kind::kJoin:
-      break;
-  }
-  if (connection->peer >= 0 || auth.has_claim(*connection)) {
-    connection_failed(connection, "protocol error: a second hello");
-    return false;
-  }
-  // A claim with a nonce asks to authenticate; so does this worker with a
-  // secret. Either way the claim waits for its proof (or is refused).
-  if (auth.enabled() || !hello.nonce.empty()) {
-    const Hello answer = auth.challenge(*connection, hello, frame);
-    const std::vector<uint8_t> bytes = encode_hello(answer);
-    connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
-    if (answer.accepted) return true;
-    spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\" (rank {}): {}", name,
-                 hello.name, hello.rank, answer.reason);
-    connection->close_after_flush();
-    return false;
-  }
-  return accept_claim(connection, hello);
-}
-
-bool PipeAgent::Impl::on_proof(const std::shared_ptr<transport::Connection>& connection,
-                               const Hello& hello) {
-  if (!auth.has_claim(*connection) || connection->peer >= 0) {
-    connection_failed(connection, "protocol error: a proof without a claim");
-    return false;
-  }
-  const std::optional<Message> claimed = auth.check_proof(*connection, hello);
-  if (!claimed) {
-    spdlog::warn("rpc agent \"{}\": refused the connection of \"{}\": its proof does not "
-                 "match this worker's job secret",
-                 name, auth.claimed_name(*connection));
-    connection_failed(connection, "its proof of the job secret is wrong");
-    return false;
-  }
-  const Hello claim = decode_hello(claimed->payload);  // decoded before
-  return accept_claim(connection, claim);
-}
-
-bool PipeAgent::Impl::on_challenge(
-    const std::shared_ptr<transport::Connection>& connection, const Hello& hello) {
-  const int peer = connection->peer;
-  // With a secret, a connecting side is trusted once its peer's challenge
-  // checked: a second challenge is a protocol error.
-  if (peer < 0 || (auth.enabled() && connection->trusted)) {
-    connection_failed(connection, "protocol error: an unexpected challenge");
-    return false;
-  }
-  Hello proof;
-  const std::string problem = auth.check_challenge(*connection, hello, peers.name_of(peer),
-                                                   &proof);
-  if (!problem.empty()) {
-    // A joiner without the secret learns it as a refusal of its join.
-    if (!auth.enabled() && dynamic && !hello.accepted) {
-      Hello refusal = hello;
-      refusal.kind = Hello::Kind::kWelcome;
-      refusal.rank = peer;
-      refusal.reason = problem;
-      membership->on_welcome(refusal);
-    }
-    // Logged once, by connection_failed(), as the peer's reason.
-    peers.refused(peer, connection, "failed the authentication: " + problem);
-    connection_failed(connection, problem);
-    return false;
-  }
-  const std::vector<uint8_t> bytes = encode_hello(proof);
-  connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
-  connection->trusted = true;
-  peers.authenticated(peer, connection);
-  return true;
-}
-
-bool PipeAgent::Impl::accept_claim(
-    const std::shared_ptr<transport::Connection>& connection, const Hello& hello) {
-  std::string problem;
-  if (hello.kind == Hello::Kind::kJoin) {
-    if (!dynamic) {
-      problem = fmt::format(
-          "worker \"{}\" (rank {}) tried to join as a member of a dynamic group, but this "
-          "is a static group (world_size {})",
-          hello.name, hello.rank, capacity);
-    } else {
-      WorkerAnnouncement joiner;
-      try {
-        joiner = decode_announcement(hello.announcement.data(), hello.announcement.size());
-      } catch (const std::exception& e) {
-        connection_failed(connection, fmt::format("protocol error: {}", e.what()));
-        return false;
-      }
-      return membership->on_join_hello(connection, hello, joiner);
-    }
-  } else if (dynamic) {
-    problem = fmt::format(
-        "worker \"{}\" (rank {}) said hello as a member of a static group, but this is a "
-        "dynamic group",
-        hello.name, hello.rank);
-  } else {
-    problem = rendezvous->accept_hello(hello, connection);
-  }
-  if (problem.empty()) return true;
-  connection_failed(connection, "protocol error: " + problem);
-  return false;
 }
 
 // Hands `request` to the call table, which runs the handler on the pool

@@ -9,6 +9,8 @@
 //   Membership       (membership.h)          a dynamic group's joins and
 //                                            leaves
 //   rpc::CallTable   (rpc/call_table.h)      calls made and requests served
+//   HelloHandler     (hello.h)               the hello state machine, over
+//                                            PipeAuth (handshake.h)
 //   Liveness         (liveness.h)            heartbeats, silence, a static
 //                                            group's reconnects
 // The Impl itself routes what connections report (frames, failures) to
@@ -38,6 +40,7 @@
 #include "agents/pipe/channel/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
 #include "agents/pipe/handshake.h"
+#include "agents/pipe/hello.h"
 #include "agents/pipe/liveness.h"
 #include "agents/pipe/membership.h"
 #include "agents/pipe/peer_table.h"
@@ -85,22 +88,6 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
   void fail_calls_to(int peer, const std::string& why);
   // A connection accepted by the transport (I/O thread).
   void on_accept(std::shared_ptr<transport::Connection> connection);
-  // A hello: a claim (kStatic, kJoin: challenged first with a secret,
-  // agents/pipe/handshake.h), a challenge or a proof, or a welcome (dynamic).
-  // False when the connection is not to be read on.
-  bool on_hello(const std::shared_ptr<transport::Connection>& connection,
-                const rpc::Message& frame);
-  // A claim, once authenticated (or without a secret): identifies the
-  // connection (static) or admits the joiner (dynamic).
-  bool accept_claim(const std::shared_ptr<transport::Connection>& connection,
-                    const Hello& hello);
-  // The connecting side's check of a challenge, and the accepting side's
-  // check of a proof.
-  bool on_challenge(const std::shared_ptr<transport::Connection>& connection,
-                    const Hello& hello);
-  bool on_proof(const std::shared_ptr<transport::Connection>& connection,
-                const Hello& hello);
-
   // Calls and replies.
   // `connection`: the one the request came by (null for a self-send).
   void accept_request(int from, wire::InboundFrame request,
@@ -195,6 +182,8 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
   // join()s made so far (static groups): each meets the others under keys
   // of its own.
   std::atomic<uint64_t> join_generation{0};
+  // Hellos, challenges, proofs and welcomes.
+  std::unique_ptr<HelloHandler> hello;
   // Heartbeats, silence and hello deadlines, a static group's reconnects.
   std::unique_ptr<Liveness> liveness;
   // Calls made and requests served: ids, deadlines, handlers, draining.
