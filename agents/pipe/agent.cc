@@ -12,7 +12,7 @@
 #include "agents/pipe/address.h"
 #include "agents/pipe/agent_impl.h"
 #include "agents/pipe/channel/staging.h"
-#include "agents/pipe/transport/tcp/tcp_transport.h"
+#include "agents/pipe/transport/registry.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/listen_address.h"
@@ -54,19 +54,20 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       auth(options.secret ? options.secret : Secret::from_environment(), this->name, rank),
       peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
-  transport::TcpTransportOptions tcp;
-  tcp.agent_name = this->name;
-  tcp.num_io_threads = options.num_io_threads;
-  tcp.limits = options.limits;
-  tcp.ports = port_range(options.port_range);
-  tcp.tls = options.tls.enabled() ? options.tls : PipeTlsOptions::from_environment();
+  transport::TransportOptions settings;
+  settings.agent_name = this->name;
+  settings.num_io_threads = options.num_io_threads;
+  settings.limits = options.limits;
+  settings.ports = port_range(options.port_range);
+  settings.tls = options.tls.enabled() ? options.tls : PipeTlsOptions::from_environment();
   // A peer gets as long for its TLS handshake as for its hello.
-  if (options.heartbeat_timeout.count() > 0) tcp.handshake_timeout = options.heartbeat_timeout;
-  tls = tcp.tls.enabled();
+  if (options.heartbeat_timeout.count() > 0)
+    settings.handshake_timeout = options.heartbeat_timeout;
   const char* shm_variable = std::getenv("SWITCHBOARD_PIPE_SHM");
   const bool shm = options.shm.value_or(shm_variable == nullptr ||
                                         std::string_view(shm_variable) != "0");
-  if (shm && !tls) tcp.lane_capacity = options.shm_ring_bytes;
+  // The registry turns the lane off where it cannot go (inside TLS).
+  if (shm) settings.lane_capacity = options.shm_ring_bytes;
   if (!shm) {
     spdlog::info("rpc agent \"{}\": the same-host shared-memory lane is off: frames to "
                  "workers of this host go over TCP",
@@ -79,9 +80,9 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
   // padded buffer copied whole (DeviceLanding::kMinCopyBytes says why).
   // Padding is bounded (kMaxPaddedBytes live at once), so that a frame of
   // many tiny tensors cannot make this worker pin 32 KiB for each byte.
-  tcp.allocate = [buffers = buffers, count = device_count,
-                  padded_live = std::make_shared<std::atomic<size_t>>(0)](
-                     DType dtype, const Tensor::Shape& shape, Device device) {
+  settings.allocate = [buffers = buffers, count = device_count,
+                       padded_live = std::make_shared<std::atomic<size_t>>(0)](
+                          DType dtype, const Tensor::Shape& shape, Device device) {
     using channel::DeviceLanding;
     constexpr size_t kSpan = DeviceLanding::kMinCopyBytes;
     constexpr size_t kMaxPaddedBytes = size_t{64} << 20;
@@ -116,13 +117,14 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
     return host;
   };
   if (device_count > 0) {  // without CUDA devices nothing lands: no hook on the reads
-    tcp.progress = [](const Tensor& tensor, size_t filled) {
+    settings.progress = [](const Tensor& tensor, size_t filled) {
       if (channel::DeviceLanding* landing = channel::DeviceLanding::of(tensor)) {
         landing->arrived(filled);
       }
     };
   }
-  transport = transport::make_tcp_transport(*this, std::move(tcp));
+  transport = transport::builtin_transports().make(*this, std::move(settings));
+  tls = transport->name() == "tls";
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
   // A call cancelled by its future: the callee is told with a cancel frame.
   calls.set_cancel_notifier([this](int dst, uint64_t id) {

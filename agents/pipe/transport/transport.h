@@ -1,11 +1,11 @@
-// PipeTransport: how the PIPE agent reaches its peers and is reached by
-// them: a listener, an outgoing connect, the I/O threads that run every
-// Connection (connection.h), and the timers of the agent's periodic work
-// (heartbeats). The rest of the agent sees connections only through this
-// seam. The one implementation is tcp/tcp_transport.h: plain TCP, or
-// mutual TLS (tls/), with the same-host lane (shm/) that a plain TCP
-// connection hands its frames to once both sides agree. Internal to
-// //agents/pipe (no Asio here).
+// PipeTransport: a transport's context, in TensorPipe's manner: how the
+// PIPE agent reaches its peers and is reached by them: a listener, an
+// outgoing connect, the I/O threads that run every Connection
+// (connection.h), and the timers of the agent's periodic work (heartbeats).
+// The rest of the agent sees connections only through this seam. The
+// implementations are tcp/ and tls/, chosen through the transport
+// registry (registry.h), where shm/ (the same-host lane) upgrades tcp's
+// connections. Internal to //agents/pipe (no Asio here).
 //
 // Lifecycle: listen() once; connect() and every() any number of times; then
 // close() (no more accepts or timer ticks), then join() (waits for the I/O
@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "agents/pipe/transport/connection.h"
 
@@ -35,6 +36,9 @@ class PipeTransport {
   using OnAccept = std::function<void(std::shared_ptr<Connection>)>;
 
   virtual ~PipeTransport() = default;
+
+  // The transport's name in the registry ("tcp", "tls").
+  virtual std::string_view name() const = 0;
 
   // Listens on `address` (an IP address; the port is chosen by the system)
   // and starts the I/O threads. Throws std::invalid_argument when the

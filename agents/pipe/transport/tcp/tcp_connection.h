@@ -5,7 +5,7 @@
 // (stream_connection.h). With a lane capacity, the same-host lane
 // (shm/shm_lane.h) may take either direction's frames into shared memory
 // once the peer, identified and authenticated, accepted it.
-// Made by the TCP transport (tcp/tcp_transport.h). Internal to the PIPE
+// Made by the tcp transport (tcp/tcp_transport.h). Internal to the PIPE
 // agent's transports.
 //
 // Thread safety: as Connection.

@@ -4,7 +4,7 @@
 // handshake() opens before anything else is sent or read; writes are
 // driven from the strand alone (no sends from the caller's thread) and
 // there is no same-host lane (its bytes would bypass the session).
-// Made by the TCP transport (tcp/tcp_transport.h). Internal to the PIPE
+// Made by the tls transport (tls/tls_transport.h). Internal to the PIPE
 // agent's transports.
 //
 // Thread safety: as Connection; the session is touched on the strand only.

@@ -1,9 +1,10 @@
 // The transport conformance suite: what every PIPE transport promises the
 // agent (agents/pipe/transport/transport.h, agents/pipe/transport/connection.h), run over
-// each one: plain TCP, TCP with the same-host lane (frames through shared memory), and
-// TCP inside mutual TLS. Each case stands in for the agent: an endpoint that records the
-// frames its connections hand it, answers the lane's negotiation, and trusts its peer
-// from the start (no hello).
+// every transport of the registry (agents/pipe/transport/registry.h): each stream
+// transport (tcp, tls) alone and with each upgrade of it (tcp with shm, the same-host
+// lane: frames through shared memory). Each case stands in for the agent: an endpoint
+// that records the frames its connections hand it, answers the lane's negotiation, and
+// trusts its peer from the start (no hello).
 //
 // Promises: frames go out in the order queued and arrive intact, in both
 // directions of one connection, tensors of any size included; what was
@@ -27,7 +28,7 @@
 #include <vector>
 
 #include "agents/pipe/transport/connection.h"
-#include "agents/pipe/transport/tcp/tcp_transport.h"
+#include "agents/pipe/transport/registry.h"
 #include "agents/pipe/transport/transport.h"
 #include "agents/pipe/wire/frame.h"
 #include "common/error.h"
@@ -38,7 +39,6 @@
 using namespace switchboard;
 using namespace switchboard::agents;
 using namespace switchboard::agents::pipe;
-using namespace switchboard::agents::pipe::transport;
 using namespace switchboard::agents::pipe::transport;
 using namespace std::chrono_literals;
 using rpc::Message;
@@ -100,27 +100,40 @@ class Endpoint final : public ConnectionEvents {
   std::vector<std::string> failures_ SB_GUARDED_BY(mu_);
 };
 
-enum class Kind { kTcp, kLane, kTls };
+// One way of carrying a connection: a stream transport of the registry,
+// and an upgrade of it ("" for none).
+struct Kind {
+  std::string stream;
+  std::string upgrade;
+};
 
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::kTcp:
-      return "tcp";
-    case Kind::kLane:
-      return "tcp with the same-host lane";
-    case Kind::kTls:
-      return "tls";
+// Every stream transport the registry has, alone and with each upgrade of
+// it: the suite runs over all of them.
+std::vector<Kind> every_kind() {
+  std::vector<Kind> kinds;
+  for (const TransportEntry& e : builtin_transports().entries()) {
+    if (e.kind == TransportEntry::Kind::kStream) kinds.push_back({e.name, ""});
   }
-  return "?";
+  for (const TransportEntry& e : builtin_transports().entries()) {
+    if (e.kind != TransportEntry::Kind::kUpgrade) continue;
+    for (const std::string& stream : e.upgrades) kinds.push_back({stream, e.name});
+  }
+  return kinds;
+}
+
+std::string kind_name(const Kind& kind) {
+  return kind.upgrade.empty() ? kind.stream
+                              : kind.stream + " upgraded by " + kind.upgrade;
 }
 
 // A listening transport and a connecting one of `kind`, joined by one
 // connection (trusted on both sides, reading).
 class Pair {
  public:
-  explicit Pair(Kind kind) : ca_("transport-test") {
-    server_ = make_tcp_transport(server_events, options(kind, "server"));
-    client_ = make_tcp_transport(client_events, options(kind, "client"));
+  explicit Pair(const Kind& kind) : ca_("transport-test") {
+    server_ = builtin_transports().make(server_events, options(kind, "server"));
+    client_ = builtin_transports().make(client_events, options(kind, "client"));
+    REQUIRE(server_->name() == kind.stream);
     server_->listen("127.0.0.1", [this](std::shared_ptr<Connection> c) {
       c->trusted = true;
       c->start_reading();
@@ -160,14 +173,28 @@ class Pair {
   std::shared_ptr<Connection> server;  // null when no connection was accepted
 
  private:
-  TcpTransportOptions options(Kind kind, const std::string& name) {
-    TcpTransportOptions o;
+  // Options under which the registry chooses `kind` and nothing else.
+  TransportOptions options(const Kind& kind, const std::string& name) {
+    TransportOptions o;
     o.agent_name = name;
-    if (kind == Kind::kLane) o.lane_capacity = 1 << 20;  // 1 MiB rings
-    if (kind == Kind::kTls) {
-      const sbtest::TlsFiles files = ca_.issue(name);
-      o.tls = {files.cert_file, files.key_file, ca_.ca_file()};
+    for (const std::string& transport : {kind.stream, kind.upgrade}) {
+      if (transport.empty() || transport == "tcp") continue;
+      if (transport == "shm") {
+        o.lane_capacity = 1 << 20;  // 1 MiB rings
+      } else if (transport == "tls") {
+        const sbtest::TlsFiles files = ca_.issue(name);
+        o.tls = {files.cert_file, files.key_file, ca_.ca_file()};
+      } else {
+        FAIL("the conformance suite cannot yet turn on transport \""
+             << transport << "\": add it here");
+      }
     }
+    const TransportRegistry::Choice choice = builtin_transports().choose(o);
+    REQUIRE(choice.stream->name == kind.stream);
+    std::vector<std::string> upgrades;
+    for (const TransportEntry* e : choice.upgrades) upgrades.push_back(e->name);
+    REQUIRE(upgrades == (kind.upgrade.empty() ? std::vector<std::string>{}
+                                              : std::vector<std::string>{kind.upgrade}));
     return o;
   }
 
@@ -202,7 +229,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-Kind any_kind() { return GENERATE(Kind::kTcp, Kind::kLane, Kind::kTls); }
+Kind any_kind() { return GENERATE(from_range(every_kind())); }
 
 int unused_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -372,9 +399,9 @@ TEST_CASE(
   const int port = unused_port();
   std::unique_ptr<PipeTransport> other;
   Endpoint events;
-  TcpTransportOptions options;
+  TransportOptions options;
   options.agent_name = "other";
-  other = make_tcp_transport(events, options);
+  other = builtin_transports().make(events, options);
   other->listen("127.0.0.1", [](std::shared_ptr<Connection> c) { c->close_now(); });
   CHECK_THROWS_AS(other->connect("127.0.0.1", port, 5s), ConnectionError);
 
