@@ -9,10 +9,10 @@
 #include <thread>
 #include <utility>
 
-#include "collective/cuda_allocator.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/mutex.h"
+#include "core/cuda_allocator.h"
 
 namespace switchboard::collective::nccl_internal {
 

@@ -10,11 +10,11 @@
 #include <cstring>
 #include <set>
 
-#include "collective/cuda_allocator.h"
 #include "collective/nccl_internal.h"
 #include "common/check.h"
 #include "common/error.h"
 #include "common/mutex.h"
+#include "core/cuda_allocator.h"
 #include "store/store.h"
 
 namespace switchboard::collective {

@@ -16,7 +16,7 @@
 // (core/block_pool.h); an allocation the runtime refuses for want of memory
 // gives back every cached block of that device and tries once more.
 //
-// No CUDA here: the runtime's calls are injected (collective/cuda_allocator.cc
+// No CUDA here: the runtime's calls are injected (core/cuda_allocator.cc
 // passes CUDA's; tests pass fakes).
 //
 // Ownership: a block's owner (the shared_ptr allocate() returns) keeps the

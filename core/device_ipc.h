@@ -3,7 +3,7 @@
 // (agents/pipe/channel/cuda_ipc.h). An interface registered at run time,
 // like the allocator and copier of core/tensor.h, so that nothing here
 // depends on CUDA:
-//   //collective:cuda_allocator registers the real one (cudaIpcGetMemHandle,
+//   //core:cuda_allocator registers the real one (cudaIpcGetMemHandle,
 //   interprocess events, cudaIpcOpenMemHandle);
 //   tests register a stand-in whose "device memory" is host memory, so that
 //   the channel's protocol runs on every machine.

@@ -190,7 +190,7 @@ DeviceAllocator current_allocator() { return current(&DeviceHooks::allocator); }
 std::shared_ptr<Storage> allocate_device(size_t nbytes, Device device) {
   DeviceAllocator allocator = current_allocator();
   SB_REQUIRE(allocator != nullptr,
-             "Tensor::empty: no allocator for {} (link //collective:cuda_allocator)",
+             "Tensor::empty: no allocator for {} (link //core:cuda_allocator)",
              device.str());
   std::shared_ptr<void> owner = allocator(nbytes, device);
   SB_ASSERT(owner != nullptr || nbytes == 0,
@@ -450,7 +450,7 @@ void copy_bytes(const Tensor& dst, const Tensor& src) {
   DeviceCopier copier = current(&DeviceHooks::copier);
   SB_REQUIRE(copier != nullptr,
              "copy_bytes: cannot copy {} to {}: no device copier is registered (link "
-             "//collective:cuda_allocator)",
+             "//core:cuda_allocator)",
              src.describe(), dst.device().str());
   copier(dst, src);
 }
@@ -700,7 +700,7 @@ Tensor Tensor::to(Device device) const {
   DeviceCopier copier = current(&DeviceHooks::copier);
   SB_REQUIRE(copier != nullptr,
              "Tensor::to: cannot copy {} to {}: no device copier is registered (link "
-             "//collective:cuda_allocator)",
+             "//core:cuda_allocator)",
              describe(), device.str());
   Tensor out = empty(shape_, dtype_, device);
   copier(out, *this);

@@ -13,7 +13,7 @@
 // contiguous.
 //
 // CPU storage is allocated here (64-byte aligned). CUDA storage needs an
-// allocator: the CUDA-enabled targets (//collective:cuda_allocator) register
+// allocator: the CUDA-enabled targets (//core:cuda_allocator) register
 // one with set_device_allocator(); without it Tensor::empty on a CUDA device
 // throws std::invalid_argument saying so.
 //
@@ -259,7 +259,7 @@ class Tensor {
   // A contiguous copy on `device` with its own storage (contiguous tensors
   // only), also when the tensor is already there. CPU to CPU needs nothing
   // registered; a copy to, from or between CUDA devices uses the registered
-  // allocator and copier (link //collective:cuda_allocator) and throws
+  // allocator and copier (link //core:cuda_allocator) and throws
   // std::invalid_argument naming the devices when none is registered. The
   // copier's errors (no such device, out of memory) propagate.
   Tensor to(Device device) const;

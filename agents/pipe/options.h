@@ -69,12 +69,12 @@ struct PipeSettings {
   size_t shm_ring_bytes = 4 << 20;
   // The cuda_ipc channel (agents/pipe/channel/cuda_ipc.h): CUDA tensors to
   // a worker of this host go device to device, when a DeviceIpc is
-  // registered (core/device_ipc.h: //collective:cuda_allocator does).
+  // registered (core/device_ipc.h: //core:cuda_allocator does).
   // nullopt: on unless SWITCHBOARD_PIPE_CUDA_IPC is "0".
   std::optional<bool> cuda_ipc;
   // CUDA devices of this machine as the maps are validated against; -1
   // asks the registered CUDA runtime (registered_cuda_device_count(): 0 in
-  // a binary that does not link //collective:cuda_allocator).
+  // a binary that does not link //core:cuda_allocator).
   int device_count = -1;
 };
 

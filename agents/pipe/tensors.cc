@@ -42,7 +42,7 @@ std::shared_ptr<wire::ChunkedSource> stage_on_cpu(Message& m, size_t i,
   try {
     SB_REQUIRE(t.is_contiguous(), "{} is not contiguous", t.describe());
     SB_REQUIRE(has_device_copier(),
-               "no device copier is registered (link //collective:cuda_allocator)");
+               "no device copier is registered (link //core:cuda_allocator)");
     Tensor staged = buffers.empty(t.shape(), t.dtype(), /*pinned=*/true);
     std::shared_ptr<wire::ChunkedSource> source;
     if (t.nbytes() >= channel::DeviceStager::kMinBytes) {
@@ -162,11 +162,12 @@ void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
   for (size_t i = 0; i < wire.size() && i < m.tensors.size(); ++i) {
     if (wire[i].is_cpu() || m.tensors[i].device() == wire[i]) continue;  // there already
     if (count < 0) count = device_count;
-    SB_REQUIRE(wire[i].index < count,
-               "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
-               "CUDA device(s){}",
-               name, i, peers.name_of(from), wire[i].str(), count,
-               count == 0 ? " (a build without //collective:cuda_allocator, or no GPU)" : "");
+    SB_REQUIRE(
+        wire[i].index < count,
+        "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
+        "CUDA device(s){}",
+        name, i, peers.name_of(from), wire[i].str(), count,
+        count == 0 ? " (a build without //core:cuda_allocator, or no GPU)" : "");
     if (channel::DeviceLanding* landing = channel::DeviceLanding::of(m.tensors[i])) {
       m.tensors[i] = landing->finish();  // most of it is there already
     } else {

@@ -5,17 +5,18 @@
 // cases about machines without one print "skipped: <reason>" or check the
 // GPU's side instead. The cases that run ranks on GPUs are in
 // nccl_process_group_test.cc.
-#include <catch2/catch.hpp>
 #include <fmt/format.h>
+
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <stdexcept>
 #include <string>
 
-#include "collective/cuda_allocator.h"
 #include "collective/nccl_process_group.h"
 #include "collective/process_group.h"
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/cuda_allocator.h"
+#include "core/tensor.h"
 #include "store/hash_store.h"
 
 namespace sb = switchboard;

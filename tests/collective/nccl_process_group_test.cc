@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
-#include "collective/cuda_allocator.h"
 #include "collective/process_group.h"
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/cuda_allocator.h"
+#include "core/tensor.h"
 #include "store/hash_store.h"
 
 namespace sb = switchboard;

@@ -240,7 +240,7 @@ TEST_CASE("Tensor::empty on cuda without an allocator throws saying what to link
   CHECK_FALSE(switchboard::has_device_allocator());
   CHECK_THAT(invalid_argument_message(
                  [] { Tensor::empty({2}, DType::kFloat32, Device::cuda(0)); }),
-             Contains("no allocator for cuda:0 (link //collective:cuda_allocator)"));
+             Contains("no allocator for cuda:0 (link //core:cuda_allocator)"));
   CHECK_THAT(invalid_argument_message(
                  [] { Tensor::empty({2}, DType::kFloat32, Device::cuda(2)); }),
              Contains("no allocator for cuda:2"));
@@ -676,7 +676,7 @@ TEST_CASE("Tensor::to copies to the CPU without hooks and through the registered
   CHECK(switchboard::registered_cuda_device_count() == 0);
   CHECK_THAT(invalid_argument_message([&] { cpu.to(Device::cuda(0)); }),
              Contains("float32[3] on cpu") && Contains("cuda:0") &&
-                 Contains("//collective:cuda_allocator"));
+                 Contains("//core:cuda_allocator"));
   // A stand-in runtime: host memory tagged as cuda, copies counted.
   int copies = 0;
   set_device_allocator([](size_t nbytes, Device) {

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "collective/cuda_allocator.h"
+#include "core/cuda_allocator.h"
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"

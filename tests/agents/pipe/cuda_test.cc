@@ -10,7 +10,7 @@
 //                        lets the two workers of this process use the
 //                        cuda_ipc channel, so the whole path runs on any
 //                        machine;
-//   pipe_cuda_gpu_test   (SB_REAL_CUDA) links //collective:cuda_allocator and
+//   pipe_cuda_gpu_test   (SB_REAL_CUDA) links //core:cuda_allocator and
 //                        runs the same cases on real GPUs; each case prints
 //                        "skipped: <reason>" and returns where none is
 //                        visible.
@@ -38,7 +38,7 @@
 #include "tests/util/threads.h"
 
 #ifdef SB_REAL_CUDA
-#include "collective/cuda_allocator.h"
+#include "core/cuda_allocator.h"
 #else
 #include "tests/agents/pipe/fake_device_ipc.h"
 #endif

@@ -176,7 +176,7 @@ TEST_CASE(
   CHECK(outcome.kind == "invalid_argument");
   CHECK_THAT(outcome.message, Catch::Contains("\"w1\""));
   CHECK_THAT(outcome.message, Catch::Contains("cannot be staged"));
-  CHECK_THAT(outcome.message, Catch::Contains("link //collective:cuda_allocator"));
+  CHECK_THAT(outcome.message, Catch::Contains("link //core:cuda_allocator"));
   // The reply path: w1's reverse map sends cuda:0 back to w0's cuda:0,
   // which this binary cannot stage either (tests/agents/pipe/cuda_test.cc
   // covers the path with a CUDA runtime).
@@ -184,7 +184,7 @@ TEST_CASE(
   INFO("reply: " << reply.kind << ": " << reply.message);
   CHECK(reply.kind == "RemoteError");
   CHECK_THAT(reply.message, Catch::Contains("\"w0\""));
-  CHECK_THAT(reply.message, Catch::Contains("link //collective:cuda_allocator"));
+  CHECK_THAT(reply.message, Catch::Contains("link //core:cuda_allocator"));
   CHECK(pair[0].rpc_sync<int64_t>("w1", "add", int64_t{20}, int64_t{22}) == 42);
 }
 

@@ -1,5 +1,5 @@
 // The cuda_ipc channel between two processes on real GPUs (links
-// //collective:cuda_allocator, whose DeviceIpc is CUDA's IPC). The peer is
+// //core:cuda_allocator, whose DeviceIpc is CUDA's IPC). The peer is
 // a child process (tests/util/subprocess.h): CUDA refuses to open a
 // process's own handles, so workers of one process stage their tensors.
 // Each case prints "skipped: <reason>" and returns where no GPU is visible.
@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "collective/cuda_allocator.h"
 #include "common/error.h"
+#include "core/cuda_allocator.h"
 #include "rpc/rpc.h"
 #include "store/tcp_store.h"
 #include "store/tcp_store_server.h"

@@ -1,7 +1,7 @@
 // CUDA storage for Tensor, plus the few CUDA helpers the NCCL backend, its
 // tests and users share.
 //
-// Linking //collective:cuda_allocator (alwayslink) registers, from a static
+// Linking //core:cuda_allocator (alwayslink) registers, from a static
 // initializer, the copier Tensor::to uses and the allocator Tensor::empty
 // uses for CUDA devices: blocks cudaMalloc'd on the tensor's device and
 // kept for reuse when the last Tensor over the storage goes away (a cache

@@ -1,4 +1,4 @@
-#include "collective/cuda_allocator.h"
+#include "core/cuda_allocator.h"
 
 #include <fmt/format.h>
 

@@ -3,7 +3,7 @@
 // with cudaIpcGetMemHandle and cudaIpcGetEventHandle; the importing side
 // opens them once (cudaIpcOpenMemHandle, cudaIpcOpenEventHandle) and
 // copies on a non-blocking stream of its own after waiting for the event.
-// Registered by install_cuda_allocator() (collective/cuda_allocator.h).
+// Registered by install_cuda_allocator() (core/cuda_allocator.h).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "collective/cuda_allocator.h"
+#include "core/cuda_allocator.h"
 #include "core/device_ipc.h"
 
 namespace switchboard {
