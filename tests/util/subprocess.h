@@ -58,7 +58,8 @@ class Subprocess {
 Subprocess spawn_child(const std::string& name,
                        const std::vector<std::string>& args = {});
 
-// Path of a runfile (a data dependency), e.g. "tests/store/torch_client.py".
+// Path of a runfile (a data dependency), e.g. "tests/store/torch_store_client.py";
+// the path itself when not run by Bazel (no TEST_SRCDIR).
 std::string runfile(const std::string& path);
 
 }  // namespace sbtest
