@@ -40,6 +40,7 @@ class BlockPool {
       if (it->capacity >= want && it->capacity / 2 <= want && accept(*it) &&
           (best == blocks_.end() || it->capacity < best->capacity)) {
         best = it;
+        if (it->capacity == want) break;  // none fits better
       }
     }
     if (best == blocks_.end()) return std::nullopt;
