@@ -130,7 +130,7 @@ void PeerTable::connect(int peer, transport::PipeTransport& transport,
   }
   connection->peer = peer;
   // Without a secret, the worker this side chose to call is trusted at once;
-  // with one, once it answered the challenge (the agent's on_challenge).
+  // with one, once it answered the challenge (HelloHandler::on_challenge, hello.h).
   if (!auth.enabled()) connection->trusted = true;
   const std::vector<uint8_t> bytes = auth.claim(*connection, hello);
   connection->enqueue_control(wire::FrameKind::kHello, bytes.data(), bytes.size());
