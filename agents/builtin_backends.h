@@ -63,7 +63,7 @@ struct ProcessGroupRpcBackendOptions : rpc::RpcBackendOptions {
 //                            host device to device (default:
 //                            SWITCHBOARD_PIPE_CUDA_IPC, else on where a
 //                            DeviceIpc is registered; see
-//                            agents/pipe/channel/cuda_ipc.h)
+//                            agents/pipe/channel/cuda_ipc/cuda_ipc.h)
 //   "max_function_length", "max_payload_bytes", "max_tensors",
 //   "max_tensor_bytes"       what a received frame may carry
 //                            (pipe::wire::FrameLimits; a larger frame closes the

@@ -1,6 +1,6 @@
 // DeviceIpc: sharing device memory between processes of one host (CUDA IPC),
 // as the PIPE agent's cuda_ipc channel uses it
-// (agents/pipe/channel/cuda_ipc.h). An interface registered at run time,
+// (agents/pipe/channel/cuda_ipc/cuda_ipc.h). An interface registered at run time,
 // like the allocator and copier of core/tensor.h, so that nothing here
 // depends on CUDA:
 //   //core:cuda_allocator registers the real one (cudaIpcGetMemHandle,

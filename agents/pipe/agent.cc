@@ -11,7 +11,7 @@
 
 #include "agents/pipe/address.h"
 #include "agents/pipe/agent_impl.h"
-#include "agents/pipe/channel/staging.h"
+#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "agents/pipe/transport/registry.h"
 #include "common/check.h"
 #include "common/error.h"

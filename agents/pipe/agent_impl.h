@@ -37,7 +37,7 @@
 
 #include "agents/pipe/agent.h"
 #include "agents/pipe/announcement.h"
-#include "agents/pipe/channel/cuda_ipc.h"
+#include "agents/pipe/channel/cuda_ipc/cuda_ipc.h"
 #include "agents/pipe/channel/select.h"
 #include "agents/pipe/handshake.h"
 #include "agents/pipe/hello.h"

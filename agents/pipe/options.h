@@ -67,7 +67,7 @@ struct PipeSettings {
   // shm_ring_bytes (a power of two, >= 4096).
   std::optional<bool> shm;
   size_t shm_ring_bytes = 4 << 20;
-  // The cuda_ipc channel (agents/pipe/channel/cuda_ipc.h): CUDA tensors to
+  // The cuda_ipc channel (agents/pipe/channel/cuda_ipc/cuda_ipc.h): CUDA tensors to
   // a worker of this host go device to device, when a DeviceIpc is
   // registered (core/device_ipc.h: //core:cuda_allocator does).
   // nullopt: on unless SWITCHBOARD_PIPE_CUDA_IPC is "0".

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "agents/pipe/agent_impl.h"
-#include "agents/pipe/channel/staging.h"
+#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "common/check.h"
 #include "common/host_key.h"
 #include "core/device_ipc.h"

@@ -5,7 +5,7 @@
 // Fallback order, first that applies:
 //   cuda_ipc     CUDA to CUDA, both workers on one host (same boot, network,
 //                IPC and PID namespaces), both able to share device memory
-//                (CUDA IPC: pipe/channel/cuda_ipc.h), not one process
+//                (CUDA IPC: pipe/channel/cuda_ipc/cuda_ipc.h), not one process
 //                (unless its runtime allows that), the tensor at least
 //                kCudaIpcMinBytes;
 //   cuda_staged  any CUDA end: through host memory, the bytes in the frame;

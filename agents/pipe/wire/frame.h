@@ -107,12 +107,12 @@ inline constexpr size_t kRouteSize = 16;
 // How one tensor's bytes travel.
 enum class TensorChannel : uint8_t {
   kInline = 0,   // after the frame, on the connection
-  kCudaIpc = 1,  // in the sender's exported device memory (pipe/channel/cuda_ipc.h)
+  kCudaIpc = 1,  // in the sender's exported device memory (pipe/channel/cuda_ipc/cuda_ipc.h)
 };
 
 // Bytes that become ready chunk by chunk while the connection sends them:
 // a CUDA tensor staged through a pinned host buffer
-// (pipe/channel/staging.h), so that copying the next chunk off the device
+// (pipe/channel/cuda_staged/staging.h), so that copying the next chunk off the device
 // overlaps with sending the last one.
 //
 // Thread safety: ready() from any thread; advance() from one thread at a
@@ -248,7 +248,7 @@ class FrameReader {
   // Told, as a tensor's bytes arrive, how many from its start are in
   // (`filled`), on the reading thread; it must not throw. For the agent's
   // copies to a device that overlap with the receive
-  // (pipe/channel/staging.h).
+  // (pipe/channel/cuda_staged/staging.h).
   using Progress = std::function<void(const Tensor& tensor, size_t filled)>;
 
   explicit FrameReader(FrameLimits limits = {}, Allocate allocate = nullptr);

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "agents/builtin_backends.h"
-#include "agents/pipe/channel/staging.h"
+#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "common/error.h"
 #include "core/remote_error.h"
 #include "core/tensor.h"

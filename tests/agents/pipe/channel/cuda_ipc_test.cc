@@ -1,4 +1,4 @@
-// The cuda_ipc channel (agents/pipe/channel/cuda_ipc.h) on its own, over a
+// The cuda_ipc channel (agents/pipe/channel/cuda_ipc/cuda_ipc.h) on its own, over a
 // stand-in DeviceIpc (tests/agents/pipe/fake_device_ipc.h) and connections that
 // record what the channel queues on them: the outbox protocol (export
 // once, refill only after a release, decline when every outbox is in
@@ -6,7 +6,7 @@
 // peer's messages and frames do (protocol errors naming the outbox), and
 // that a closed connection frees and unmaps everything. The channel
 // choice is in the same file (agents/pipe/channel/select.h).
-#include "agents/pipe/channel/cuda_ipc.h"
+#include "agents/pipe/channel/cuda_ipc/cuda_ipc.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "agents/pipe/channel/select.h"
-#include "agents/pipe/channel/staging.h"
+#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "agents/pipe/transport/connection.h"
 #include "common/error.h"
 #include "core/little_endian.h"

@@ -300,7 +300,7 @@ TEST_CASE("a tensor larger than any buffer or ring arrives intact", "[pipe][tran
 }
 
 // Bytes made ready chunk by chunk from `pattern`, as a staged CUDA
-// tensor's are (agents/pipe/channel/staging.h); counts its advances.
+// tensor's are (agents/pipe/channel/cuda_staged/staging.h); counts its advances.
 class PatternSource final : public pipe::wire::ChunkedSource {
  public:
   PatternSource(Tensor pattern, size_t chunk)

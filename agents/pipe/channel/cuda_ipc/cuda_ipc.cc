@@ -1,4 +1,4 @@
-#include "agents/pipe/channel/cuda_ipc.h"
+#include "agents/pipe/channel/cuda_ipc/cuda_ipc.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>

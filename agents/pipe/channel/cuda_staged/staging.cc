@@ -1,4 +1,4 @@
-#include "agents/pipe/channel/staging.h"
+#include "agents/pipe/channel/cuda_staged/staging.h"
 
 #include <algorithm>
 
