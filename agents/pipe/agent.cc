@@ -11,7 +11,6 @@
 
 #include "agents/pipe/address.h"
 #include "agents/pipe/agent_impl.h"
-#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "agents/pipe/transport/registry.h"
 #include "common/check.h"
 #include "common/error.h"
@@ -50,8 +49,9 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
       options(options),
       device_count(options.device_count >= 0 ? options.device_count
                                              : registered_cuda_device_count()),
-      channels(describe_channels(this->name, options, device_count, &cuda_ipc)),
-      auth(options.secret ? options.secret : Secret::from_environment(), this->name, rank),
+      channels(make_channels(this->name, options, device_count, buffers)),
+      auth(options.secret ? options.secret : Secret::from_environment(), this->name,
+           rank),
       peers(this->name, capacity, dynamic, owner.metrics()),
       calls(this->name, owner.pool()) {
   transport::TransportOptions settings;
@@ -73,56 +73,9 @@ PipeAgent::Impl::Impl(PipeAgent& owner, std::shared_ptr<Store> store, std::strin
                  "workers of this host go over TCP",
                  this->name);
   }
-  // Tensors bound for a CUDA device land in pinned buffers, so that the
-  // copy to the device runs at the bus's speed; a large one is copied there
-  // chunk by chunk as its bytes arrive (channel::DeviceLanding), the rest
-  // once the frame is complete (place_tensors()); a small one lands in a
-  // padded buffer copied whole (DeviceLanding::kMinCopyBytes says why).
-  // Padding is bounded (kMaxPaddedBytes live at once), so that a frame of
-  // many tiny tensors cannot make this worker pin 32 KiB for each byte.
-  settings.allocate = [buffers = buffers, count = device_count,
-                       padded_live = std::make_shared<std::atomic<size_t>>(0)](
-                          DType dtype, const Tensor::Shape& shape, Device device) {
-    using channel::DeviceLanding;
-    constexpr size_t kSpan = DeviceLanding::kMinCopyBytes;
-    constexpr size_t kMaxPaddedBytes = size_t{64} << 20;
-    const bool lands = device.is_cuda() && device.index < count;
-    if (lands && static_cast<size_t>(Tensor::numel_of(shape)) * dtype_size(dtype) < kSpan) {
-      // Counts kSpan from here until the buffer is given back.
-      struct Hold {
-        explicit Hold(std::shared_ptr<std::atomic<size_t>> counter)
-            : live(std::move(counter)) {}
-        ~Hold() { live->fetch_sub(kSpan); }
-        Hold(const Hold&) = delete;
-        Hold& operator=(const Hold&) = delete;
-        std::shared_ptr<std::atomic<size_t>> live;
-        Tensor buffer;
-      };
-      if (padded_live->fetch_add(kSpan) < kMaxPaddedBytes) {
-        auto hold = std::make_shared<Hold>(padded_live);
-        hold->buffer =
-            buffers->empty({static_cast<int64_t>(kSpan)}, DType::kUInt8, /*pinned=*/true);
-        void* data = hold->buffer.data();
-        return DeviceLanding::receive_padded(
-            Tensor::from_blob(data, {static_cast<int64_t>(kSpan)}, DType::kUInt8,
-                              Device::cpu(), std::move(hold)),
-            shape, dtype, device);
-      }
-      padded_live->fetch_sub(kSpan);  // past the bound: lands unpadded
-    }
-    Tensor host = buffers->empty(shape, dtype, /*pinned=*/device.is_cuda());
-    if (lands && host.nbytes() >= channel::DeviceStager::kMinBytes) {
-      return DeviceLanding::receive_into(std::move(host), device);
-    }
-    return host;
-  };
-  if (device_count > 0) {  // without CUDA devices nothing lands: no hook on the reads
-    settings.progress = [](const Tensor& tensor, size_t filled) {
-      if (channel::DeviceLanding* landing = channel::DeviceLanding::of(tensor)) {
-        landing->arrived(filled);
-      }
-    };
-  }
+  // Received tensors land where their channels want them.
+  settings.allocate = channels.allocator();
+  settings.progress = channels.progress();
   transport = transport::builtin_transports().make(*this, std::move(settings));
   tls = transport->name() == "tls";
   calls.set_max_requests_per_peer(options.max_requests_per_peer);
@@ -189,7 +142,7 @@ void PipeAgent::Impl::start_up() {
   mine.device_maps = options.device_maps;
   mine.devices = options.devices;
   mine.tls = tls;
-  mine.channels = channels;
+  mine.channels = channels.descriptor();
   // Heartbeats start first: connections made while joining (or during the
   // static rendezvous) must stay alive while the rest is still being set up.
   transport->every(options.heartbeat_interval, [this] { return liveness->tick(); });
@@ -227,8 +180,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<transport::Connection>& con
       return true;
     case wire::FrameKind::kChannel:
       try {
-        if (!cuda_ipc) throw ProtocolError("a channel frame, but this worker offers no channel");
-        cuda_ipc->on_frame(*connection, frame.message.payload);
+        channels.on_message(*connection, frame.message.payload);
       } catch (const ProtocolError& e) {
         connection_failed(connection, fmt::format("protocol error: {}", e.what()));
         return false;
@@ -248,11 +200,7 @@ bool PipeAgent::Impl::on_frame(const std::shared_ptr<transport::Connection>& con
     case wire::FrameKind::kError:
       if (!frame.channel_tensors.empty()) {
         try {
-          if (!cuda_ipc) {
-            throw ProtocolError("a tensor by the cuda_ipc channel, which this worker does not "
-                                "offer");
-          }
-          cuda_ipc->check(*connection, frame);
+          channels.check(*connection, frame);
         } catch (const ProtocolError& e) {
           connection_failed(connection, fmt::format("protocol error: {}", e.what()));
           return false;
@@ -354,7 +302,7 @@ void PipeAgent::Impl::connection_failed(
     const std::shared_ptr<transport::Connection>& connection, const std::string& reason) {
   if (connection->failed.exchange(true)) return;  // already reported
   connection->close_now();
-  if (cuda_ipc) cuda_ipc->forget(*connection);
+  channels.forget(*connection);
   auth.forget(*connection);
   // Before the peer is seen down: whoever sees it down (a call failing)
   // sees its requests here cancelled too.

@@ -37,8 +37,7 @@
 
 #include "agents/pipe/agent.h"
 #include "agents/pipe/announcement.h"
-#include "agents/pipe/channel/cuda_ipc/cuda_ipc.h"
-#include "agents/pipe/channel/select.h"
+#include "agents/pipe/channel/registry.h"
 #include "agents/pipe/handshake.h"
 #include "agents/pipe/hello.h"
 #include "agents/pipe/liveness.h"
@@ -53,12 +52,11 @@
 
 namespace switchboard::agents::pipe {
 
-// What this worker's channels can do (its announcement's), and its
-// cuda_ipc channel in `cuda_ipc` when it has one: a DeviceIpc registered,
-// CUDA devices, the option on (tensors.cc).
-ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOptions& options,
-                                    int device_count,
-                                    std::unique_ptr<channel::CudaIpcChannel>* cuda_ipc);
+// This worker's channels (the built-in registry's that its options leave
+// on; tensors.cc).
+channel::Channels make_channels(const std::string& name, const PipeAgentOptions& options,
+                                int device_count,
+                                std::shared_ptr<HostBufferCache> buffers);
 // A self-send's message with its own copies of the tensors, each on
 // devices[i] (the device map's target) or, when `devices` is empty, on the
 // CPU (tensors.cc).
@@ -97,9 +95,10 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
                 std::shared_ptr<transport::Connection> connection);
   void complete_now(rpc::Message response);
   // The tensors of a received frame that a channel carries, until they are
-  // fetched: those still here when it goes (the request was refused or
+  // received: those still here when it goes (the request was refused or
   // cancelled before it ran, the response came after its call ended, the
-  // pool was gone) go back to their sender, whose outboxes they hold.
+  // pool was gone) are released (channel::Channel::release), giving back
+  // what they hold at the sender.
   struct Unfetched {
     Unfetched(std::weak_ptr<Impl> impl, std::shared_ptr<transport::Connection> connection,
               std::vector<wire::InboundFrame::ChannelTensor> tensors)
@@ -114,24 +113,26 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
     std::shared_ptr<transport::Connection> connection;
     std::vector<wire::InboundFrame::ChannelTensor> tensors;
   };
-  // Brings the tensors of `m` that a channel carries (`unfetched`, which is
-  // empty afterwards), then moves every tensor to the device `devices`
-  // names; on the pool.
+  // Receives each tensor of `m` that a channel carries (`unfetched`, which
+  // is empty afterwards) or that is bound for a device other than the CPU,
+  // from its channel, on the device `devices` names; on the pool. Throws
+  // std::invalid_argument naming the sender, the tensor and the device when
+  // this worker cannot hold it there, or what the channel throws; every
+  // routed tensor is received or released all the same.
   void receive_tensors(rpc::Message& m, const std::vector<Device>& devices,
                        Unfetched& unfetched, int from) const;
-  void place_tensors(rpc::Message& m, const std::vector<Device>& wire, int from) const;
-  // Chooses each tensor's channel to `to` (over `connection`): the
-  // cuda_ipc ones go into outboxes, every other CUDA tensor is staged on
-  // the CPU and every non-contiguous CPU one made contiguous. The routes
-  // (empty: every tensor's bytes in the frame). Throws
-  // std::invalid_argument naming `to` for a tensor that cannot travel.
+  // Sends each tensor of `m` to `to` (over `connection`) by its channel
+  // (channel::Channels::send). The routes (empty: every tensor's bytes in
+  // the frame, none from a ChunkedSource). Throws std::invalid_argument
+  // naming `to` and the tensor for one that cannot travel.
   std::vector<wire::TensorRoute> route_tensors(rpc::Message& m,
                                                const std::vector<Device>& wire, int to,
                                                transport::Connection& connection)
       SB_EXCLUDES(choices_mu);
-  // Logs a channel chosen for (to, src, dst) the first time.
-  void log_choice(int to, Device src, Device dst, const channel::Choice& choice)
-      SB_EXCLUDES(choices_mu);
+  // Logs the channel that took a tensor of `nbytes` from `src` to `dst` of
+  // `to`, and why, the first time one takes that way.
+  void log_choice(int to, Device src, Device dst, size_t nbytes,
+                  const channel::Channel& chosen) SB_EXCLUDES(choices_mu);
   // The device each tensor of `m` to `to` lands on (empty: all CPU).
   std::vector<Device> wire_devices(const rpc::Message& m, int to, bool reply) const;
 
@@ -162,14 +163,12 @@ struct PipeAgent::Impl final : transport::ConnectionEvents,
   // CUDA devices the maps were validated against (the option, or what the
   // registered CUDA runtime sees).
   const int device_count;
-  // What this worker's channels can do (in its announcement), and the
-  // cuda_ipc channel (null: off, or no DeviceIpc registered).
-  std::unique_ptr<channel::CudaIpcChannel> cuda_ipc;  // before `channels`, which sets it
-  const ChannelDescriptor channels;
-  Mutex choices_mu;
-  std::set<std::string> logged_choices SB_GUARDED_BY(choices_mu);
   // Large received tensors come from here.
   const std::shared_ptr<HostBufferCache> buffers = HostBufferCache::create();
+  // How tensors travel (what they can do is in the announcement).
+  const channel::Channels channels;
+  Mutex choices_mu;
+  std::set<std::string> logged_choices SB_GUARDED_BY(choices_mu);
 
   // Proofs of the job secret in the hello (none without a secret).
   const PipeAuth auth;

@@ -1,9 +1,9 @@
-// The PIPE agent's tensors on their way (agents/pipe/agent_impl.h): which
-// channel each takes to a peer, staging on the CPU, and placing received
-// tensors on their devices. Split from agent.cc, which wires the rest.
+// The PIPE agent's tensors on their way (agents/pipe/agent_impl.h): each
+// sent by its channel (agents/pipe/channel/registry.h), each received
+// from its channel on the device its descriptor names, and the log of the
+// channels chosen. Split from agent.cc, which wires the rest.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <memory>
@@ -12,53 +12,11 @@
 #include <vector>
 
 #include "agents/pipe/agent_impl.h"
-#include "agents/pipe/channel/cuda_staged/staging.h"
 #include "common/check.h"
-#include "common/host_key.h"
-#include "core/device_ipc.h"
 
 namespace switchboard::agents::pipe {
 
 using rpc::Message;
-
-namespace {
-
-// Replaces tensor `i` of `m`, when on a CUDA device, with a CPU tensor in a
-// pinned buffer of `buffers` (copies run at the bus's speed), which is what
-// travels (the frame's descriptors name the device the receiver puts it
-// on), and when a non-contiguous CPU tensor, with a contiguous copy. A
-// large CUDA tensor is copied chunk by chunk as the connection sends it:
-// the source that does so is returned (null when the bytes are all there).
-// A tensor that cannot be copied (no CUDA runtime linked, not contiguous)
-// throws std::invalid_argument naming the target worker `to`.
-std::shared_ptr<wire::ChunkedSource> stage_on_cpu(Message& m, size_t i,
-                                                  const std::string& to,
-                                                  HostBufferCache& buffers) {
-  Tensor& t = m.tensors[i];
-  if (t.device().is_cpu()) {
-    if (!t.is_contiguous()) t = t.clone();  // contiguous is what travels
-    return nullptr;
-  }
-  try {
-    SB_REQUIRE(t.is_contiguous(), "{} is not contiguous", t.describe());
-    SB_REQUIRE(has_device_copier(),
-               "no device copier is registered (link //core:cuda_allocator)");
-    Tensor staged = buffers.empty(t.shape(), t.dtype(), /*pinned=*/true);
-    std::shared_ptr<wire::ChunkedSource> source;
-    if (t.nbytes() >= channel::DeviceStager::kMinBytes) {
-      source = std::make_shared<channel::DeviceStager>(t, staged);
-    } else {
-      copy_bytes(staged, t);
-    }
-    t = std::move(staged);
-    return source;
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(
-        fmt::format("rpc to \"{}\": tensor {} cannot be staged: {}", to, i, e.what()));
-  }
-}
-
-}  // namespace
 
 // A self-send's message with its own copies of the tensors, each on
 // devices[i] (the device map's target) or, when `devices` is empty, on the
@@ -70,25 +28,18 @@ Message copy_tensors(Message m, const std::vector<Device>& devices) {
   return m;
 }
 
-// What this worker's channels can do, and its cuda_ipc channel when it has
-// one (a DeviceIpc registered, CUDA devices, the option on).
-ChannelDescriptor describe_channels(const std::string& name, const PipeAgentOptions& options,
-                                    int device_count,
-                                    std::unique_ptr<channel::CudaIpcChannel>* cuda_ipc) {
-  ChannelDescriptor mine;
-  mine.host_key = host_key();
-  mine.pid = ::getpid();
+channel::Channels make_channels(const std::string& name, const PipeAgentOptions& options,
+                                int device_count,
+                                std::shared_ptr<HostBufferCache> buffers) {
+  channel::ChannelContext context;
+  context.agent_name = name;
+  context.device_count = device_count;
+  context.buffers = std::move(buffers);
   const char* variable = std::getenv("SWITCHBOARD_PIPE_CUDA_IPC");
-  const bool allowed =
-      options.cuda_ipc.value_or(variable == nullptr || std::string_view(variable) != "0");
-  std::shared_ptr<DeviceIpc> ipc = device_ipc();
-  if (!allowed || ipc == nullptr || device_count == 0) return mine;
-  *cuda_ipc = std::make_unique<channel::CudaIpcChannel>(name, ipc,
-                                                        channel::CudaIpcChannel::Options{});
-  mine.cuda_ipc = true;
-  mine.cuda_ipc_own_process = ipc->opens_own_process();
-  for (int d = 0; d < device_count; ++d) mine.device_uuids.push_back(ipc->device_uuid(d));
-  return mine;
+  if (!options.cuda_ipc.value_or(variable == nullptr ||
+                                 std::string_view(variable) != "0"))
+    context.off.insert("cuda_ipc");
+  return channel::builtin_channels().make(context);
 }
 
 // A response whose tensors go to CUDA devices is placed there on the pool
@@ -127,92 +78,97 @@ void PipeAgent::Impl::complete(wire::InboundFrame response,
 
 PipeAgent::Impl::Unfetched::~Unfetched() {
   if (tensors.empty() || connection == nullptr) return;
-  if (std::shared_ptr<Impl> self = impl.lock(); self && self->cuda_ipc) {
-    for (const auto& t : tensors) self->cuda_ipc->release(*connection, t);
+  if (std::shared_ptr<Impl> self = impl.lock()) {
+    for (const auto& t : tensors) self->channels.release(*connection, t);
   }
 }
 
 void PipeAgent::Impl::receive_tensors(Message& m, const std::vector<Device>& devices,
                                       Unfetched& unfetched, int from) const {
+  std::vector<wire::InboundFrame::ChannelTensor> routed;
+  routed.swap(unfetched.tensors);  // each is received or released below
   std::exception_ptr failure;
-  std::vector<wire::InboundFrame::ChannelTensor> tensors;
-  tensors.swap(unfetched.tensors);  // each is fetched or released below
-  for (const auto& t : tensors) {
-    // Every outbox goes back to the sender, also after a failure.
+  size_t next = 0;  // the routed tensors are in index order
+  int count = -1;
+  for (size_t i = 0; i < devices.size() && i < m.tensors.size(); ++i) {
+    const bool by_channel = next < routed.size() && routed[next].index == i;
+    if (!by_channel && (devices[i].is_cpu() || m.tensors[i].device() == devices[i]))
+      continue;  // there already
+    // Every routed tensor is released at the sender, also after a failure.
     try {
-      if (!failure) {
-        m.tensors[t.index] = cuda_ipc->fetch(*unfetched.connection, t, devices[t.index]);
+      if (failure) {
+        if (by_channel) channels.release(*unfetched.connection, routed[next]);
       } else {
-        cuda_ipc->release(*unfetched.connection, t);
+        if (count < 0) count = device_count;
+        SB_REQUIRE(
+            devices[i].index < count,
+            "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
+            "CUDA device(s){}",
+            name, i, peers.name_of(from), devices[i].str(), count,
+            count == 0 ? " (a build without //core:cuda_allocator, or no GPU)" : "");
+        // A self-send's tensors are all there already: a connection is here.
+        SB_ASSERT(unfetched.connection != nullptr,
+                  "tensor {} to receive without a connection", i);
+        channel::Arrival arrival;
+        arrival.index = i;
+        arrival.device = devices[i];
+        if (by_channel) {
+          arrival.routed = routed[next];
+        } else {
+          arrival.bytes = std::move(m.tensors[i]);
+        }
+        m.tensors[i] = channels.receive(*unfetched.connection, std::move(arrival));
       }
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
+    if (by_channel) ++next;
   }
   if (failure) std::rethrow_exception(failure);
-  place_tensors(m, devices, from);
-}
-
-// Moves each tensor of `m` (received on the CPU) to the device its
-// descriptor named. Throws std::invalid_argument naming the sender, the
-// tensor and the device when this worker cannot hold it there.
-void PipeAgent::Impl::place_tensors(Message& m, const std::vector<Device>& wire,
-                                    int from) const {
-  int count = -1;
-  for (size_t i = 0; i < wire.size() && i < m.tensors.size(); ++i) {
-    if (wire[i].is_cpu() || m.tensors[i].device() == wire[i]) continue;  // there already
-    if (count < 0) count = device_count;
-    SB_REQUIRE(
-        wire[i].index < count,
-        "rpc agent \"{}\": tensor {} from \"{}\" is for {}, but this worker has {} "
-        "CUDA device(s){}",
-        name, i, peers.name_of(from), wire[i].str(), count,
-        count == 0 ? " (a build without //core:cuda_allocator, or no GPU)" : "");
-    if (channel::DeviceLanding* landing = channel::DeviceLanding::of(m.tensors[i])) {
-      m.tensors[i] = landing->finish();  // most of it is there already
-    } else {
-      m.tensors[i] = m.tensors[i].to(wire[i]);
-    }
-  }
 }
 
 std::vector<wire::TensorRoute> PipeAgent::Impl::route_tensors(
     Message& m, const std::vector<Device>& wire, int to,
     transport::Connection& connection) {
   std::vector<wire::TensorRoute> routes;
-  const std::string& peer_name = peers.name_of(to);
+  const channel::ChannelDescriptor& peer = peers.info(to).announcement.channels;
   for (size_t i = 0; i < m.tensors.size(); ++i) {
-    const Tensor& t = m.tensors[i];
-    if (t.device().is_cuda() && !wire.empty()) {
-      const channel::Choice choice =
-          channel::choose(channels, peers.info(to).announcement.channels, t.device(), wire[i],
-                          t.is_contiguous() ? t.nbytes() : 0);
-      log_choice(to, t.device(), wire[i], choice);
-      if (choice.channel == wire::TensorChannel::kCudaIpc) {
-        if (std::optional<wire::TensorRoute> route = cuda_ipc->send(connection, t)) {
-          routes.resize(m.tensors.size());
-          routes[i] = *route;
-          continue;
-        }
-      }
+    const Device src = m.tensors[i].device();
+    const Device dst = wire.empty() ? Device::cpu() : wire[i];
+    const size_t nbytes = m.tensors[i].is_contiguous() ? m.tensors[i].nbytes() : 0;
+    channel::Channels::Sent sent;
+    try {
+      sent = channels.send(connection, peer, m.tensors[i], dst);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(
+          fmt::format("rpc to \"{}\": tensor {} {}", peers.name_of(to), i, e.what()));
     }
-    if (std::shared_ptr<wire::ChunkedSource> source =
-            stage_on_cpu(m, i, peer_name, *buffers)) {
+    if (!src.is_cpu() || !dst.is_cpu()) log_choice(to, src, dst, nbytes, *sent.channel);
+    if (sent.route.channel != wire::TensorChannel::kInline || sent.route.source) {
       routes.resize(m.tensors.size());
-      routes[i].source = std::move(source);
+      routes[i] = std::move(sent.route);
     }
   }
   return routes;
 }
 
-void PipeAgent::Impl::log_choice(int to, Device src, Device dst, const channel::Choice& choice) {
-  const std::string key = fmt::format("{} {} {} {}", to, src.str(), dst.str(), choice.name);
+void PipeAgent::Impl::log_choice(int to, Device src, Device dst, size_t nbytes,
+                                 const channel::Channel& chosen) {
+  const std::string key =
+      fmt::format("{} {} {} {}", to, src.str(), dst.str(), chosen.name());
   {
     MutexLock lock(choices_mu);
     if (!logged_choices.insert(key).second) return;
   }
+  const channel::Channels::Choice choice =
+      channels.choose(peers.info(to).announcement.channels, src, dst, nbytes);
+  const std::string why =
+      choice.channel == &chosen
+          ? choice.why
+          : fmt::format("the {} channel declined it: no free buffer",
+                        choice.channel ? choice.channel->name() : "?");
   spdlog::info("rpc agent \"{}\": tensors from {} to {} of \"{}\" go by {} ({})", name,
-               src.str(), dst.str(), peers.name_of(to), choice.name, choice.why);
+               src.str(), dst.str(), peers.name_of(to), chosen.name(), why);
 }
 
 std::vector<Device> PipeAgent::Impl::wire_devices(const Message& m, int to,

@@ -10,7 +10,7 @@
 namespace switchboard::agents::pipe::channel {
 
 // What a worker's tensor channels can do, for its peers to choose how
-// tensors travel to it (agents/pipe/channel/select.h).
+// tensors travel to it (Channel::carries, agents/pipe/channel/channel.h).
 struct ChannelDescriptor {
   // Its host and namespaces (common/host_key.h).
   std::string host_key;

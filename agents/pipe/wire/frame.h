@@ -29,7 +29,7 @@
 // agent wants to say on connecting) and no function, as does kLane (the
 // same-host lane's offer, answer or switch); kHeartbeat and kGoodbye have
 // no body at all. kChannel carries the channels' own messages in its payload
-// (agents/pipe/channel/: an outbox exported, an outbox released). Only
+// (agents/pipe/channel/channel.h: the channel's tag, then its message). Only
 // request/response/error carry tensors.
 //
 // Errors: bad bytes from a peer throw ProtocolError (common/error.h), whose message

@@ -21,12 +21,6 @@ constexpr size_t kMinOutboxBytes = size_t{1} << 20;
   throw ProtocolError("cuda_ipc channel: " + what);
 }
 
-// Sends `payload` as a kChannel frame; a closed connection drops it (the
-// peer's state goes with the connection).
-void send_frame(transport::Connection& connection, const std::vector<uint8_t>& payload) {
-  connection.enqueue_control(wire::FrameKind::kChannel, payload.data(), payload.size());
-}
-
 }  // namespace
 
 CudaIpcChannel::CudaIpcChannel(std::string agent_name, std::shared_ptr<DeviceIpc> ipc,
@@ -40,8 +34,38 @@ std::vector<uint8_t> CudaIpcChannel::encode(Op op, uint64_t id) {
   return out;
 }
 
+bool CudaIpcChannel::carries(const Ends& ends) const {
+  const ChannelDescriptor& mine = ends.mine;
+  const ChannelDescriptor& peer = ends.peer;
+  return ends.src.is_cuda() && ends.dst.is_cuda() && mine.cuda_ipc && peer.cuda_ipc &&
+         mine.host_key == peer.host_key &&
+         (mine.pid != peer.pid ||
+          (mine.cuda_ipc_own_process && peer.cuda_ipc_own_process)) &&
+         ends.nbytes >= kCudaIpcMinBytes;
+}
+
+std::string CudaIpcChannel::reason(const Ends& ends) const {
+  const ChannelDescriptor& mine = ends.mine;
+  const ChannelDescriptor& peer = ends.peer;
+  if (!ends.src.is_cuda() || !ends.dst.is_cuda()) return "one end is the CPU";
+  if (!mine.cuda_ipc) return "this worker cannot share CUDA memory (no CUDA IPC)";
+  if (!peer.cuda_ipc) return "the peer cannot share CUDA memory (no CUDA IPC)";
+  if (mine.host_key != peer.host_key) {
+    return "the peer runs on another host (or in other namespaces)";
+  }
+  if (mine.pid == peer.pid && !(mine.cuda_ipc_own_process && peer.cuda_ipc_own_process)) {
+    return "the peer is this very process (CUDA IPC cannot open its own memory)";
+  }
+  if (ends.nbytes < kCudaIpcMinBytes) {
+    return fmt::format("{} bytes, under the {} bytes worth an outbox", ends.nbytes,
+                       kCudaIpcMinBytes);
+  }
+  return "same host, both share CUDA memory";
+}
+
 std::optional<wire::TensorRoute> CudaIpcChannel::send(transport::Connection& connection,
-                                                      const Tensor& t) {
+                                                      Tensor& t, Device dst) {
+  (void)dst;
   const size_t n = t.nbytes();
   const Device device = t.device();
   if (n > options_.max_outbox_bytes) return std::nullopt;
@@ -80,7 +104,7 @@ std::optional<wire::TensorRoute> CudaIpcChannel::send(transport::Connection& con
     }
   }
   // Dropped here, whatever comes of the new one: the receiver unmaps it.
-  if (dropped) send_frame(connection, encode(kDrop, *dropped));
+  if (dropped) send_message(connection, encode(kDrop, *dropped));
   try {
     if (box == nullptr) {
       const size_t capacity = std::min(options_.max_outbox_bytes,
@@ -105,7 +129,7 @@ std::optional<wire::TensorRoute> CudaIpcChannel::send(transport::Connection& con
       store_le<uint64_t>(out.data() + 17, box->capacity);
       std::memcpy(out.data() + 25, box->memory.data(), 64);
       std::memcpy(out.data() + 89, box->event.data(), 64);
-      send_frame(connection, out);
+      send_message(connection, out);
     }
     ipc_->fill(*box, t);
   } catch (...) {
@@ -126,8 +150,8 @@ std::optional<wire::TensorRoute> CudaIpcChannel::send(transport::Connection& con
   return wire::TensorRoute{wire::TensorChannel::kCudaIpc, id};
 }
 
-void CudaIpcChannel::on_frame(const transport::Connection& connection,
-                              const std::vector<uint8_t>& payload) {
+void CudaIpcChannel::on_message(const transport::Connection& connection,
+                                std::span<const uint8_t> payload) {
   if (payload.empty()) protocol_error("an empty message");
   const uint8_t op = payload[0];
   const size_t expected = op == kExport ? kExportSize : kIdSize;
@@ -178,12 +202,13 @@ void CudaIpcChannel::on_frame(const transport::Connection& connection,
 }
 
 void CudaIpcChannel::check(const transport::Connection& connection,
-                           const wire::InboundFrame& frame) const {
-  if (frame.channel_tensors.empty()) return;
-  MutexLock lock(mu_);
-  auto pc = connections_.find(connection.serial);
-  for (const wire::InboundFrame::ChannelTensor& t : frame.channel_tensors) {
-    const uint64_t id = t.route.buffer;
+                           const wire::InboundFrame& frame,
+                           const wire::InboundFrame::ChannelTensor& t) const {
+  const uint64_t id = t.route.buffer;
+  uint64_t capacity = 0;
+  {
+    MutexLock lock(mu_);
+    auto pc = connections_.find(connection.serial);
     const Inbox* in = nullptr;
     if (pc != connections_.end()) {
       auto it = pc->second.inboxes.find(id);
@@ -195,30 +220,31 @@ void CudaIpcChannel::check(const transport::Connection& connection,
                       "exported",
                       frame.message.id, t.index, id));
     }
-    const uint64_t nbytes =
-        static_cast<uint64_t>(Tensor::numel_of(t.shape)) * dtype_size(t.dtype);
-    if (nbytes > in->capacity) {
-      protocol_error(
-          fmt::format("frame {} tensor {}: {} bytes from outbox {} of {} bytes",
-                      frame.message.id, t.index, nbytes, id, in->capacity));
-    }
-    if (!frame.devices[t.index].is_cuda()) {
-      protocol_error(fmt::format("frame {} tensor {}: CUDA IPC to {}", frame.message.id,
-                                 t.index, frame.devices[t.index].str()));
-    }
+    capacity = in->capacity;
+  }
+  const uint64_t nbytes =
+      static_cast<uint64_t>(Tensor::numel_of(t.shape)) * dtype_size(t.dtype);
+  if (nbytes > capacity) {
+    protocol_error(fmt::format("frame {} tensor {}: {} bytes from outbox {} of {} bytes",
+                               frame.message.id, t.index, nbytes, id, capacity));
+  }
+  if (!frame.devices[t.index].is_cuda()) {
+    protocol_error(fmt::format("frame {} tensor {}: CUDA IPC to {}", frame.message.id,
+                               t.index, frame.devices[t.index].str()));
   }
 }
 
-Tensor CudaIpcChannel::fetch(transport::Connection& connection,
-                             const wire::InboundFrame::ChannelTensor& tensor,
-                             Device device) {
+Tensor CudaIpcChannel::receive(transport::Connection& connection, Arrival arrival) {
+  const wire::InboundFrame::ChannelTensor& tensor = arrival.routed;
+  const Device device = arrival.device;
   const uint64_t id = tensor.route.buffer;
   // The sender may refill the outbox once this returns, whatever happened.
   struct Release {
+    const CudaIpcChannel& channel;
     transport::Connection& connection;
     uint64_t id;
-    ~Release() { send_frame(connection, encode(kRelease, id)); }
-  } release{connection, id};
+    ~Release() { channel.send_message(connection, encode(kRelease, id)); }
+  } release{*this, connection, id};
   std::shared_ptr<DeviceIpc::Inbox> mapped;
   Inbox wanted;
   {
@@ -251,7 +277,7 @@ Tensor CudaIpcChannel::fetch(transport::Connection& connection,
 
 void CudaIpcChannel::release(transport::Connection& connection,
                              const wire::InboundFrame::ChannelTensor& tensor) {
-  send_frame(connection, encode(kRelease, tensor.route.buffer));
+  send_message(connection, encode(kRelease, tensor.route.buffer));
 }
 
 void CudaIpcChannel::forget(const transport::Connection& connection) {

@@ -22,7 +22,8 @@
 //   is free again
 //
 // The channel's messages travel as kChannel frames on the connection the
-// tensors' frames use (docs/wire_formats.md, "Channels"):
+// tensors' frames use, after the channel's tag (1; docs/wire_formats.md,
+// "Channels"):
 //   1 export   u64 outbox, u8 device type (1), u8 0, i16 device index,
 //              u32 0, u64 capacity, 64 bytes memory handle, 64 bytes event
 //              handle
@@ -40,6 +41,11 @@
 // mapped until it returns. A peer that names an outbox it never exported,
 // or asks for more bytes than it holds, is a protocol error.
 //
+// It carries a tensor (carries()) CUDA to CUDA, both workers on one host
+// (same boot, network, IPC and PID namespaces), both able to share device
+// memory, not one process (unless its runtime allows that), the tensor at
+// least kCudaIpcMinBytes.
+//
 // Thread safety: every member function may be called from any thread.
 #pragma once
 
@@ -48,9 +54,11 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "agents/pipe/channel/channel.h"
 #include "agents/pipe/transport/connection.h"
 #include "agents/pipe/wire/frame.h"
 #include "common/mutex.h"
@@ -59,7 +67,15 @@
 
 namespace switchboard::agents::pipe::channel {
 
-class CudaIpcChannel {
+// Smaller CUDA tensors take the staged path. Each cuda_ipc transfer runs a
+// copy on the device in each of the two processes, and on a GPU shared by
+// two processes the second waits for the GPU to switch between them: an
+// echo round trip took about 500 us at any size up to 4 MiB on an H100,
+// where staged it took 240 us at 64 KiB, 400 us at 256 KiB and 820 us at
+// 1 MiB (tools/bench:cuda_echo, both in one run).
+inline constexpr size_t kCudaIpcMinBytes = 512 * 1024;
+
+class CudaIpcChannel final : public Channel {
  public:
   struct Options {
     size_t max_outboxes = 4;  // per connection and device
@@ -71,40 +87,45 @@ class CudaIpcChannel {
   CudaIpcChannel(const CudaIpcChannel&) = delete;
   CudaIpcChannel& operator=(const CudaIpcChannel&) = delete;
 
+  const char* name() const override { return "cuda_ipc"; }
+  wire::TensorChannel tag() const override { return wire::TensorChannel::kCudaIpc; }
+  bool carries(const Ends& ends) const override;
+  std::string reason(const Ends& ends) const override;
+
   // Sender: puts `t` (contiguous, on a CUDA device) into an outbox for the
   // peer of `connection` and returns its route, or nothing when no outbox
   // is free or fits (the caller stages the tensor). Queues the outbox's
   // export on `connection` first when it is new. Throws what the runtime
   // throws (the call fails).
-  std::optional<wire::TensorRoute> send(transport::Connection& connection,
-                                        const Tensor& t) SB_EXCLUDES(mu_);
+  std::optional<wire::TensorRoute> send(transport::Connection& connection, Tensor& t,
+                                        Device dst) override SB_EXCLUDES(mu_);
 
-  // Either side: a kChannel frame from `connection`. Throws ProtocolError
-  // (the connection should close) for a malformed one, an export of a
-  // known outbox, a release of one not in flight.
-  void on_frame(const transport::Connection& connection,
-                const std::vector<uint8_t>& payload) SB_EXCLUDES(mu_);
+  // Either side: a message from `connection`. Throws ProtocolError (the
+  // connection should close) for a malformed one, an export of a known
+  // outbox, a release of one not in flight.
+  void on_message(const transport::Connection& connection,
+                  std::span<const uint8_t> message) override SB_EXCLUDES(mu_);
 
-  // Receiver, as a frame arrives: throws ProtocolError unless every
-  // channel tensor of `frame` names an outbox `connection` exported that
-  // holds its bytes.
-  void check(const transport::Connection& connection,
-             const wire::InboundFrame& frame) const SB_EXCLUDES(mu_);
-  // Receiver, on the pool: a new tensor on `device` holding the bytes of
-  // `tensor` (checked), once they arrived; releases the outbox to the
-  // sender whatever happens. Throws ConnectionError when the connection
-  // closed meanwhile, or what the runtime throws.
-  Tensor fetch(transport::Connection& connection,
-               const wire::InboundFrame::ChannelTensor& tensor, Device device)
+  // Receiver, as a frame arrives: throws ProtocolError unless `tensor` of
+  // `frame` names an outbox `connection` exported that holds its bytes, and
+  // goes to a CUDA device.
+  void check(const transport::Connection& connection, const wire::InboundFrame& frame,
+             const wire::InboundFrame::ChannelTensor& tensor) const override
+      SB_EXCLUDES(mu_);
+  // Receiver, on the pool: a new tensor on `arrival.device` holding the
+  // bytes of `arrival.routed` (checked), once they arrived; releases the
+  // outbox to the sender whatever happens. Throws ConnectionError when the
+  // connection closed meanwhile, or what the runtime throws.
+  Tensor receive(transport::Connection& connection, Arrival arrival) override
       SB_EXCLUDES(mu_);
 
   // Receiver: gives the outbox of `tensor` back to the sender without
   // fetching it (the call it belongs to is gone).
   void release(transport::Connection& connection,
-               const wire::InboundFrame::ChannelTensor& tensor);
+               const wire::InboundFrame::ChannelTensor& tensor) override;
 
   // The connection closed: frees its outboxes and unmaps its inboxes.
-  void forget(const transport::Connection& connection) SB_EXCLUDES(mu_);
+  void forget(const transport::Connection& connection) override SB_EXCLUDES(mu_);
 
   // For tests: outboxes alive, inboxes mapped (every connection).
   size_t outbox_count() const SB_EXCLUDES(mu_);
