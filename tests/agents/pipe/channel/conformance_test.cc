@@ -31,6 +31,7 @@
 #include "core/device_ipc.h"
 #include "core/host_buffer_cache.h"
 #include "core/tensor.h"
+#include "tests/agents/pipe/channel/recording_connection.h"
 #include "tests/agents/pipe/fake_device_ipc.h"
 
 using namespace switchboard;
@@ -64,32 +65,15 @@ struct FakeCuda {
   std::shared_ptr<sbtest::FakeDeviceIpc> ipc = std::make_shared<sbtest::FakeDeviceIpc>(2);
 };
 
-// One end of a connection: keeps the channel messages queued on it until
-// deliver() hands them to the other end's channels.
-class End final : public transport::Connection {
+// One end of a connection.
+class End final {
  public:
-  bool enqueue(const rpc::Message&, const std::vector<Device>&,
-               const std::vector<wire::TensorRoute>&, bool) override {
-    return true;
+  // Hands the messages queued here to the other end's channels.
+  void deliver(const Channels& to, const transport::Connection& arrives_on) {
+    for (const auto& payload : connection.take_payloads())
+      to.on_message(arrives_on, payload);
   }
-  bool enqueue_control(wire::FrameKind kind, const uint8_t* payload, size_t size,
-                       uint64_t) override {
-    REQUIRE(kind == wire::FrameKind::kChannel);
-    queued.emplace_back(payload, payload + size);
-    return true;
-  }
-  void start_reading() override {}
-  void replay(wire::InboundFrame) override {}
-  void close_after_flush() override {}
-  bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
-  void close_now() override {}
-
-  void deliver(const Channels& to, const End& arrives_on) {
-    std::vector<std::vector<uint8_t>> now;
-    now.swap(queued);
-    for (const auto& payload : now) to.on_message(arrives_on, payload);
-  }
-  std::vector<std::vector<uint8_t>> queued;
+  sbtest::RecordingConnection connection;
 };
 
 struct Worker {
@@ -134,11 +118,11 @@ size_t bytes_of(int64_t n) { return static_cast<size_t>(n) * (n % 2 != 0 ? 8 : 4
 // route when asked). Releases instead of receiving when `release`.
 Tensor carry(Pair& pair, Channel& sender, Tensor t, Device dst, bool release = false,
              std::optional<wire::TensorRoute>* route_out = nullptr) {
-  std::optional<wire::TensorRoute> route = sender.send(pair.a_end, t, dst);
+  std::optional<wire::TensorRoute> route = sender.send(pair.a_end.connection, t, dst);
   if (route_out) *route_out = route;
   if (!route) return Tensor();
   CHECK(route->channel == sender.tag());
-  pair.a_end.deliver(pair.b.channels, pair.b_end);
+  pair.a_end.deliver(pair.b.channels, pair.b_end.connection);
   wire::InboundFrame frame;
   frame.message.id = 1;
   frame.devices = {dst};
@@ -170,16 +154,16 @@ Tensor carry(Pair& pair, Channel& sender, Tensor t, Device dst, bool release = f
   } else {
     frame.message.tensors.emplace_back();
     frame.channel_tensors.push_back({0, t.dtype(), t.shape(), *route});
-    pair.b.channels.check(pair.b_end, frame);
+    pair.b.channels.check(pair.b_end.connection, frame);
     if (release) {
-      pair.b.channels.release(pair.b_end, frame.channel_tensors[0]);
-      pair.b_end.deliver(pair.a.channels, pair.a_end);
+      pair.b.channels.release(pair.b_end.connection, frame.channel_tensors[0]);
+      pair.b_end.deliver(pair.a.channels, pair.a_end.connection);
       return Tensor();
     }
     arrival.routed = frame.channel_tensors[0];
   }
-  Tensor got = pair.b.channels.receive(pair.b_end, std::move(arrival));
-  pair.b_end.deliver(pair.a.channels, pair.a_end);
+  Tensor got = pair.b.channels.receive(pair.b_end.connection, std::move(arrival));
+  pair.b_end.deliver(pair.a.channels, pair.a_end.connection);
   return got;
 }
 
@@ -262,12 +246,12 @@ TEST_CASE(
             }
             // One in flight when the connection closes.
             Tensor copy = t;
-            REQUIRE(sender->send(pair.a_end, copy, dst).has_value());
-            pair.a_end.deliver(pair.b.channels, pair.b_end);
+            REQUIRE(sender->send(pair.a_end.connection, copy, dst).has_value());
+            pair.a_end.deliver(pair.b.channels, pair.b_end.connection);
           }
         }
-        pair.a.channels.forget(pair.a_end);
-        pair.b.channels.forget(pair.b_end);
+        pair.a.channels.forget(pair.a_end.connection);
+        pair.b.channels.forget(pair.b_end.connection);
         // The workers are still here; what the connection held is not.
         CHECK(cuda.ipc->outboxes_alive == 0);
         CHECK(cuda.ipc->inboxes_alive == 0);
@@ -287,7 +271,7 @@ TEST_CASE(
     for (const std::vector<uint8_t>& message :
          {std::vector<uint8_t>{}, std::vector<uint8_t>{0xff},
           std::vector<uint8_t>(200, 0xee)}) {
-      CHECK_THROWS_AS(c->on_message(pair.a_end, message), ProtocolError);
+      CHECK_THROWS_AS(c->on_message(pair.a_end.connection, message), ProtocolError);
     }
     for (Device src : kDevices) {
       for (Device dst : kDevices) {
@@ -302,7 +286,8 @@ TEST_CASE(
         INFO(t.describe() << " to " << dst.str());
         Tensor sent = t;
         try {
-          const std::optional<wire::TensorRoute> route = c->send(pair.a_end, sent, dst);
+          const std::optional<wire::TensorRoute> route =
+              c->send(pair.a_end.connection, sent, dst);
           if (!route) continue;  // declined: the next channel's business
           REQUIRE(sent.is_contiguous());
           REQUIRE(sent.shape() == t.shape());

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "core/little_endian.h"
 #include "core/tensor.h"
+#include "tests/agents/pipe/channel/recording_connection.h"
 #include "tests/agents/pipe/fake_device_ipc.h"
 
 using namespace switchboard;
@@ -28,35 +29,15 @@ using channel::CudaIpcChannel;
 
 namespace {
 
-// Records the kChannel frames queued on it.
-class RecordingConnection final : public Connection {
- public:
-  bool enqueue(const rpc::Message&, const std::vector<Device>&,
-               const std::vector<pipe::wire::TensorRoute>&, bool) override {
-    return true;
-  }
-  bool enqueue_control(pipe::wire::FrameKind kind, const uint8_t* payload, size_t size,
-                       uint64_t) override {
-    REQUIRE(kind == pipe::wire::FrameKind::kChannel);
-    REQUIRE(size >= 1);
-    REQUIRE(payload[0] == 1);  // the cuda_ipc channel's tag
-    sent.emplace_back(payload + 1, payload + size);
-    return true;
-  }
-  void start_reading() override {}
-  void replay(pipe::wire::InboundFrame) override {}
-  void close_after_flush() override {}
-  bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
-  void close_now() override {}
-
-  // Hands what was queued here to `to`, as the peer would receive it.
-  void deliver(CudaIpcChannel& to, const Connection& arrives_on) {
-    for (const auto& message : sent) to.on_message(arrives_on, message);
-    sent.clear();
-  }
-  // The channel's messages queued, without their tag.
-  std::vector<std::vector<uint8_t>> sent;
-};
+// Hands what was queued on `from` to `to`, as the peer would receive it
+// (every message the cuda_ipc channel's: tag 1).
+void deliver(sbtest::RecordingConnection& from, CudaIpcChannel& to,
+             const Connection& arrives_on) {
+  for (uint8_t tag : from.tags) REQUIRE(tag == 1);
+  for (const auto& message : from.sent) to.on_message(arrives_on, message);
+  from.tags.clear();
+  from.sent.clear();
+}
 
 // A device "tensor" of the stand-in runtime: host memory tagged cuda:0.
 Tensor device_tensor(int64_t n, float first) {
@@ -114,19 +95,19 @@ struct Link {
   std::shared_ptr<sbtest::FakeDeviceIpc> ipc = std::make_shared<sbtest::FakeDeviceIpc>(2);
   CudaIpcChannel sender{"w0", ipc, {.max_outboxes = 2, .max_outbox_bytes = 64 << 20}};
   CudaIpcChannel receiver{"w1", ipc, {}};
-  RecordingConnection out;  // the sender's end
-  RecordingConnection in;   // the receiver's end
+  sbtest::RecordingConnection out;  // the sender's end
+  sbtest::RecordingConnection in;   // the receiver's end
 
   // Sends `t`, delivers the export (if any) and fetches it at the receiver;
   // the release goes back to the sender.
   Tensor round(const Tensor& t) {
     std::optional<pipe::wire::TensorRoute> route = put(sender, out, t);
     REQUIRE(route);
-    out.deliver(receiver, in);
+    deliver(out, receiver, in);
     pipe::wire::InboundFrame f = frame_for(route->buffer, t.numel());
     check(receiver, in, f);
     Tensor got = fetch(receiver, in, f.channel_tensors[0], Device::cuda(1));
-    in.deliver(sender, out);
+    deliver(in, sender, out);
     return got;
   }
 };
@@ -159,7 +140,7 @@ TEST_CASE(
   CHECK(a->buffer != b->buffer);
   // Both in flight (max_outboxes 2): the caller stages this one.
   CHECK_FALSE(put(link.sender, link.out, device_tensor(100, 0)));
-  link.out.deliver(link.receiver, link.in);
+  deliver(link.out, link.receiver, link.in);
   link.sender.on_message(link.out, op(2, a->buffer));  // a released
   // Larger than a's 1 MiB: a is dropped (the receiver is told), a new one made.
   const auto c = put(link.sender, link.out, device_tensor(1 << 19, 0));  // 2 MiB
@@ -168,7 +149,7 @@ TEST_CASE(
   REQUIRE(link.out.sent.size() == 2);
   CHECK(link.out.sent[0] == op(3, a->buffer));
   CHECK(link.out.sent[1][0] == 1);  // the export of c
-  link.out.deliver(link.receiver, link.in);
+  deliver(link.out, link.receiver, link.in);
   // Above max_outbox_bytes: staged.
   CHECK_FALSE(put(link.sender, link.out, device_tensor(int64_t{17} << 20, 0)));
 }
@@ -182,7 +163,7 @@ TEST_CASE(
   const auto b = put(link.sender, link.out, device_tensor(100, 0));
   REQUIRE(a);
   REQUIRE(b);
-  link.out.deliver(link.receiver, link.in);
+  deliver(link.out, link.receiver, link.in);
   check(link.receiver, link.in, frame_for(a->buffer, 100));  // a is known there
   link.sender.on_message(link.out, op(2, a->buffer));        // and released
   link.ipc->out_of_memory = true;
@@ -190,7 +171,7 @@ TEST_CASE(
                     Contains("out of memory"));
   REQUIRE(link.out.sent.size() == 1);
   CHECK(link.out.sent[0] == op(3, a->buffer));
-  link.out.deliver(link.receiver, link.in);
+  deliver(link.out, link.receiver, link.in);
   CHECK_THROWS_WITH(check(link.receiver, link.in, frame_for(a->buffer, 100)),
                     Contains("never exported"));
   link.ipc->out_of_memory = false;
@@ -204,7 +185,7 @@ TEST_CASE(
   const auto a = put(link.sender, link.out, device_tensor(100, 0));
   REQUIRE(a);
   const std::vector<uint8_t> export_a = link.out.sent.at(0);
-  link.out.deliver(link.receiver, link.in);
+  deliver(link.out, link.receiver, link.in);
   SECTION("an outbox never exported") {
     CHECK_THROWS_WITH(check(link.receiver, link.in, frame_for(a->buffer + 7, 10)),
                       Contains("names outbox " + std::to_string(a->buffer + 7) +

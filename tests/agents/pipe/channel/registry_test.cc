@@ -16,6 +16,7 @@
 #include "common/error.h"
 #include "common/host_key.h"
 #include "core/device_ipc.h"
+#include "tests/agents/pipe/channel/recording_connection.h"
 #include "tests/agents/pipe/fake_device_ipc.h"
 
 using namespace switchboard;
@@ -49,22 +50,6 @@ ChannelEntry cpu_entry(std::string name, int priority) {
             return std::make_unique<channel::CpuChannel>(context.buffers);
           }};
 }
-
-class NullConnection final : public transport::Connection {
- public:
-  bool enqueue(const rpc::Message&, const std::vector<Device>&,
-               const std::vector<wire::TensorRoute>&, bool) override {
-    return true;
-  }
-  bool enqueue_control(wire::FrameKind, const uint8_t*, size_t, uint64_t) override {
-    return true;
-  }
-  void start_reading() override {}
-  void replay(wire::InboundFrame) override {}
-  void close_after_flush() override {}
-  bool wait_closed(std::chrono::steady_clock::time_point) override { return true; }
-  void close_now() override {}
-};
 
 }  // namespace
 
@@ -159,7 +144,7 @@ TEST_CASE(
     "[pipe][channel]") {
   set_device_ipc(nullptr);
   const Channels channels = channel::builtin_channels().make(context_with(0));
-  NullConnection connection;
+  sbtest::RecordingConnection connection;
   CHECK_THROWS_WITH(
       channels.on_message(connection, std::vector<uint8_t>{1, 2, 0}),
       Contains("a message for channel 1, which this worker does not offer"));
