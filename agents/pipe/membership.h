@@ -52,6 +52,9 @@
 //     holds another group's id past that is logged as an error (a second
 //     group formed there), never joined.
 //
+// The code: joining, admitting and leaving in membership.cc, the watcher
+// in membership_watch.cc, reading the records in membership_records.h.
+//
 // Thread safety: join() once, on the constructing thread; leave() on the
 // owner's thread; the rest on any thread (hellos arrive on I/O threads).
 // mu_ guards the welcomes, the lost members, the listener, the departures
