@@ -1,14 +1,11 @@
 #include "rpc/call_table.h"
 
-#include "rpc/call_context.h"
-#include "rpc/caller_requests.h"
-
 #include <fmt/format.h>
 #include <pthread.h>
 #include <spdlog/spdlog.h>
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <optional>
@@ -23,6 +20,10 @@
 #include "common/metrics.h"
 #include "common/mutex.h"
 #include "core/remote_error.h"
+#include "rpc/call_context.h"
+#include "rpc/caller_requests.h"
+#include "rpc/fair_queue.h"
+#include "rpc/function_stats.h"
 
 namespace switchboard::rpc {
 
@@ -33,41 +34,6 @@ std::string call_prefix(const std::string& dst_name, const std::string& function
 namespace {
 
 using Clock = CallTable::Clock;
-
-// Distinct function names counted per table; the rest count as kOtherFunctions
-// (requests carry names chosen by peers: their number must be bounded).
-constexpr size_t kMaxFunctions = 1024;
-constexpr const char* kOtherFunctions = "(other)";
-
-// What the table counts per function (see rpc/metrics.h). The calls this
-// worker makes are counted under the table's lock, which add() and
-// complete() hold anyway (plain adds: no atomic, no cache line of their
-// own to bounce between the caller and the thread that completes); the
-// requests it serves are counted with atomic adds, outside the lock.
-struct FunctionStats {
-  // Guarded by State::mu.
-  uint64_t sent = 0;
-  uint64_t succeeded = 0;
-  std::array<uint64_t, kNumFailureKinds> failed{};
-  HistogramSnapshot latency;
-  // Lock-free.
-  Counter served;
-  Counter served_failed;
-
-  void failure(FailureKind kind) { ++failed[static_cast<size_t>(kind)]; }
-
-  // With State::mu held.
-  FunctionMetrics snapshot() const {
-    FunctionMetrics m;
-    m.calls_sent = sent;
-    m.calls_succeeded = succeeded;
-    m.calls_failed = failed;
-    m.latency = latency;
-    m.requests_served = served.value();
-    m.requests_failed = served_failed.value();
-    return m;
-  }
-};
 
 // A call taken out of the table (and counted as failed) to be failed
 // outside the lock.
@@ -139,43 +105,22 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   // PIPE asks on every call. Stays true after close().
   std::atomic<bool> started{false};
   std::deque<Request> early SB_GUARDED_BY(mu);  // accepted before start()
-  // Requests waiting for the pool, per caller, and the callers that have
-  // some in turn order. Each request posts one task to the executor, and a
-  // task serves the next caller's oldest request, whoever posted it (fair
-  // queuing): a caller with many requests waiting gets one pool thread in
-  // turn with every other caller that waits, not the whole pool until its
-  // backlog is through.
-  Mutex queue_mu;
-  std::unordered_map<int, std::deque<Request>> waiting SB_GUARDED_BY(queue_mu);
-  std::deque<int> turns SB_GUARDED_BY(queue_mu);
-  // Never erased: Pending and the serving path keep pointers to entries.
-  std::unordered_map<std::string, FunctionStats> functions SB_GUARDED_BY(mu);
-  // The entry stats_for() found last (calls in a row mostly name one
-  // function: a string compare instead of a hash lookup).
-  const std::string* last_function SB_GUARDED_BY(mu) = nullptr;
-  FunctionStats* last_stats SB_GUARDED_BY(mu) = nullptr;
+  // Requests waiting for the pool, per caller. Each request posts one task
+  // to the executor, and a task serves the next caller's oldest request,
+  // whoever posted it (fair queuing): a caller with many requests waiting
+  // gets one pool thread in turn with every other caller that waits, not
+  // the whole pool until its backlog is through.
+  FairQueue<Request> waiting;
+  // Pending and the serving path keep references to its entries.
+  FunctionStatsTable functions SB_GUARDED_BY(mu);
 
   FunctionStats& stats_for(const std::string& function) SB_REQUIRES(mu) {
-    if (last_function != nullptr && *last_function == function) return *last_stats;
-    auto it = functions.find(function);
-    if (it == functions.end()) {
-      const std::string& key = functions.size() < kMaxFunctions ? function : kOtherFunctions;
-      it = functions.try_emplace(key).first;
-    }
-    // A name counted as kOtherFunctions is not cached: it would compare
-    // unequal to the key it is counted under.
-    if (it->first == function) {
-      last_function = &it->first;
-      last_stats = &it->second;
-    }
-    return it->second;
+    return functions.stats_for(function);
   }
 
   void collect(RpcMetrics& out) const override SB_EXCLUDES(mu) {
     MutexLock lock(mu);
-    for (const auto& [function, stats] : functions) {
-      out.functions[function].merge(stats.snapshot());
-    }
+    functions.collect(out);
     // Calls not answered or failed yet: they leave `pending` before their
     // futures complete (in_flight drops only after), so a caller whose call
     // just returned never sees it still counted.
@@ -447,15 +392,10 @@ struct CallTable::State : std::enable_shared_from_this<State>,
   }
 
   // Hands an accepted request (counted in `handling`) to the executor.
-  bool post(Request request) SB_EXCLUDES(mu, queue_mu) {
+  bool post(Request request) SB_EXCLUDES(mu) {
     const int from = request.from.id;
     const uint64_t id = request.message.id;
-    {
-      MutexLock lock(queue_mu);
-      std::deque<Request>& mine = waiting[from];
-      if (mine.empty()) turns.push_back(from);
-      mine.push_back(std::move(request));
-    }
+    waiting.push(from, std::move(request));
     try {
       executor->post([self = shared_from_this()] { self->serve_next(); });
       return true;
@@ -463,42 +403,16 @@ struct CallTable::State : std::enable_shared_from_this<State>,
       // Not run: one request of this caller's goes with it (the latest,
       // this one, unless a task took it already and left an older one).
       spdlog::debug("rpc agent \"{}\": request dropped: {}", name, e.what());
-      std::optional<Request> dropped;
-      {
-        MutexLock lock(queue_mu);
-        auto it = waiting.find(from);
-        if (it != waiting.end() && !it->second.empty()) {
-          dropped.emplace(std::move(it->second.back()));
-          it->second.pop_back();
-          if (it->second.empty()) {
-            waiting.erase(it);
-            std::erase(turns, from);
-          }
-        }
-      }
+      const std::optional<Request> dropped = waiting.take_newest(from);
       request_done(dropped ? dropped->from.id : from, dropped ? dropped->message.id : id);
       return false;
     }
   }
 
   // A pool task: the oldest waiting request of the caller whose turn it is.
-  void serve_next() SB_EXCLUDES(mu, queue_mu) {
-    std::optional<Request> next;
-    {
-      MutexLock lock(queue_mu);
-      if (turns.empty()) return;
-      const int caller = turns.front();
-      turns.pop_front();
-      auto it = waiting.find(caller);
-      if (it == waiting.end() || it->second.empty()) return;
-      next.emplace(std::move(it->second.front()));
-      it->second.pop_front();
-      if (it->second.empty()) {
-        waiting.erase(it);
-      } else {
-        turns.push_back(caller);
-      }
-    }
+  void serve_next() SB_EXCLUDES(mu) {
+    std::optional<Request> next = waiting.pop();
+    if (!next) return;
     serve(std::move(*next));
   }
 };
