@@ -442,7 +442,7 @@ TEST_CASE("concurrent workers hold the token one at a time, and a dead holder's 
     return;
   }
   sbtest::Subprocess python(
-      {python_path, sbtest::runfile("tests/rendezvous/torch_store_server.py")});
+      {python_path, sbtest::runfile("tools/torch_store_server/torch_store_server.py")});
   const std::string line = python.read_line();
   REQUIRE(line.rfind("port=", 0) == 0);
   const auto port = static_cast<uint16_t>(std::stoi(line.substr(5)));

@@ -30,12 +30,12 @@ int finish(sbtest::Subprocess& python) {
 // A PyTorch server to talk to.
 struct Torch {
   const char* what;
-  const char* mode;  // the master's server: "libuv" or "nolibuv"
+  const char* server;  // the master's server: "libuv" or "classic"
   std::string python() const { return sbtest::runfile("external/sb_venv/python"); }
 };
 
 const Torch kTorch2Libuv{"PyTorch 2.11 (libuv server)", "libuv"};
-const Torch kTorch2Classic{"PyTorch 2.11 (the server without libuv)", "nolibuv"};
+const Torch kTorch2Classic{"PyTorch 2.11 (the server without libuv)", "classic"};
 
 }  // namespace
 
@@ -63,9 +63,9 @@ TEST_CASE("our client works against a PyTorch TCPStore master",
           "[store][interop][torch]") {
   const Torch torch = GENERATE(kTorch2Libuv, kTorch2Classic);
   INFO(torch.what);
-  std::vector<std::string> argv = {torch.python(),
-                                   sbtest::runfile("tests/store/torch_store_master.py")};
-  argv.push_back(torch.mode);
+  const std::vector<std::string> argv = {
+      torch.python(), sbtest::runfile("tools/torch_store_server/torch_store_server.py"),
+      "--until", "cpp_client", "--timeout", "60", "--server", torch.server};
   sbtest::Subprocess python(argv);
   std::string line = python.read_line();
   REQUIRE(line.rfind("port=", 0) == 0);

@@ -51,8 +51,10 @@ struct Servers {
   explicit Servers(const std::string& argv0)
       : ours({find_runfile(argv0, "tools/store_server/store_server", "SB_STORE_SERVER"),
               "--host", kHost, "--port", "0", "--quiet"}),
-        torch({torch_python(), find_runfile(argv0, "tools/bench/torch_store_server.py",
-                                     "SB_TORCH_STORE_SERVER")}) {
+        torch({torch_python(),
+               find_runfile(argv0, "tools/torch_store_server/torch_store_server.py",
+                            "SB_TORCH_STORE_SERVER"),
+               "--until", "stdin"}) {
     ours_port = ours.read_port(std::chrono::seconds(30));
     torch_port = torch.read_port(std::chrono::seconds(120));  // imports torch
   }

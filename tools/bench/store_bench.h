@@ -5,8 +5,9 @@
 //   bench store [--seconds S]
 //
 // Starts both servers as child processes (tools/store_server/store_server,
-// or $SB_STORE_SERVER; the project venv's Python tools/bench/torch_store_server.py,
-// or $SB_TORCH_STORE_SERVER for the script) and stops them before returning.
+// or $SB_STORE_SERVER; the project venv's Python
+// tools/torch_store_server/torch_store_server.py, or $SB_TORCH_STORE_SERVER
+// for the script) and stops them before returning.
 // Prints `# ...` header lines and `name=value` result lines on stdout.
 #pragma once
 
