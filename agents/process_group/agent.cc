@@ -259,25 +259,8 @@ struct ProcessGroupAgent::Impl final : PeerEvents, std::enable_shared_from_this<
   // What is wrong with a call, or nullptr. Makes strided tensors contiguous.
   std::exception_ptr check_request(int dst, const WorkerInfo& to, Message& request,
                                    Timeout timeout) const {
-    if (dst < 0) {
-      return std::make_exception_ptr(NotFoundError(
-          fmt::format("rpc to \"{}\" (id {}) function \"{}\": no such worker in this "
-                      "group of {}",
-                      to.name, to.id, request.function, world_size)));
-    }
-    const std::string prefix = call_prefix(dst, request.function);
-    std::string problem;
-    if (request.type != MessageType::kRequest) {
-      problem = fmt::format("send() takes requests, got message type {}",
-                            static_cast<int>(request.type));
-    } else if (timeout.count() < 0) {
-      problem = fmt::format("negative timeout {} ms", timeout.count());
-    } else if (auto bad_tensor = prepare_tensors(request)) {
-      problem = *bad_tensor;
-    }
-    if (problem.empty()) return nullptr;
-    return std::make_exception_ptr(
-        std::invalid_argument(fmt::format("{}: {}", prefix, problem)));
+    return workers.check_request(dst, to, request, timeout,
+                                 [&request] { return prepare_tensors(request); });
   }
 
   std::exception_ptr connection_error(const std::string& prefix, int peer,

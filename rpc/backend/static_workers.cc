@@ -7,6 +7,7 @@
 #include <map>
 
 #include "common/error.h"
+#include "rpc/call_table.h"
 
 namespace switchboard::rpc::backend {
 namespace {
@@ -106,6 +107,29 @@ WorkerInfo StaticWorkers::worker(int id) const {
         fmt::format("no rpc worker with id {} (ids 0 to {})", id, size() - 1));
   }
   return workers_[id];
+}
+
+std::exception_ptr StaticWorkers::check_request(
+    int dst, const WorkerInfo& to, const Message& request,
+    std::chrono::milliseconds timeout,
+    const std::function<std::optional<std::string>()>& more) const {
+  if (dst < 0) {
+    return std::make_exception_ptr(NotFoundError(fmt::format(
+        "rpc to \"{}\" (id {}) function \"{}\": no such worker in this group of {}",
+        to.name, to.id, request.function, size())));
+  }
+  std::optional<std::string> problem;
+  if (request.type != MessageType::kRequest) {
+    problem = fmt::format("send() takes requests, got message type {}",
+                          static_cast<int>(request.type));
+  } else if (timeout.count() < 0) {
+    problem = fmt::format("negative timeout {} ms", timeout.count());
+  } else if (more) {
+    problem = more();
+  }
+  if (!problem) return nullptr;
+  return std::make_exception_ptr(std::invalid_argument(
+      fmt::format("{}: {}", call_prefix(name(dst), request.function), *problem)));
 }
 
 }  // namespace switchboard::rpc::backend

@@ -7,6 +7,8 @@
 //       std::chrono::steady_clock::now() + timeout);
 //   int dst = workers.find(to);               // -1: not in this group
 //   WorkerInfo w = workers.worker("trainer");  // NotFoundError if unknown
+//   if (auto error = workers.check_request(dst, to, request, timeout))
+//     return Future<Message>::failed(error);
 //
 // Every rank publishes its name under "<names_key><rank>" and reads every
 // other rank's. Names must be unique within the group.
@@ -14,12 +16,16 @@
 // Errors: exchange() throws TimeoutError naming the ranks that did not
 // publish in time, and DuplicateNameError naming each name that more than
 // one rank took, with those ranks. Lookups throw NotFoundError naming the
-// name or id and what the group has.
+// name or id and what the group has. check_request() returns the error
+// rather than throwing it (a backend's send() fails the call's future).
 //
 // Thread safety: immutable once exchanged; any number of threads may read.
 #pragma once
 
 #include <chrono>
+#include <exception>
+#include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -59,6 +65,17 @@ class StaticWorkers {
   WorkerInfo worker(int id) const;
   // The name of rank `id`, which must be in range.
   const std::string& name(int id) const { return workers_[id].name; }
+
+  // What is wrong with `request`, to send to `to` (`dst`: find(to)) with
+  // `timeout`, or nullptr: NotFoundError when `to` is not a worker of this
+  // group; std::invalid_argument, after "rpc to "<name>" function "<f>": ",
+  // for a message that is not a request, a negative timeout, or what
+  // `more` (the backend's own checks, e.g. of the tensors; run last, may be
+  // empty) finds wrong.
+  std::exception_ptr check_request(
+      int dst, const WorkerInfo& to, const Message& request,
+      std::chrono::milliseconds timeout,
+      const std::function<std::optional<std::string>()>& more = {}) const;
 
  private:
   std::vector<WorkerInfo> workers_;  // by rank

@@ -364,26 +364,13 @@ struct Impl : std::enable_shared_from_this<Impl> {
   // What is wrong with a call, or nullptr.
   std::exception_ptr check_request(int dst, const WorkerInfo& to, const Message& request,
                                    Timeout timeout) const {
-    if (dst < 0) {
-      return std::make_exception_ptr(NotFoundError(
-          fmt::format("rpc to \"{}\" (id {}) function \"{}\": no such worker in this "
-                      "group of {}",
-                      to.name, to.id, request.function, world_size)));
-    }
-    std::string problem;
-    if (request.type != MessageType::kRequest) {
-      problem = fmt::format("send() takes requests, got message type {}",
-                            static_cast<int>(request.type));
-    } else if (timeout.count() < 0) {
-      problem = fmt::format("negative timeout {} ms", timeout.count());
-    } else if (auto bad_tensor = tensor_problem(request)) {
-      problem = *bad_tensor;
-    } else if (!calls.started()) {
-      problem = "send() before start()";
-    }
-    if (problem.empty()) return nullptr;
-    return std::make_exception_ptr(std::invalid_argument(
-        fmt::format("{}: {}", call_prefix(dst, request.function), problem)));
+    return workers.check_request(dst, to, request, timeout,
+                                 [&]() -> std::optional<std::string> {
+                                   if (auto bad_tensor = tensor_problem(request))
+                                     return bad_tensor;
+                                   if (!calls.started()) return "send() before start()";
+                                   return std::nullopt;
+                                 });
   }
 
   Future<Message> send(const WorkerInfo& to, Message request, Timeout timeout) {

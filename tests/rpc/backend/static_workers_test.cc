@@ -4,6 +4,9 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <exception>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -106,4 +109,44 @@ TEST_CASE("a rank that never publishes is named in the timeout", "[static_worker
             std::to_string(i * 2) +
             " of 4): timed out after 250 ms waiting for ranks [1, 3] to start"));
   }
+}
+
+TEST_CASE("check_request names what is wrong with a call, the backend's own checks last",
+          "[static_workers]") {
+  HashStore store;
+  const StaticWorkers t = exchange_all(store, {"ps", "trainer"})[0];
+  switchboard::rpc::Message request;
+  request.function = "step";
+  const auto message_of = [](std::exception_ptr error) {
+    REQUIRE(error != nullptr);
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  const WorkerInfo trainer{"trainer", 1};
+  CHECK(t.check_request(1, trainer, request, milliseconds(5)) == nullptr);
+  const WorkerInfo stranger{"nobody", 7};
+  const std::exception_ptr missing =
+      t.check_request(t.find(stranger), stranger, request, milliseconds(5));
+  CHECK_THROWS_AS(std::rethrow_exception(missing), NotFoundError);
+  CHECK(message_of(missing) ==
+        "rpc to \"nobody\" (id 7) function \"step\": no such worker in this group of 2");
+  CHECK(message_of(t.check_request(1, trainer, request, milliseconds(-1))) ==
+        "rpc to \"trainer\" function \"step\": negative timeout -1 ms");
+  bool asked = false;
+  const auto more = [&]() -> std::optional<std::string> {
+    asked = true;
+    return "tensor 0 is on cuda:0";
+  };
+  CHECK(message_of(t.check_request(1, trainer, request, milliseconds(-1), more)) ==
+        "rpc to \"trainer\" function \"step\": negative timeout -1 ms");
+  CHECK_FALSE(asked);  // the backend's checks come last
+  CHECK(message_of(t.check_request(1, trainer, request, milliseconds(5), more)) ==
+        "rpc to \"trainer\" function \"step\": tensor 0 is on cuda:0");
+  request.type = switchboard::rpc::MessageType::kResponse;
+  CHECK_THROWS_AS(
+      std::rethrow_exception(t.check_request(1, trainer, request, milliseconds(5))),
+      std::invalid_argument);
 }
