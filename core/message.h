@@ -17,7 +17,7 @@
 
 #include "core/tensor.h"
 
-namespace switchboard::rpc {
+namespace switchboard {
 
 enum class MessageType : uint8_t {
   kRequest = 1,
@@ -47,8 +47,6 @@ struct Message {
   std::vector<Tensor> tensors;
 };
 
-// A worker of the group: its unique name and its id (the rank in a static
-// group; assigned at join in a dynamic one).
 // The RRef protocol's reference counting (rpc/rref_table.h): requests the
 // library sends on its own, never refused by the limit on one caller's
 // requests (max_requests_per_peer), which is for users' calls; a refused
@@ -61,6 +59,8 @@ inline bool is_bookkeeping_request(std::string_view function) {
          function == kRRefDeleteFunction;
 }
 
+// A worker of the group: its unique name and its id (the rank in a static
+// group; assigned at join in a dynamic one).
 struct WorkerInfo {
   std::string name;
   int id = -1;
@@ -68,4 +68,16 @@ struct WorkerInfo {
   friend bool operator==(const WorkerInfo&, const WorkerInfo&) = default;
 };
 
+}  // namespace switchboard
+
+// The RPC layer's names for them, as rpc/ and code written against
+// switchboard::rpc use them.
+namespace switchboard::rpc {
+using switchboard::is_bookkeeping_request;
+using switchboard::kRRefDeleteFunction;
+using switchboard::kRRefForkFunction;
+using switchboard::kRRefReleaseFunction;
+using switchboard::Message;
+using switchboard::MessageType;
+using switchboard::WorkerInfo;
 }  // namespace switchboard::rpc

@@ -8,7 +8,7 @@
 #include "common/check.h"
 #include "core/serialize.h"
 
-namespace switchboard::rpc {
+namespace switchboard {
 namespace {
 
 constexpr ErrorCode kAllCodes[] = {
@@ -45,8 +45,8 @@ std::string string_field(const msgpack::object& map, std::string_view key) {
 
 }  // namespace
 
-RemoteError::RemoteError(std::string worker, std::string type_name, std::string message,
-                         ErrorCode code)
+rpc::RemoteError::RemoteError(std::string worker, std::string type_name,
+                              std::string message, ErrorCode code)
     : Error(code, fmt::format("worker \"{}\" raised {}: {}", worker, type_name, message)),
       worker_(std::move(worker)),
       type_name_(std::move(type_name)),
@@ -111,4 +111,4 @@ RemoteError decode_remote_error(const Message& m) {
                      code.value_or(ErrorCode::kFailedPrecondition));
 }
 
-}  // namespace switchboard::rpc
+}  // namespace switchboard

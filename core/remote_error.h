@@ -31,7 +31,12 @@
 #include "common/error.h"
 #include "core/message.h"
 
-namespace switchboard::rpc {
+namespace switchboard {
+
+// RemoteError keeps the namespace switchboard::rpc, as the serialization
+// errors do (core/serialize.h): its demangled name travels when a handler
+// lets another worker's error through.
+namespace rpc {
 
 class RemoteError : public Error {
  public:
@@ -51,6 +56,10 @@ class RemoteError : public Error {
   std::string type_name_;
   std::string remote_message_;
 };
+
+}  // namespace rpc
+
+using rpc::RemoteError;
 
 // What is known of an exception: its dynamic type's demangled name, its
 // what() and, for a switchboard::Error, its code. For an object that is not
@@ -77,4 +86,12 @@ void encode_remote_error(Message& m, std::string_view worker, std::exception_ptr
 // peer); does not look at m.type.
 RemoteError decode_remote_error(const Message& m);
 
+}  // namespace switchboard
+
+// The RPC layer's names for them (core/message.h says why).
+namespace switchboard::rpc {
+using switchboard::decode_remote_error;
+using switchboard::describe_exception;
+using switchboard::encode_remote_error;
+using switchboard::ExceptionInfo;
 }  // namespace switchboard::rpc

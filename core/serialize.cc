@@ -8,7 +8,7 @@
 
 #include "common/check.h"
 
-namespace switchboard::rpc {
+namespace switchboard {
 namespace {
 
 thread_local std::vector<Tensor>* tls_encode_sink = nullptr;
@@ -239,4 +239,4 @@ std::string join(const std::vector<std::string>& parts) {
 }
 
 }  // namespace detail
-}  // namespace switchboard::rpc
+}  // namespace switchboard

@@ -87,7 +87,7 @@
 #include "core/message.h"
 #include "core/remote_error.h"
 
-namespace switchboard::rpc::detail {
+namespace switchboard::detail {
 
 // The stream msgpack::packer writes payloads into: appends to a byte vector.
 struct PayloadWriter {
@@ -98,7 +98,7 @@ struct PayloadWriter {
   }
 };
 
-}  // namespace switchboard::rpc::detail
+}  // namespace switchboard::detail
 
 // Floats stay floats. msgpack-c++ 4.1 packs a float or double that holds an
 // integral value as a msgpack int (msgpack-c issue #1017), which turns -0.0
@@ -107,8 +107,8 @@ struct PayloadWriter {
 namespace msgpack {
 MSGPACK_API_VERSION_NAMESPACE(v1) {
   template <>
-  inline packer<switchboard::rpc::detail::PayloadWriter>&
-  packer<switchboard::rpc::detail::PayloadWriter>::pack_float(float d) {
+  inline packer<switchboard::detail::PayloadWriter>&
+  packer<switchboard::detail::PayloadWriter>::pack_float(float d) {
     uint32_t bits;
     std::memcpy(&bits, &d, sizeof bits);
     char buf[5];
@@ -119,8 +119,8 @@ MSGPACK_API_VERSION_NAMESPACE(v1) {
   }
 
   template <>
-  inline packer<switchboard::rpc::detail::PayloadWriter>&
-  packer<switchboard::rpc::detail::PayloadWriter>::pack_double(double d) {
+  inline packer<switchboard::detail::PayloadWriter>&
+  packer<switchboard::detail::PayloadWriter>::pack_double(double d) {
     uint64_t bits;
     std::memcpy(&bits, &d, sizeof bits);
     char buf[9];
@@ -132,10 +132,15 @@ MSGPACK_API_VERSION_NAMESPACE(v1) {
 }  // MSGPACK_API_VERSION_NAMESPACE(v1)
 }  // namespace msgpack
 
-namespace switchboard::rpc {
+namespace switchboard {
 
 // The msgpack ext type code of a tensor descriptor.
 inline constexpr int8_t kTensorExtType = 1;
+
+// The two exception classes keep the namespace switchboard::rpc: their
+// demangled names travel in remote errors ("switchboard::rpc::ArgumentError",
+// docs/wire_formats.md) and callers match on them.
+namespace rpc {
 
 // A payload that cannot be decoded as the expected types: malformed msgpack,
 // a bad tensor descriptor, or a result of the wrong type.
@@ -152,6 +157,11 @@ class ArgumentError : public SerializationError {
  public:
   using SerializationError::SerializationError;
 };
+
+}  // namespace rpc
+
+using rpc::ArgumentError;
+using rpc::SerializationError;
 
 // The demangled form of a typeid name ("std::runtime_error"); the input
 // unchanged if it cannot be demangled.
@@ -411,6 +421,24 @@ R decode_result(const Message& m, std::string_view function) {
   }
 }
 
+}  // namespace switchboard
+
+// The RPC layer's names for them (core/message.h says why).
+namespace switchboard::rpc {
+using switchboard::decode_args;
+using switchboard::decode_result;
+using switchboard::demangle;
+using switchboard::encode_args;
+using switchboard::encode_result;
+using switchboard::kTensorExtType;
+using switchboard::received_type_name;
+using switchboard::type_name;
+// For the RRef payload rewriting (rpc/rref_payload.h).
+namespace detail {
+using switchboard::detail::arguments_what;
+using switchboard::detail::PayloadWriter;
+using switchboard::detail::unpack_payload;
+}  // namespace detail
 }  // namespace switchboard::rpc
 
 // The msgpack-c++ adaptor for Tensor (see "How tensors reach
@@ -423,8 +451,8 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
   struct pack<switchboard::Tensor> {
     template <typename Stream>
     packer<Stream>& operator()(packer<Stream>& o, const switchboard::Tensor& t) const {
-      std::string body = switchboard::rpc::detail::record_tensor(t);
-      o.pack_ext(body.size(), switchboard::rpc::kTensorExtType);
+      std::string body = switchboard::detail::record_tensor(t);
+      o.pack_ext(body.size(), switchboard::kTensorExtType);
       o.pack_ext_body(body.data(), body.size());
       return o;
     }
@@ -434,16 +462,17 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
   struct convert<switchboard::Tensor> {
     const msgpack::object& operator()(const msgpack::object& o,
                                       switchboard::Tensor& t) const {
-      t = switchboard::rpc::detail::resolve_tensor(o);
+      t = switchboard::detail::resolve_tensor(o);
       return o;
     }
   };
 
   // WorkerInfo as torch passes it (an argument or a result): [name, id].
   template <>
-  struct pack<switchboard::rpc::WorkerInfo> {
+  struct pack<switchboard::WorkerInfo> {
     template <typename Stream>
-    packer<Stream>& operator()(packer<Stream>& o, const switchboard::rpc::WorkerInfo& w) const {
+    packer<Stream>& operator()(packer<Stream>& o,
+                               const switchboard::WorkerInfo& w) const {
       o.pack_array(2);
       o.pack(w.name);
       o.pack(w.id);
@@ -452,9 +481,9 @@ MSGPACK_API_VERSION_NAMESPACE(MSGPACK_DEFAULT_API_NS) {
   };
 
   template <>
-  struct convert<switchboard::rpc::WorkerInfo> {
+  struct convert<switchboard::WorkerInfo> {
     const msgpack::object& operator()(const msgpack::object& o,
-                                      switchboard::rpc::WorkerInfo& w) const {
+                                      switchboard::WorkerInfo& w) const {
       if (o.type != msgpack::type::ARRAY || o.via.array.size != 2) throw msgpack::type_error();
       w.name = o.via.array.ptr[0].as<std::string>();
       w.id = o.via.array.ptr[1].as<int>();

@@ -366,8 +366,8 @@ TEST_CASE("an RRef passed to remote(), and malformed RRefs from the network",
     rpc::Message m;
     m.type = rpc::MessageType::kRequest;
     m.function = "fetch";
-    rpc::detail::PayloadWriter writer{&m.payload};
-    msgpack::packer<rpc::detail::PayloadWriter> packer(writer);
+    switchboard::detail::PayloadWriter writer{&m.payload};
+    msgpack::packer<switchboard::detail::PayloadWriter> packer(writer);
     packer.pack_array(1);
     packer.pack_ext(body.size(), rpc::kRRefExtType);
     packer.pack_ext_body(body.data(), body.size());
@@ -377,7 +377,7 @@ TEST_CASE("an RRef passed to remote(), and malformed RRefs from the network",
   std::string three_ints;
   {
     std::vector<uint8_t> bytes;
-    rpc::detail::PayloadWriter writer{&bytes};
+    switchboard::detail::PayloadWriter writer{&bytes};
     msgpack::pack(writer, std::vector<int64_t>{1, 2, 3});
     three_ints.assign(bytes.begin(), bytes.end());
   }
