@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,11 +22,13 @@
 
 #include "common/auth.h"
 #include "common/error.h"
+#include "launch/child.h"
 #include "launch/job_secret.h"
 #include "launch/line_relay.h"
+#include "launch/node_group.h"
 #include "launch/node_link.h"
 #include "launch/spawn.h"
-#include "store/tcp_store.h"
+#include "launch/store_server_process.h"
 
 namespace switchboard::launch {
 
@@ -37,40 +38,10 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
 constexpr std::chrono::seconds kStorePortTimeout{30};
-// How often a launcher of several nodes says it is alive (and node 0 looks).
-constexpr std::chrono::seconds kHeartbeatInterval{1};
-
-struct Child {
-  std::string name;  // "rank 3" or "store server"
-  pid_t pid = -1;
-  bool running = false;
-};
 
 [[noreturn]] void throw_errno(const char* what) {
   throw std::system_error(errno, std::generic_category(), what);
 }
-
-std::string signal_name(int signo) {
-  const char* abbrev = ::sigabbrev_np(signo);
-  return abbrev ? fmt::format("SIG{} ({})", abbrev, signo) : fmt::format("{}", signo);
-}
-
-// "exited with status 3", "killed by signal SIGKILL (9)".
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return fmt::format("killed by signal {}{}", signal_name(WTERMSIG(status)),
-                       WCOREDUMP(status) ? " (core dumped)" : "");
-  }
-  return fmt::format("ended with wait status {:#x}", status);
-}
-
-// "5 s", "0.25 s".
-std::string seconds(std::chrono::milliseconds duration) {
-  return fmt::format("{:g} s", static_cast<double>(duration.count()) / 1000);
-}
-
-bool failed(int status) { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
 
 // "tcp://127.0.0.1:29500", "tcp://[::1]:29500".
 std::string store_url(const std::string& addr, uint16_t port) {
@@ -119,8 +90,10 @@ class Supervisor {
   bool join_nodes();
   bool wait_signals_for(std::chrono::milliseconds timeout);
   void monitor_job(TimePoint now);
-  void watch_nodes(TimePoint now);
-  void report_failure(const std::string& what);
+  // Several nodes: the job's first failure (NodeGroup::report_failure).
+  void report_failure(const std::string& what) { nodes_->report_failure(what); }
+  // The store while it can be reached (several nodes), else null.
+  NodeLink* link() { return nodes_ && nodes_->linked() ? &nodes_->link() : nullptr; }
   void lose_store(const std::exception& error);
   void on_worker_failed(const std::string& what);
   void attempt_failed(const std::string& first);
@@ -130,8 +103,6 @@ class Supervisor {
   std::string node_tag() const;
   void setup_signals();
   bool start_store_server();
-  bool wait_for_port();
-  bool parse_port_lines(std::string* pending);
   void start_workers();
   bool start_worker(int rank, const std::string& path);
   void supervise();
@@ -146,6 +117,8 @@ class Supervisor {
   void kill_everything();
   void on_deadlines(TimePoint now);
   void drain_and_close_relays();
+  // The store server's output relays, then the workers'.
+  std::vector<LineRelay*> all_relays();
   int poll_timeout_ms(TimePoint now) const;
   int running_workers() const;
   // The job has succeeded or is failing: no attempt follows.
@@ -158,36 +131,25 @@ class Supervisor {
   sigset_t original_mask_{};
   int signal_fd_ = -1;
   int dev_null_ = -1;
-  int store_stdout_ = -1;  // until the port is read; then a relay owns it
-  Child store_{"store server"};
+  StoreServerProcess store_;  // started only when hosts_store()
   std::vector<Child> workers_;
-  std::vector<LineRelay> relays_;
+  std::vector<LineRelay> relays_;  // the workers'
   uint16_t port_ = 0;
   bool workers_started_ = false;  // start_workers() ran (attempt 0)
   bool stopping_ = false;  // a failure or a signal is ending the job
   Attempt attempt_;        // the restart policy's
-  bool store_signaled_ = false;
   int exit_code_ = 0;
   std::optional<TimePoint> worker_kill_at_;  // SIGKILL the workers then
-  std::optional<TimePoint> store_kill_at_;   // SIGKILL the store server then
   std::optional<TimePoint> drain_until_;     // stop waiting for output EOF
-  // Multi-node (see NodeLink): null on one node, or once the store is gone.
-  std::unique_ptr<NodeLink> link_;
-  std::string first_failure_;             // the job's, as recorded in the store
-  bool reported_done_ = false;            // the job is over, this node's workers reaped
-  bool nodes_done_ = false;               // node 0: every node is (the store may go)
-  std::optional<TimePoint> next_monitor_;
-  // Node 0: each other node's heartbeat counter as last seen, and when (by
-  // this launcher's steady clock) it was first seen at that value.
-  std::map<int, std::pair<int64_t, TimePoint>> heartbeats_;
-  std::optional<TimePoint> next_heartbeat_;
-  std::optional<TimePoint> store_grace_until_;  // node 0 after a failure
+  // The other launchers (several nodes), else null.
+  std::unique_ptr<NodeGroup> nodes_;
   // The job secret and its file (set by prepare_secret()).
   std::unique_ptr<JobSecret> secret_;
 };
 
 Supervisor::~Supervisor() {
-  // Children are still running only when run() threw.
+  // Children are still running only when run() threw (store_ reaps its
+  // own).
   auto kill_and_reap = [](const Child& child) {
     if (!child.running) return;
     ::kill(-child.pid, SIGKILL);
@@ -195,9 +157,8 @@ Supervisor::~Supervisor() {
     }
   };
   for (const Child& worker : workers_) kill_and_reap(worker);
-  kill_and_reap(store_);
   relays_.clear();
-  for (int fd : {signal_fd_, dev_null_, store_stdout_}) {
+  for (int fd : {signal_fd_, dev_null_}) {
     if (fd >= 0) ::close(fd);
   }
 }
@@ -216,18 +177,19 @@ bool Supervisor::prepare_secret() {
 int Supervisor::run() {
   if (!prepare_secret()) return exit_code_;
   setup_signals();
+  if (multi_node()) nodes_ = std::make_unique<NodeGroup>(options_, secret_->secret());
   bool ready = true;
   if (hosts_store()) {
-    ready = start_store_server() && wait_for_port();
+    ready = start_store_server();
   } else {
     port_ = options_.master_port;
   }
   if (ready && multi_node()) ready = join_nodes();
   if (ready) start_workers();
   supervise();
-  if (!first_failure_.empty()) {
+  if (nodes_ && !nodes_->first_failure().empty()) {
     fmt::print(stderr, "launch: node {}: the job failed; first failure: {}\n",
-               options_.node_rank, first_failure_);
+               options_.node_rank, nodes_->first_failure());
   }
   return exit_code_;
 }
@@ -242,103 +204,16 @@ bool Supervisor::wait_signals_for(std::chrono::milliseconds timeout) {
   return !stopping_;
 }
 
-// Connects to the job's store and waits until every node's launcher has
-// announced itself, --join-timeout at most; false (the job stopping) on a
-// timeout, a failure recorded by another node, or a signal.
+// Several nodes: waits until every node's launcher is there (NodeGroup::
+// join()); false, the job stopping, when one is not.
 bool Supervisor::join_nodes() {
-  const TimePoint deadline = Clock::now() + options_.join_timeout;
-  const std::string at = fmt::format("{}:{}", options_.master_addr, port_);
-  std::string last_error;
-  while (!link_) {
-    try {
-      link_ = std::make_unique<NodeLink>(options_, port_, secret_->secret());
-    } catch (const AuthenticationError& e) {
-      // Another secret than the job's: trying again cannot help.
-      fmt::print(stderr, "launch: node {}: cannot reach the job's store at {}: {}\n",
-                 options_.node_rank, at, e.what());
-      begin_stop(SIGTERM, 1);
-      return false;
-    } catch (const std::exception& e) {
-      last_error = e.what();
-      if (Clock::now() >= deadline) {
-        fmt::print(stderr,
-                   "launch: node {}: cannot reach the job's store at {} within {} ({})\n",
-                   options_.node_rank, at, seconds(options_.join_timeout), last_error);
-        begin_stop(SIGTERM, 1);
-        return false;
-      }
-      if (!wait_signals_for(options_.monitor_interval)) return false;
-    }
+  if (nodes_->join(port_, [this](std::chrono::milliseconds timeout) {
+        return wait_signals_for(timeout);
+      })) {
+    return true;
   }
-  try {
-    link_->announce();
-    fmt::print(stderr, "launch: node {} of {}: waiting for the other nodes at {}\n",
-               options_.node_rank, options_.nnodes, at);
-    for (;;) {
-      if (auto failure = link_->failure()) {
-        first_failure_ = *failure;
-        fmt::print(stderr, "launch: node {}: the job failed before it started\n",
-                   options_.node_rank);
-        begin_stop(SIGTERM, 1);
-        return false;
-      }
-      const std::vector<int> missing = link_->missing();
-      if (missing.empty()) return true;
-      if (Clock::now() >= deadline) {
-        report_failure(fmt::format("node(s) {} did not arrive within {} (seen from node {})",
-                                   fmt::join(missing, ", "), seconds(options_.join_timeout),
-                                   options_.node_rank));
-        begin_stop(SIGTERM, 1);
-        return false;
-      }
-      if (!wait_signals_for(options_.monitor_interval)) return false;
-    }
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "launch: node {}: the job's store at {} failed: {}\n",
-               options_.node_rank, at, e.what());
-    link_.reset();
-    begin_stop(SIGTERM, 1);
-    return false;
-  }
-}
-
-// Records the job's first failure in the store (when this node's is first)
-// and remembers the one that is.
-void Supervisor::report_failure(const std::string& what) {
-  if (!link_) {
-    if (first_failure_.empty()) first_failure_ = what;
-    return;
-  }
-  try {
-    first_failure_ = link_->report_failure(what);
-  } catch (const std::exception& e) {
-    if (first_failure_.empty()) first_failure_ = what;
-    fmt::print(stderr, "launch: node {}: cannot record the failure in the store: {}\n",
-               options_.node_rank, e.what());
-    link_.reset();
-  }
-}
-
-// Node 0: a node whose launcher has not beaten its counter for
-// --node-timeout (by this launcher's own clock; no clocks are compared),
-// and which has not said it is done, is gone: the job fails, naming it.
-// Without this, a launcher killed with SIGKILL (or its host lost) would
-// leave node 0 waiting for its "done" for ever.
-void Supervisor::watch_nodes(TimePoint now) {
-  for (int node = 1; node < options_.nnodes; ++node) {
-    if (link_->node_done(node)) continue;
-    const int64_t beats = link_->heartbeats_of(node);
-    auto [it, first] = heartbeats_.try_emplace(node, beats, now);
-    if (!first && it->second.first != beats) it->second = {beats, now};
-    if (now - it->second.second < options_.node_timeout) continue;
-    const std::string what = fmt::format(
-        "node {} stopped responding (its launcher has not updated the store for {})", node,
-        seconds(options_.node_timeout));
-    fmt::print(stderr, "launch: node {}: {}\n", options_.node_rank, what);
-    report_failure(what);
-    begin_stop(SIGTERM, 1);
-    return;
-  }
+  if (!stopping_) begin_stop(SIGTERM, 1);
+  return false;
 }
 
 // The store cannot be reached any more (multi-node): this node's workers
@@ -352,8 +227,7 @@ void Supervisor::lose_store(const std::exception& error) {
         fmt::format("the store at {}:{} went away", options_.master_addr, port_));
     begin_stop(SIGTERM, 1);
   }
-  link_.reset();
-  nodes_done_ = true;
+  nodes_->lose();
   maybe_stop_store();
 }
 
@@ -363,47 +237,29 @@ void Supervisor::lose_store(const std::exception& error) {
 // says so; node 0 keeps the store up until every node is done (or, after a
 // failure, for the stop timeout and a little more).
 void Supervisor::monitor_job(TimePoint now) {
-  if (!link_ || (next_monitor_ && now < *next_monitor_)) return;
-  next_monitor_ = now + options_.monitor_interval;
+  if (!nodes_ || !nodes_->due(now)) return;
   bool next_attempt = false;
   try {
-    if (!next_heartbeat_ || now >= *next_heartbeat_) {
-      next_heartbeat_ = now + kHeartbeatInterval;
-      link_->heartbeat();
-      if (hosts_store() && !stopping_) watch_nodes(now);
+    if (auto lost = nodes_->beat(now, hosts_store() && !stopping_)) {
+      fmt::print(stderr, "launch: node {}: {}\n", options_.node_rank, *lost);
+      report_failure(*lost);
+      begin_stop(SIGTERM, 1);
     }
-    if (!stopping_) {
-      if (auto failure = link_->failure()) {
-        first_failure_ = *failure;
+    if (!stopping_ && nodes_->linked()) {
+      if (auto failure = nodes_->recorded_failure()) {
         fmt::print(stderr, "launch: node {}: stopping: the job failed ({})\n",
                    options_.node_rank, *failure);
         begin_stop(SIGTERM, 1);
       }
     }
     next_attempt = follow_attempt();
-    if (!link_) return;  // follow_attempt() lost the store
+    if (!nodes_->linked()) return;  // the store was lost meanwhile
     // Done: the job is over and every worker reaped, or none started (the
     // job failed first).
-    if (job_over() && running_workers() == 0 && !reported_done_) {
-      link_->report_done();
-      reported_done_ = true;
-    }
-    if (hosts_store() && reported_done_ && !nodes_done_) {
-      const int64_t done = link_->nodes_done();
-      if (done >= options_.nnodes) {
-        nodes_done_ = true;
-      } else if (stopping_) {
-        // After a failure: nodes that never arrived will not say they are
-        // done; wait for those that did, the grace period at most.
-        const auto arrived =
-            static_cast<int64_t>(options_.nnodes) - static_cast<int64_t>(link_->missing().size());
-        if (done >= arrived) nodes_done_ = true;
-        if (!store_grace_until_) {
-          store_grace_until_ = now + options_.stop_timeout + std::chrono::seconds(2);
-        }
-        if (now >= *store_grace_until_) nodes_done_ = true;
-      }
-      if (nodes_done_) maybe_stop_store();
+    if (job_over() && running_workers() == 0) nodes_->report_done();
+    if (hosts_store() && nodes_->reported_done() && nodes_->keeps_store() &&
+        nodes_->nodes_done(now, stopping_)) {
+      maybe_stop_store();
     }
   } catch (const std::exception& e) {
     lose_store(e);
@@ -422,9 +278,9 @@ std::string Supervisor::node_tag() const {
 // policy decides.
 void Supervisor::on_worker_failed(const std::string& what) {
   std::string first = what;
-  if (link_) {
+  if (NodeLink* link = this->link()) {
     try {
-      first = link_->report_attempt_failure(attempt_.number, what);
+      first = link->report_attempt_failure(attempt_.number, what);
     } catch (const std::exception& e) {
       lose_store(e);
       return;
@@ -465,18 +321,18 @@ void Supervisor::attempt_failed(const std::string& first) {
 // (monitor_job()).
 bool Supervisor::follow_attempt() {
   if (stopping_ || !workers_started_) return false;
-  if (attempt_.state == AttemptState::kRunning && link_) {
-    if (auto failure = link_->attempt_failure(attempt_.number)) attempt_failed(*failure);
+  if (attempt_.state == AttemptState::kRunning && link()) {
+    if (auto failure = link()->attempt_failure(attempt_.number)) attempt_failed(*failure);
     if (stopping_) return false;
   }
   if (running_workers() > 0) return false;
   if (attempt_.state == AttemptState::kRunning) {
-    if (link_) {
+    if (NodeLink* link = this->link()) {
       if (!attempt_.reported_succeeded) {
-        link_->report_succeeded(attempt_.number);
+        link->report_succeeded(attempt_.number);
         attempt_.reported_succeeded = true;
       }
-      if (!link_->all_succeeded(attempt_.number)) return false;
+      if (!link->all_succeeded(attempt_.number)) return false;
     }
     attempt_.state = AttemptState::kSucceeded;
     if (options_.max_restarts > 0) {
@@ -485,12 +341,12 @@ bool Supervisor::follow_attempt() {
     }
     maybe_stop_store();
   } else if (attempt_.state == AttemptState::kRestarting) {
-    if (link_) {
+    if (NodeLink* link = this->link()) {
       if (!attempt_.reported_stopped) {
-        link_->report_stopped(attempt_.number);
+        link->report_stopped(attempt_.number);
         attempt_.reported_stopped = true;
       }
-      if (!link_->all_stopped(attempt_.number)) return false;
+      if (!link->all_stopped(attempt_.number)) return false;
     }
     return true;
   }
@@ -522,99 +378,38 @@ void Supervisor::setup_signals() {
   if (dev_null_ < 0) throw_errno("open /dev/null");
 }
 
+// Starts the store server and reads its port (port_); false, the job
+// stopping, when it cannot be executed, prints no port in time, or a
+// signal stops the job meanwhile.
 bool Supervisor::start_store_server() {
-  int out[2];
-  int err[2] = {-1, -1};
-  if (::pipe2(out, O_CLOEXEC) != 0) throw_errno("pipe2");
-  if (options_.prefix_output && ::pipe2(err, O_CLOEXEC) != 0) throw_errno("pipe2");
-  SpawnOptions spawn_options;
-  spawn_options.path = options_.store_server;
-  spawn_options.argv = {options_.store_server,
-                        "--host",
-                        options_.master_addr,
-                        "--port",
-                        std::to_string(options_.master_port),
-                        "--quiet"};
-  spawn_options.env = environment_with({secret_variable()});
-  spawn_options.stdin_fd = dev_null_;
-  spawn_options.stdout_fd = out[1];
-  spawn_options.stderr_fd = err[1];
-  spawn_options.signal_mask = original_mask_;
-  Spawned spawned = spawn(spawn_options);
-  ::close(out[1]);
-  store_stdout_ = out[0];
-  if (err[1] >= 0) {
-    ::close(err[1]);
-    relays_.emplace_back(err[0], STDERR_FILENO, "[store] ");
+  if (const int error =
+          store_.start(options_, secret_variable(), dev_null_, original_mask_)) {
+    fmt::print(stderr, "launch: cannot execute the store server '{}': {}\n",
+               options_.store_server, std::strerror(error));
+    begin_stop(SIGTERM, 1);
+    return false;
   }
-  store_.pid = spawned.pid;
-  store_.running = spawned.exec_error == 0;
-  if (store_.running) return true;
-  fmt::print(stderr, "launch: cannot execute the store server '{}': {}\n",
-             options_.store_server, std::strerror(spawned.exec_error));
-  begin_stop(SIGTERM, 1);
-  return false;
-}
-
-// Reads the store server's stdout until "port=N", a signal, its exit or the
-// timeout; all but the first end the job (stopping_).
-bool Supervisor::wait_for_port() {
-  TimePoint deadline = Clock::now() + kStorePortTimeout;
-  std::string pending;
-  while (port_ == 0 && !stopping_) {
-    auto left =
-        std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      fmt::print(stderr, "launch: the store server printed no port=N within {} s\n",
-                 kStorePortTimeout.count());
-      begin_stop(SIGTERM, 1);
-      break;
-    }
-    // The store server's stderr relay (if any) is polled too, so it never
-    // blocks on a full pipe.
-    LineRelay* err_relay = relays_.empty() || !relays_[0].open() ? nullptr : &relays_[0];
-    pollfd fds[3] = {{signal_fd_, POLLIN, 0},
-                     {err_relay ? err_relay->source() : -1, POLLIN, 0},
-                     {store_stdout_, POLLIN, 0}};
-    int rc = ::poll(fds, 3, static_cast<int>(left));
-    if (rc < 0 && errno != EINTR) throw_errno("poll");
-    if (fds[1].revents != 0) err_relay->read_some();
-    if (fds[2].revents != 0 && !parse_port_lines(&pending)) {
-      ::close(store_stdout_);  // EOF: its exit (SIGCHLD) will tell us why
-      store_stdout_ = -1;
-    }
-    if (fds[0].revents != 0) read_signals();
+  const auto waited = store_.wait_for_port(
+      signal_fd_,
+      [this] {
+        read_signals();
+        return !stopping_;
+      },
+      kStorePortTimeout);
+  if (waited == StoreServerProcess::PortWait::kTimedOut) {
+    fmt::print(stderr, "launch: the store server printed no port=N within {} s\n",
+               kStorePortTimeout.count());
+    begin_stop(SIGTERM, 1);
   }
-  if (store_stdout_ >= 0) {
-    relays_.emplace_back(std::exchange(store_stdout_, -1), STDERR_FILENO, "[store] ",
-                         std::move(pending));
-  }
-  return port_ != 0 && !stopping_;
-}
-
-// Reads once from the store server's stdout and sets port_ from a complete
-// "port=N" line; returns false at EOF.
-bool Supervisor::parse_port_lines(std::string* pending) {
-  char chunk[4096];
-  ssize_t n = ::read(store_stdout_, chunk, sizeof chunk);
-  if (n < 0 && errno == EINTR) return true;
-  if (n <= 0) return false;
-  pending->append(chunk, static_cast<size_t>(n));
-  for (size_t eol; port_ == 0 && (eol = pending->find('\n')) != std::string::npos;) {
-    std::string line = pending->substr(0, eol);
-    pending->erase(0, eol + 1);
-    int port = 0;
-    if (std::sscanf(line.c_str(), "port=%d", &port) == 1 && port > 0 && port < 65536) {
-      port_ = static_cast<uint16_t>(port);
-    }
-  }
+  if (waited != StoreServerProcess::PortWait::kReady) return false;
+  port_ = store_.port();
   return true;
 }
 
 // Starts the workers of the attempt attempt_ names.
 void Supervisor::start_workers() {
   if (hosts_store() && attempt_.number == 0) {
-    fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid,
+    fmt::print(stderr, "launch: store server (pid {}) at {}\n", store_.pid(),
                store_url(options_.master_addr, port_));
   }
   std::string path = resolve_program(options_.command[0]);
@@ -697,10 +492,10 @@ void Supervisor::supervise() {
   while (!done()) {
     std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}};
     std::vector<LineRelay*> polled;
-    for (LineRelay& relay : relays_) {
-      if (!relay.open()) continue;
-      fds.push_back({relay.source(), POLLIN, 0});
-      polled.push_back(&relay);
+    for (LineRelay* relay : all_relays()) {
+      if (!relay->open()) continue;
+      fds.push_back({relay->source(), POLLIN, 0});
+      polled.push_back(relay);
     }
     int rc = ::poll(fds.data(), fds.size(), poll_timeout_ms(Clock::now()));
     if (rc < 0 && errno != EINTR) throw_errno("poll");
@@ -712,7 +507,7 @@ void Supervisor::supervise() {
     // One node: the attempt is followed here; several: by monitor_job().
     if (!multi_node() && follow_attempt()) start_next_attempt();
     monitor_job(Clock::now());
-    if (job_over() && !store_.running && running_workers() == 0 && !drain_until_) {
+    if (job_over() && !store_.running() && running_workers() == 0 && !drain_until_) {
       drain_until_ = Clock::now() + options_.stop_timeout;
     }
   }
@@ -755,12 +550,12 @@ void Supervisor::reap_children() {
 }
 
 void Supervisor::on_child_exit(pid_t pid, int status) {
-  if (pid == store_.pid) {
-    store_.running = false;
-    if (!store_signaled_ && !stopping_) {
+  if (pid == store_.pid()) {
+    store_.exited();
+    if (!store_.signaled() && !stopping_) {
       fmt::print(stderr, "launch: store server (pid {}) {}{}; stopping the workers\n",
                  pid, describe_status(status),
-                 port_ == 0 ? " before printing its port" : "");
+                 store_.port() == 0 ? " before printing its port" : "");
       begin_stop(SIGTERM, 1);
     }
   } else {
@@ -810,21 +605,17 @@ void Supervisor::stop_workers(int signo, bool say_so) {
 // has been reaped (on several nodes: every node's, see monitor_job()).
 void Supervisor::maybe_stop_store() {
   if (!job_over()) return;
-  if (running_workers() > 0 || !store_.running || store_signaled_) return;
-  if (link_ && !nodes_done_) return;
-  store_signaled_ = true;
-  ::kill(-store_.pid, SIGTERM);
-  store_kill_at_ = Clock::now() + options_.stop_timeout;
+  if (running_workers() > 0) return;
+  if (nodes_ && nodes_->keeps_store()) return;
+  store_.terminate(options_.stop_timeout);
 }
 
 void Supervisor::kill_everything() {
   for (const Child& worker : workers_) {
     if (worker.running) ::kill(-worker.pid, SIGKILL);
   }
-  if (store_.running) ::kill(-store_.pid, SIGKILL);
-  store_signaled_ = true;
+  store_.kill();
   worker_kill_at_.reset();
-  store_kill_at_.reset();
 }
 
 void Supervisor::on_deadlines(TimePoint now) {
@@ -838,14 +629,7 @@ void Supervisor::on_deadlines(TimePoint now) {
       }
     }
   }
-  if (store_kill_at_ && now >= *store_kill_at_) {
-    store_kill_at_.reset();
-    if (store_.running) {
-      fmt::print(stderr, "launch: store server still running after {}; sending SIGKILL\n",
-                 seconds(options_.stop_timeout));
-      ::kill(-store_.pid, SIGKILL);
-    }
-  }
+  store_.on_deadline(now, options_.stop_timeout);
   if (drain_until_ && now >= *drain_until_) drain_and_close_relays();
 }
 
@@ -853,21 +637,29 @@ void Supervisor::on_deadlines(TimePoint now) {
 // pass on what is already buffered, then stop listening.
 void Supervisor::drain_and_close_relays() {
   constexpr int kMaxReads = 64;  // 1 MiB: more than a pipe buffers
-  for (LineRelay& relay : relays_) {
-    for (int i = 0; i < kMaxReads && relay.open(); ++i) {
-      pollfd readable{relay.source(), POLLIN, 0};
+  for (LineRelay* relay : all_relays()) {
+    for (int i = 0; i < kMaxReads && relay->open(); ++i) {
+      pollfd readable{relay->source(), POLLIN, 0};
       if (::poll(&readable, 1, 0) <= 0) break;
-      relay.read_some();
+      relay->read_some();
     }
-    relay.finish();
+    relay->finish();
   }
+}
+
+std::vector<LineRelay*> Supervisor::all_relays() {
+  std::vector<LineRelay*> relays;
+  for (LineRelay& relay : store_.relays()) relays.push_back(&relay);
+  for (LineRelay& relay : relays_) relays.push_back(&relay);
+  return relays;
 }
 
 int Supervisor::poll_timeout_ms(TimePoint now) const {
   std::optional<TimePoint> next;
   std::optional<TimePoint> monitor;
-  if (link_) monitor = next_monitor_.value_or(now);
-  for (const auto& deadline : {worker_kill_at_, store_kill_at_, drain_until_, monitor}) {
+  if (nodes_) monitor = nodes_->next_due(now);
+  for (const auto& deadline :
+       {worker_kill_at_, store_.deadline(), drain_until_, monitor}) {
     if (deadline && (!next || *deadline < *next)) next = deadline;
   }
   if (!next) return -1;
@@ -882,8 +674,11 @@ int Supervisor::running_workers() const {
 }
 
 bool Supervisor::done() const {
-  if (!job_over() || store_.running || running_workers() > 0) return false;
-  if (link_ && !reported_done_) return false;  // say so first (monitor_job)
+  if (!job_over() || store_.running() || running_workers() > 0) return false;
+  if (nodes_ && nodes_->owes_done()) return false;  // say so first (monitor_job)
+  for (const LineRelay& relay : store_.relays()) {
+    if (relay.open()) return false;
+  }
   return std::none_of(relays_.begin(), relays_.end(),
                       [](const LineRelay& relay) { return relay.open(); });
 }
