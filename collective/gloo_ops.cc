@@ -13,7 +13,8 @@ namespace switchboard::collective {
 std::exception_ptr translate_gloo_error(const std::string& where,
                                         std::chrono::milliseconds timeout,
                                         std::exception_ptr error,
-                                        const std::vector<std::string>& peers) {
+                                        const std::vector<std::string>& peers,
+                                        int only_peer) {
   try {
     std::rethrow_exception(error);
   } catch (const gloo::IoException& e) {
@@ -26,13 +27,18 @@ std::exception_ptr translate_gloo_error(const std::string& where,
           fmt::format("{}: timed out after {} ms waiting for peers (gloo: {})", where,
                       timeout.count(), what)));
     }
+    int failed = only_peer;
     for (size_t r = 0; r < peers.size(); ++r) {
       if (!peers[r].empty() && what.find(peers[r]) != std::string::npos) {
-        return std::make_exception_ptr(ConnectionError(fmt::format(
-            "{}: the connection to rank {} failed: it died or was cut off (timeout {} ms; "
-            "gloo: {})",
-            where, r, timeout.count(), what)));
+        failed = static_cast<int>(r);
+        break;
       }
+    }
+    if (failed >= 0) {
+      return std::make_exception_ptr(ConnectionError(fmt::format(
+          "{}: the connection to rank {} failed: it died or was cut off (timeout {} ms; "
+          "gloo: {})",
+          where, failed, timeout.count(), what)));
     }
     return std::make_exception_ptr(ConnectionError(
         fmt::format("{}: a peer connection failed (timeout {} ms; gloo: {})", where,

@@ -41,11 +41,16 @@ auto with_element_type(DType dtype, F&& f) {
 // Turns Gloo's exceptions into ours, naming the op, group, rank (in
 // `where`) and the timeout; leaves our own errors alone. `peers[r]` is the
 // address Gloo names rank r by in its errors (empty: unknown): a failed
-// connection whose peer is one of them names that rank.
+// connection whose peer is one of them names that rank. Gloo names the
+// other end of a connection this rank accepted by its ephemeral port, which
+// matches no address; then `only_peer` (>= 0: the one rank the op talks
+// to, as a send's or recv's peer, or the other rank of a group of two) is
+// the rank named.
 std::exception_ptr translate_gloo_error(const std::string& where,
                                         std::chrono::milliseconds timeout,
                                         std::exception_ptr error,
-                                        const std::vector<std::string>& peers = {});
+                                        const std::vector<std::string>& peers = {},
+                                        int only_peer = -1);
 
 // Each rank's pair addresses, as Gloo names the other end of a pair in its
 // errors ("Connection closed by peer [10.0.0.2]:41234"), by rank (this

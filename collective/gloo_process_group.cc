@@ -141,6 +141,7 @@ struct GlooProcessGroup::Impl {
     Tensor tensor;  // keeps the bytes alive while Gloo may touch them
     bool is_send = false;
     bool any_source = false;  // recv_any(): the Work learns the sender
+    int peer = -1;            // the rank sent to or received from; -1 any
     std::string what;         // "float32[5] (20 bytes) from rank 1 with tag 3", for errors
   };
   CondVar p2p_cv;
@@ -173,11 +174,15 @@ struct GlooProcessGroup::Impl {
     }
   }
 
-  std::exception_ptr translate(const std::string& op, std::exception_ptr error,
-                               std::optional<std::chrono::milliseconds> timeout =
-                                   std::nullopt) const {
+  // `peer`: the one rank the op talks to (a send's or recv's), or -1: then
+  // the other rank in a group of two.
+  std::exception_ptr translate(
+      const std::string& op, std::exception_ptr error,
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+      int peer = -1) const {
+    if (peer < 0 && group.size() == 2) peer = 1 - group.rank();
     return translate_gloo_error(group.where(op), timeout.value_or(op_timeout), error,
-                                peer_addresses);
+                                peer_addresses, peer);
   }
 
   // Queues `run` (which receives the op's Gloo tag) and returns its Work.
@@ -305,12 +310,13 @@ struct GlooProcessGroup::Impl {
         buffer->recv(peer, slot);
       }
     } catch (...) {
-      std::rethrow_exception(translate(op, std::current_exception()));
+      std::rethrow_exception(translate(op, std::current_exception(), std::nullopt, peer));
     }
     {
       MutexLock lock(mu);
       if (stopping) std::rethrow_exception(cancelled(op));
-      p2p_queue.push_back(P2p{work, std::move(buffer), tensor, is_send, any_source, what});
+      p2p_queue.push_back(
+          P2p{work, std::move(buffer), tensor, is_send, any_source, peer, what});
       if (idle_waiters == 0) {
         waiters.emplace_back([this] { run_waiter(); });
       } else {
@@ -344,7 +350,8 @@ struct GlooProcessGroup::Impl {
           p2p.work.fail(cancelled(p2p.work.info().op));
         }
       } catch (...) {
-        std::exception_ptr error = translate(p2p.work.info().op, std::current_exception());
+        std::exception_ptr error = translate(p2p.work.info().op, std::current_exception(),
+                                             std::nullopt, p2p.peer);
         try {
           std::rethrow_exception(error);
         } catch (const TimeoutError& e) {

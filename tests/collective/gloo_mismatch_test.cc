@@ -9,12 +9,14 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "core/tensor.h"
 #include "common/error.h"
+#include "core/tensor.h"
+#include "store/hash_store.h"
 #include "tests/collective/pg_harness.h"
 
 using namespace switchboard;
@@ -181,39 +183,76 @@ TEST_CASE("ranks that agree pay no extra round: a thousand small allreduces all 
   CHECK(errors == std::vector<std::string>{"", ""});
 }
 
-TEST_CASE("a recv into 5 floats from a send of 10, or of another dtype, fails both sides "
-          "with a timeout naming what this side expected; the process lives",
-          "[gloo][mismatch][p2p]") {
+// A mismatched send and recv never match: each side fails when its own
+// timeout passes, and Gloo then closes that side's connections, so the
+// other side may fail first with the connection gone. Which side's timeout
+// passes first is therefore made certain: one side waits 2 s and the other
+// 60 s, each way round. The short side's error must be the timeout naming
+// what it expected; the long side's is either that or the lost connection.
+TEST_CASE(
+    "a recv into 5 floats from a send of 10, or of another dtype, fails with a "
+    "timeout naming what that side expected; the other side fails too; the "
+    "process lives",
+    "[gloo][mismatch][p2p]") {
+  constexpr std::chrono::milliseconds kShort = 2s;
+  constexpr std::chrono::milliseconds kLong = 60s;
   for (const bool other_dtype : {false, true}) {
-    INFO((other_dtype ? "float64 against float32" : "10 floats against 5"));
-    // A short group timeout: the mismatched pair times out (the group is
-    // then unusable, as after any timeout).
-    sbtest::Groups groups =
-        sbtest::make_groups(2, sbtest::unique_group_name("p2p"), std::chrono::milliseconds(800));
-    std::vector<std::string> errors(2);
-    sbtest::run_threads(
-        2,
-        [&](int rank) {
-          try {
-            if (rank == 1) {
-              Tensor t = other_dtype ? Tensor::zeros({5}, DType::kFloat64) : floats(10);
-              groups[1]->send(t, 0, 3).wait();
-            } else {
-              Tensor t = floats(other_dtype ? 10 : 5);
-              groups[0]->recv(t, 1, 3).wait();
+    for (const int short_rank : {0, 1}) {
+      INFO((other_dtype ? "float64 against float32" : "10 floats against 5")
+           << "; rank " << short_rank << " times out first");
+      HashStore store;
+      const std::string name = sbtest::unique_group_name("p2p");
+      sbtest::Groups groups(2);
+      sbtest::run_threads(
+          2,
+          [&](int rank) {
+            GlooOptions options;
+            options.group_name = name;
+            options.hostname = "127.0.0.1";
+            options.timeout = rank == short_rank ? kShort : kLong;
+            groups[rank] = std::make_unique<GlooProcessGroup>(store, rank, 2, options);
+          },
+          sbtest::watchdog_for(kLong));
+      std::vector<std::string> errors(2);
+      sbtest::run_threads(
+          2,
+          [&](int rank) {
+            try {
+              if (rank == 1) {
+                Tensor t = other_dtype ? Tensor::zeros({5}, DType::kFloat64) : floats(10);
+                groups[1]->send(t, 0, 3).wait();
+              } else {
+                Tensor t = floats(other_dtype ? 10 : 5);
+                groups[0]->recv(t, 1, 3).wait();
+              }
+            } catch (const TimeoutError& e) {
+              errors[rank] = fmt::format("TimeoutError: {}", e.what());
+            } catch (const ConnectionError& e) {
+              errors[rank] = fmt::format("ConnectionError: {}", e.what());
             }
-          } catch (const TimeoutError& e) {
-            errors[rank] = e.what();
-          }
-        },
-        sbtest::watchdog_for(kTimeout));
-    INFO(errors[0]);
-    INFO(errors[1]);
-    CHECK_THAT(errors[0], Catch::Contains(other_dtype ? "a recv into float32[10] on cpu (40 bytes)"
-                                                      : "a recv into float32[5] on cpu (20 bytes)"));
-    CHECK_THAT(errors[0], Catch::Contains("from rank 1 with tag 3"));
-    CHECK_THAT(errors[1], Catch::Contains("to rank 0 with tag 3"));
-    CHECK_THAT(errors[1], Catch::Contains("match only when their tag, dtype and byte count"));
+          },
+          sbtest::watchdog_for(kLong));
+      INFO(errors[0]);
+      INFO(errors[1]);
+      const std::string& short_error = errors[short_rank];
+      CHECK_THAT(short_error, Catch::StartsWith("TimeoutError: "));
+      if (short_rank == 0) {
+        CHECK_THAT(
+            short_error,
+            Catch::Contains(other_dtype ? "a recv into float32[10] on cpu (40 bytes)"
+                                        : "a recv into float32[5] on cpu (20 bytes)"));
+        CHECK_THAT(short_error, Catch::Contains("from rank 1 with tag 3"));
+      } else {
+        CHECK_THAT(short_error, Catch::Contains("to rank 0 with tag 3"));
+        CHECK_THAT(short_error,
+                   Catch::Contains("match only when their tag, dtype and byte count"));
+      }
+      // The other side failed too (its connection went with the short
+      // side's timeout), naming the peer.
+      const std::string& long_error = errors[1 - short_rank];
+      CHECK_FALSE(long_error.empty());
+      CHECK_THAT(long_error, Catch::Contains(fmt::format("rank {}", short_rank)));
+    }
   }
 }
 
