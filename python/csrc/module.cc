@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "agents/pipe/address.h"
+#include "python/csrc/python_thread_state.h"
 #include "python/csrc/torch_agent.h"
 
 namespace py = pybind11;
@@ -70,6 +71,8 @@ PYBIND11_MODULE(_C, m) {
       .def("get_worker_infos", &SwitchboardAgent::getWorkerInfos,
            py::call_guard<py::gil_scoped_release>());
 
+  m.def("_kept_python_thread_states", &switchboard::torch_rpc::kept_python_thread_states,
+        "How many Python thread states Switchboard's pool threads keep now (for tests).");
   m.def("resolve_listen_address", &switchboard::agents::pipe::resolve_listen_address,
         py::arg("option"), py::arg("store_host") = "",
         "The address a worker would listen on (the option, the SWITCHBOARD_IFNAME "

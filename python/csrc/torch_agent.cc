@@ -13,6 +13,7 @@
 #include "agents/pipe/address.h"
 #include "common/auth.h"
 #include "common/error.h"
+#include "python/csrc/python_thread_state.h"
 #include "python/csrc/torch_message.h"
 #include "python/csrc/torch_store.h"
 #include "rendezvous/rounds.h"
@@ -142,6 +143,7 @@ SwitchboardAgent::SwitchboardAgent(const c10::intrusive_ptr<c10d::Store>& store,
 }
 
 SwitchboardAgent::~SwitchboardAgent() {
+  GilReleased unlocked;  // the pool's threads take it as they exit
   try {
     if (context_.initialized()) context_.shutdown(false);
   } catch (const std::exception& e) {
@@ -199,6 +201,7 @@ rpc::Future<rpc::Message> SwitchboardAgent::serve(const rpc::Message& request) {
           return serve(request);
         });
   }
+  keep_python_thread_state();  // torch's callback takes the GIL on it
   const int64_t id = static_cast<int64_t>(request.id);
   c10::intrusive_ptr<trpc::Message> message = decode(request, id);
   ++activity_->server;
@@ -244,6 +247,7 @@ c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
     reply.add_callback([activity = activity_, future, name = to.name_, timeout](
                            const rpc::Future<rpc::Message>& r) {
       activity->call_ended();
+      keep_python_thread_state();  // torch's callbacks on `future` take the GIL
       if (std::exception_ptr error = r.error()) {
         future->setError(
             std::make_exception_ptr(std::runtime_error(failure_text(error, name, timeout))));
@@ -275,6 +279,7 @@ c10::intrusive_ptr<trpc::JitFuture> SwitchboardAgent::send(
 }
 
 void SwitchboardAgent::join(bool shutdown, float timeout) {
+  GilReleased unlocked;
   const std::optional<Milliseconds> bound =
       timeout > 0 ? std::optional<Milliseconds>(to_ms(timeout)) : std::nullopt;
   if (shutdown && !is_static_group()) {
@@ -340,6 +345,7 @@ void SwitchboardAgent::wait_until_no_calls(std::optional<Milliseconds> bound) {
 }
 
 void SwitchboardAgent::shutdownImpl() {
+  GilReleased unlocked;
   stopped_ = true;
   if (context_.initialized()) context_.shutdown(false);
 }

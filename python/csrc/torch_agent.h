@@ -17,8 +17,9 @@
 // join and leave while the others run; getWorkerInfos() follows them).
 //
 // Security: torch's payloads are pickles, so a peer that can send a
-// request can run code here. The constructor refuses to listen on an address beyond loopback without the job secret, unless
-// the configuration says `insecure` (docs/torch_rpc.md, "Security").
+// request can run code here. The constructor refuses to listen on an address beyond
+// loopback without the job secret, unless the configuration says `insecure`
+// (docs/torch_rpc.md, "Security").
 //
 // Errors: send() never throws; its future fails with a RuntimeError whose
 // text names the worker and what failed ("RPC ran for more than set
@@ -27,8 +28,11 @@
 // init_rpc's reason: a name taken twice ("is not unique", TensorPipe's
 // words), a rendezvous that timed out, a bad option, the security rule.
 //
-// Thread safety: every member function is thread-safe; the GIL is never
-// taken by this class (torch's callback takes it where it runs Python).
+// Thread safety: every member function is thread-safe. torch's callbacks
+// take the GIL where they run Python, on pool threads that keep their
+// Python thread states (python_thread_state.h); join(), shutdown and the
+// destructor release the GIL while they run, when the caller holds it, so
+// that those threads can free their states as they exit.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -202,6 +202,33 @@ def _mixed_worker(rank, init, events):
             refused.set()
 
 
+def _kept_states():
+    return sbt._C._kept_python_thread_states()
+
+
+def _thread_states_worker(rank, world, tmp):
+    # Two rounds in the same processes: a pool thread keeps its Python thread
+    # state while it serves calls and completes their futures, and frees it
+    # when rpc.shutdown() joins it (a thread that took the GIL to free it
+    # while shutdown held the GIL would hang here).
+    other = f"w{(rank + 1) % world}"
+    for round_ in range(2):
+        init = "file://" + os.path.join(tmp, f"rendezvous{round_}")
+        rpc.init_rpc(f"w{rank}", rank=rank, world_size=world,
+                     backend=rpc.BackendType.SWITCHBOARD, rpc_backend_options=_options(init))
+        # Served on a pool thread of `other`, which keeps a state for it.
+        assert rpc.rpc_sync(other, _kept_states) >= 1
+        # A future's callbacks run on the pool thread that completed it.
+        kept_here = rpc.rpc_async(other, square, args=(torch.ones(2),)).then(
+            lambda _: _kept_states()).wait()
+        assert kept_here >= 1, kept_here
+        futures = [rpc.rpc_async(other, square, args=(torch.full((2,), float(i)),))
+                   for i in range(200)]
+        assert [f.wait()[0].item() for f in futures] == [float(i * i) for i in range(200)]
+        rpc.shutdown()
+        assert _kept_states() == 0, f"round {round_}: {_kept_states()} states left after shutdown"
+
+
 def _free_port():
     import socket
     with socket.socket() as s:
@@ -294,6 +321,10 @@ class TorchRpcOnSwitchboard(unittest.TestCase):
         events = (ctx.Event(), ctx.Event())
         init = f"tcp://127.0.0.1:{_free_port()}"
         mp.spawn(_mixed_worker, args=(init, events), nprocs=2, join=True)
+
+    def test_pool_threads_keep_their_python_thread_states_and_free_them_at_shutdown(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(_thread_states_worker, args=(2, tmp), nprocs=2, join=True)
 
     def test_a_group_of_one_calls_itself(self):
         with tempfile.TemporaryDirectory() as tmp:
