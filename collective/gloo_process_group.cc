@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>  // std::once_flag
 #include <optional>
 #include <thread>
@@ -373,6 +374,12 @@ struct GlooProcessGroup::Impl {
 
 namespace {
 
+// Bytes an op's Gloo call overwrites whole: left uninitialized (zeroing
+// megabytes that are written next is a pass over memory for nothing).
+std::unique_ptr<uint8_t[]> scratch(size_t n) {
+  return std::make_unique_for_overwrite<uint8_t[]>(n);
+}
+
 void ignore_sigpipe_once() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -579,15 +586,16 @@ Work GlooProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& inp
   return impl_->enqueue("allgather", OpSignature::of("allgather", input), [=](uint32_t tag) {
     const size_t chunk = input.nbytes();
     if (chunk == 0) return empty_op(context, tag, timeout);
-    std::vector<uint8_t> flat(chunk * static_cast<size_t>(n));
+    const size_t total = chunk * static_cast<size_t>(n);
+    auto flat = scratch(total);
     gloo::AllgatherOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
-    opts.setOutput(flat.data(), flat.size());
+    opts.setOutput(flat.get(), total);
     opts.setTag(tag);
     opts.setTimeout(timeout);
     gloo::allgather(opts);
     for (int r = 0; r < n; ++r) {
-      std::memcpy(outs[r].data(), flat.data() + chunk * r, chunk);
+      std::memcpy(outs[r].data(), flat.get() + chunk * r, chunk);
     }
   });
 }
@@ -610,16 +618,17 @@ Work GlooProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input,
                         [=](uint32_t tag) {
     const size_t chunk = input.nbytes();
     if (chunk == 0) return empty_op(context, tag, timeout);
-    std::vector<uint8_t> flat(is_root ? chunk * static_cast<size_t>(n) : 0);
+    const size_t total = is_root ? chunk * static_cast<size_t>(n) : 0;
+    auto flat = scratch(total);
     gloo::GatherOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(input.data()), chunk);
-    if (is_root) opts.setOutput(flat.data(), flat.size());
+    if (is_root) opts.setOutput(flat.get(), total);
     opts.setRoot(dst_rank);
     opts.setTag(tag);
     opts.setTimeout(timeout);
     gloo::gather(opts);
     for (size_t r = 0; r < outs.size(); ++r) {
-      std::memcpy(outs[r].data(), flat.data() + chunk * r, chunk);
+      std::memcpy(outs[r].data(), flat.get() + chunk * r, chunk);
     }
   });
 }
@@ -671,16 +680,17 @@ Work GlooProcessGroup::reduce_scatter(Tensor& output, const std::vector<Tensor>&
     // Allreduce of the concatenated inputs, then keep this rank's chunk.
     const size_t chunk = output.nbytes();
     const size_t count = static_cast<size_t>(output.numel());
-    std::vector<uint8_t> flat(chunk * static_cast<size_t>(n));
+    const size_t total = chunk * static_cast<size_t>(n);
+    auto flat = scratch(total);
     for (int r = 0; r < n; ++r) {
-      std::memcpy(flat.data() + chunk * r, inputs[r].data(), chunk);
+      std::memcpy(flat.get() + chunk * r, inputs[r].data(), chunk);
     }
     if (n > 1) {
       with_element_type(output.dtype(), [&](auto element) {
         using T = decltype(element);
         gloo::AllreduceOptions opts(context);
-        opts.setOutput(reinterpret_cast<T*>(flat.data()), count * n);
-        opts.setAlgorithm(allreduce_algorithm(flat.size()));
+        opts.setOutput(reinterpret_cast<T*>(flat.get()), count * n);
+        opts.setAlgorithm(allreduce_algorithm(total));
         const DType dtype = output.dtype();
         opts.setReduceFunction(
             [op, dtype](void* out, const void* a, const void* b, size_t k) {
@@ -691,7 +701,7 @@ Work GlooProcessGroup::reduce_scatter(Tensor& output, const std::vector<Tensor>&
         gloo::allreduce(opts);
       });
     }
-    std::memcpy(output.data(), flat.data() + chunk * me, chunk);
+    std::memcpy(output.data(), flat.get() + chunk * me, chunk);
     if (op == ReduceOp::kAvg) {
       divide_elements(output.dtype(), output.data(), count, n);
     }
@@ -713,19 +723,20 @@ Work GlooProcessGroup::alltoall(std::vector<Tensor>& outputs,
   return impl_->enqueue("alltoall", OpSignature::of("alltoall", inputs[0]), [=](uint32_t tag) {
     const size_t chunk = inputs[0].nbytes();
     if (chunk == 0) return empty_op(context, tag, timeout);
-    std::vector<uint8_t> in(chunk * static_cast<size_t>(n));
-    std::vector<uint8_t> out(in.size());
+    const size_t total = chunk * static_cast<size_t>(n);
+    auto in = scratch(total);
+    auto out = scratch(total);
     for (int r = 0; r < n; ++r) {
-      std::memcpy(in.data() + chunk * r, inputs[r].data(), chunk);
+      std::memcpy(in.get() + chunk * r, inputs[r].data(), chunk);
     }
     gloo::AlltoallOptions opts(context);
-    opts.setInput(in.data(), in.size());
-    opts.setOutput(out.data(), out.size());
+    opts.setInput(in.get(), total);
+    opts.setOutput(out.get(), total);
     opts.setTag(tag);
     opts.setTimeout(timeout);
     gloo::alltoall(opts);
     for (int r = 0; r < n; ++r) {
-      std::memcpy(outs[r].data(), out.data() + chunk * r, chunk);
+      std::memcpy(outs[r].data(), out.get() + chunk * r, chunk);
     }
   });
 }
