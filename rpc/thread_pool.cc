@@ -40,6 +40,8 @@ struct ThreadPool::Impl {
   size_t live SB_GUARDED_BY(mu) = 0;
   size_t idle SB_GUARDED_BY(mu) = 0;
   size_t blocked SB_GUARDED_BY(mu) = 0;
+  // Retiring threads running their exit hooks: no longer there for tasks.
+  size_t exiting SB_GUARDED_BY(mu) = 0;
   // Idle threads signaled and not yet back from their wait. A post() wakes
   // a thread only when none is on its way; a woken thread that finds more
   // work queued wakes the next one before running its task (so a burst of
@@ -74,6 +76,22 @@ namespace {
 
 thread_local ThreadPool::Impl* tl_pool = nullptr;  // the pool this thread serves
 thread_local int tl_blocked_depth = 0;             // nesting of BlockedScope
+// at_thread_exit()'s hooks of this thread, oldest first.
+thread_local std::vector<std::function<void()>> tl_exit_hooks;
+
+// Runs (and drops) this thread's exit hooks, newest first.
+void run_exit_hooks(const std::string& pool_name) {
+  while (!tl_exit_hooks.empty()) {
+    std::function<void()> hook = std::move(tl_exit_hooks.back());
+    tl_exit_hooks.pop_back();
+    try {
+      hook();
+    } catch (...) {
+      detail::log_uncaught(fmt::format("ThreadPool \"{}\" thread exit hook", pool_name),
+                           std::current_exception());
+    }
+  }
+}
 
 void join_each(std::vector<std::thread>& threads) {
   for (auto& t : threads) t.join();
@@ -152,10 +170,12 @@ void ThreadPool::Impl::start_thread() {
 }
 
 // Growth rule: there is queued work no idle thread will take, and blocked
-// threads leave fewer than num_threads threads able to run it.
+// threads (and retiring ones running their exit hooks) leave fewer than
+// num_threads threads able to run it.
 void ThreadPool::Impl::maybe_grow() {
   if (abandoned) return;  // no thread may be added that nobody would join
-  if (queue.size() <= idle || live - blocked >= num_threads || live >= max_threads) {
+  if (queue.size() <= idle || live >= num_threads + blocked + exiting ||
+      live >= max_threads) {
     return;
   }
   try {
@@ -214,7 +234,13 @@ void ThreadPool::Impl::run() {
       lock.lock();
       continue;
     }
-    if (closed) break;
+    if (closed) {
+      if (tl_exit_hooks.empty()) break;
+      lock.unlock();
+      run_exit_hooks(name);
+      lock.lock();
+      continue;  // the queue stays empty once closed: breaks next time
+    }
     if (!retired.empty()) {  // join threads that left while idle
       auto done = std::move(retired);
       retired.clear();
@@ -238,7 +264,15 @@ void ThreadPool::Impl::run() {
       }
     }
     --idle;
-    if (!woken && live > num_threads) {
+    if (!woken && live > num_threads + exiting) {
+      if (!tl_exit_hooks.empty()) {
+        ++exiting;
+        lock.unlock();
+        run_exit_hooks(name);
+        lock.lock();
+        --exiting;
+        if (!queue.empty() || closed) continue;  // needed after all (see the header)
+      }
       retire_self();
       return;
     }
@@ -406,6 +440,12 @@ void ThreadPool::set_idle_timeout(std::chrono::milliseconds timeout) {
 
 ThreadPool* ThreadPool::current() {
   return tl_pool == nullptr ? nullptr : tl_pool->owner.load();
+}
+
+bool ThreadPool::at_thread_exit(std::function<void()> hook) {
+  if (tl_pool == nullptr) return false;
+  tl_exit_hooks.push_back(std::move(hook));
+  return true;
 }
 
 ThreadPool::BlockedScope::BlockedScope() {

@@ -117,6 +117,18 @@ class ThreadPool final : public Executor {
   // pool whose ThreadPool object has already been destroyed).
   static ThreadPool* current();
 
+  // On a pool thread: runs `hook` on this thread when the thread leaves its
+  // pool (it retires after the idle timeout, or the pool shuts down),
+  // outside the pool's lock, while the thread still counts as running a
+  // task: so post() never joins a thread whose hooks still run (shutdown()
+  // and the destructor do wait for them, within the shutdown deadline).
+  // A thread that was about to retire and finds a task queued once its
+  // hooks ran stays and runs it. Hooks run newest first; one that throws is
+  // logged. Returns false, dropping `hook`, on a thread of no pool. What
+  // the torch agent uses to free the Python thread state a pool thread
+  // keeps (python/csrc/python_thread_state.h).
+  static bool at_thread_exit(std::function<void()> hook);
+
   // Held by a pool thread while it blocks waiting for other work, so that
   // the pool can start another thread (see above). Scopes nest; only the
   // outermost one counts. No-op on a thread that belongs to no pool. Must

@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <atomic>
+#include <utility>
 
 #include "rpc/thread_pool.h"
 
@@ -28,49 +29,45 @@ PyThreadState* current_thread_state() {
 #endif
 }
 
-// The calling thread's kept state; freed by the destructor when the thread
-// exits (see the header).
-class KeptState {
- public:
-  ~KeptState() {
-    if (state_ == nullptr || !interpreter_running()) return;
-    PyEval_RestoreThread(state_);
-    // The state's count is 1 (ours): this clears and deletes it, and
-    // releases the GIL.
-    PyGILState_Release(PyGILState_UNLOCKED);
-    kept_count.fetch_sub(1, std::memory_order_relaxed);
-  }
+// The calling pool thread's kept state (null: none).
+thread_local PyThreadState* tl_kept = nullptr;
 
-  void keep() {
-    if (decided_) return;
-    decided_ = true;
-    if (rpc::ThreadPool::current() == nullptr || !interpreter_running() ||
-        PyGILState_GetThisThreadState() != nullptr) {
-      return;
-    }
-    PyGILState_Ensure();  // makes the state (count 1) and takes the GIL
-    state_ = PyEval_SaveThread();
-    kept_count.fetch_add(1, std::memory_order_relaxed);
-  }
-
- private:
-  bool decided_ = false;
-  PyThreadState* state_ = nullptr;
-};
-
-thread_local KeptState kept;
+// On the pool thread, as it leaves its pool (ThreadPool::at_thread_exit).
+void free_kept_state() {
+  PyThreadState* state = std::exchange(tl_kept, nullptr);
+  if (state == nullptr) return;
+  kept_count.fetch_sub(1, std::memory_order_relaxed);
+  // After finalization Python freed every thread state itself.
+  if (!interpreter_running()) return;
+  PyEval_RestoreThread(state);
+  // The state's count is 1 (ours): this clears and deletes it, and
+  // releases the GIL.
+  PyGILState_Release(PyGILState_UNLOCKED);
+}
 
 }  // namespace
 
-void keep_python_thread_state() noexcept { kept.keep(); }
+void keep_python_thread_state() noexcept {
+  if (tl_kept != nullptr || rpc::ThreadPool::current() == nullptr) return;
+  if (!interpreter_running() || PyGILState_GetThisThreadState() != nullptr) return;
+  try {
+    if (!rpc::ThreadPool::at_thread_exit(free_kept_state)) return;
+  } catch (...) {
+    return;  // no memory for the hook: torch makes a state per call, as without
+  }
+  PyGILState_Ensure();  // makes the state (count 1) and takes the GIL
+  tl_kept = PyEval_SaveThread();
+  kept_count.fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t kept_python_thread_states() noexcept {
   return kept_count.load(std::memory_order_relaxed);
 }
 
 GilReleased::GilReleased() noexcept {
-  if (Py_IsInitialized() && current_thread_state() != nullptr)
+  if (Py_IsInitialized() && current_thread_state() != nullptr) {
     saved_ = PyEval_SaveThread();
+  }
 }
 
 GilReleased::~GilReleased() {

@@ -13,15 +13,17 @@
 //
 // keep_python_thread_state() gives the calling pool thread one state; both
 // gil_scoped_acquire and PyGILState_Ensure find it (it is the thread's
-// PyGILState state) and reuse it. The state is freed on that thread when it
-// exits, while the interpreter still runs: the thread then takes the GIL
-// once, so a thread that joins a Switchboard pool must not hold the GIL
-// (SwitchboardAgent releases it around its shutdown: see GilReleased).
-// After the interpreter finalized, the state is not touched: Python freed
-// every thread state itself. A pool thread that exits in the instant
+// PyGILState state) and reuse it. The thread frees it as it leaves its pool
+// (rpc::ThreadPool::at_thread_exit: it retires after the pool's idle
+// timeout, or the pool shuts down), while the interpreter still runs. It
+// takes the GIL for that, so a thread that shuts a pool down must not hold
+// the GIL (SwitchboardAgent releases it around its shutdown: GilReleased);
+// post() never waits for a thread that frees its state. After the
+// interpreter finalized, the state is not touched: Python freed every
+// thread state itself. A pool thread that leaves in the instant
 // finalization begins could meet Python's rule that a thread taking the GIL
 // during finalization never returns; only threads a pool left running past
-// its shutdown deadline exit at such a time.
+// its shutdown deadline leave at such a time.
 //
 // Thread safety: all functions are thread-safe; each acts on the calling
 // thread.
@@ -35,7 +37,7 @@ namespace switchboard::torch_rpc {
 
 // On a thread of a Switchboard ThreadPool (rpc::ThreadPool::current()) that
 // has no Python thread state, makes one and keeps it until the thread
-// exits (above). Does nothing on any other thread, on a thread that already
+// leaves its pool (above). Does nothing on any other thread, on a thread that already
 // has a state (kept, or one Python made), and while the interpreter is not
 // running or finalizing. Must not be called with the GIL held. Cheap after
 // the first call on a thread (a thread-local check). Never throws.

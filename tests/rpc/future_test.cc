@@ -552,6 +552,85 @@ TEST_CASE("threads started for blocked tasks exit after the idle timeout",
   REQUIRE(await(still_works.get_future()));
 }
 
+TEST_CASE("at_thread_exit off a pool thread drops the hook", "[pool][exit]") {
+  bool ran = false;
+  REQUIRE_FALSE(ThreadPool::at_thread_exit([&ran] { ran = true; }));
+  ThreadPool pool(1, "not-here");
+  pool.shutdown();
+  REQUIRE_FALSE(ran);
+}
+
+TEST_CASE("a pool thread's exit hooks run on it, newest first, before shutdown() returns",
+          "[pool][exit]") {
+  ThreadPool pool(1, "hooks");
+  std::mutex mu;
+  std::vector<std::string> order;
+  std::thread::id task_thread, hook_thread;
+  Promise<bool> registered;
+  pool.post([&, registered] {
+    task_thread = std::this_thread::get_id();
+    const bool first = ThreadPool::at_thread_exit([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back("first");
+      hook_thread = std::this_thread::get_id();
+    });
+    const bool second = ThreadPool::at_thread_exit([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back("second");
+      throw std::runtime_error("logged, and the next hook still runs");
+    });
+    registered.set_value(first && second);
+  });
+  REQUIRE(await(registered.get_future()));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    REQUIRE(order.empty());  // not while the thread stays in its pool
+  }
+  pool.shutdown();
+  std::lock_guard<std::mutex> lock(mu);
+  REQUIRE(order == std::vector<std::string>{"second", "first"});
+  REQUIRE(hook_thread == task_thread);
+}
+
+TEST_CASE("while a retiring thread runs its exit hooks, tasks still find a thread",
+          "[pool][exit][growth]") {
+  // Two threads (one started for a blocked task), each with an exit hook
+  // that holds it until the test lets go: the one that retires first must
+  // neither keep a task posted meanwhile from running nor hold up post().
+  std::latch release(1);
+  Promise<void> hook_started;
+  std::atomic<bool> started_once{false};
+  auto hold = [&release, &hook_started, &started_once] {
+    if (!started_once.exchange(true)) hook_started.set_value();
+    release.wait();
+  };
+  Promise<void> unblock;
+  Promise<void> second_ran;
+  ThreadPool pool(1, "retiring", 8);
+  pool.set_idle_timeout(20ms);
+  pool.post([hold, unblock] {
+    ThreadPool::at_thread_exit(hold);
+    unblock.get_future().wait();  // a BlockedScope: the pool starts a thread
+  });
+  pool.post([hold, unblock, second_ran] {  // so it runs on that second thread
+    ThreadPool::at_thread_exit(hold);
+    unblock.set_value();
+    second_ran.set_value();
+  });
+  REQUIRE(second_ran.get_future().wait_for(kLong));
+  REQUIRE(hook_started.get_future().wait_for(kLong));  // one retires (idle timeout)
+  Promise<bool> ran;
+  pool.post([ran] { ran.set_value(true); });
+  REQUIRE(await(ran.get_future()));
+  release.count_down();
+  auto deadline = std::chrono::steady_clock::now() + kLong;
+  while (pool.size() > 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);  // polls a condition; no order depends on it
+  }
+  REQUIRE(pool.size() == 1);
+  pool.shutdown();  // the last thread's hook runs (released already)
+}
+
 TEST_CASE("shutdown() runs the queued tasks, joins, and post() then throws kCancelled",
           "[pool][shutdown]") {
   ThreadPool pool(1, "drains");
