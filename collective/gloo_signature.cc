@@ -189,6 +189,7 @@ SignatureWatch::~SignatureWatch() {
     if (state_->probe) {
       state_->probe->ended = true;
       for (auto& r : state_->probe->recvs) r->abortWaitRecv();
+      for (auto& w : state_->probe->sends) w->abortWaitSend();
     }
   }
   state_->cv.notify_all();
@@ -216,6 +217,7 @@ void SignatureWatch::end() {
     if (state_->probe) {
       state_->probe->ended = true;
       for (auto& r : state_->probe->recvs) r->abortWaitRecv();
+      for (auto& w : state_->probe->sends) w->abortWaitSend();
     }
     state_->cv.wait(state_->mu, [&]() SB_REQUIRES(state_->mu) { return !state_->probing; });
     state_->running = false;
@@ -331,6 +333,20 @@ void SignatureWatch::exchange(const std::shared_ptr<Op>& op) {
     return;
   }
   if (differ.empty()) return;  // merely slow
+  // Before the connections close, each peer whose signature came gets ours:
+  // it is exchanging, and once it finds the disagreement it sends nothing
+  // more, so without ours it would only see its connections fail and could
+  // not name the sides. Gloo sends ours once the peer posts its receive.
+  // A peer not heard from may have left the op: not waited for. No two
+  // ranks wait on each other (a peer that heard from us has ours). Bounded
+  // by the op's timeout; end() and the destructor abort it.
+  for (size_t i = 0; i < op->sends.size(); ++i) {
+    if (waiting.contains(op->peers[i])) continue;
+    try {
+      op->sends[i]->waitSend(op->timeout);
+    } catch (const std::exception&) {  // its connection failed: nothing to wait for
+    }
+  }
   fail_op(op, std::make_exception_ptr(Error(
                   ErrorCode::kFailedPrecondition,
                   fmt::format("{}: the ranks disagree on the op, so it did not run (the group "
@@ -348,13 +364,18 @@ void SignatureWatch::fail_op(const std::shared_ptr<Op>& op, std::exception_ptr f
   }
   // The op waits for messages that will not come. Gloo fails every
   // connection of the context when a wait on an unbound buffer times out,
-  // which wakes the op's waits: make one time out.
-  uint8_t byte = 0;
-  try {
-    auto probe = s.context->createUnboundBuffer(&byte, 1);
-    probe->recv(op->peers.front(), (uint64_t{0x5343} << 48) | op->sequence);
-    probe->waitRecv(nullptr, std::chrono::milliseconds(1));
-  } catch (const std::exception&) {  // what it is for (or the pair failed already)
+  // which wakes the op's waits: make one time out. A receive from a peer
+  // whose connection failed already (it closed first) throws at once and
+  // closes nothing, so each peer is tried until one times out; after that
+  // every connection is closed and the rest throw at once.
+  for (const int peer : op->peers) {
+    uint8_t byte = 0;
+    try {
+      auto probe = s.context->createUnboundBuffer(&byte, 1);
+      probe->recv(peer, (uint64_t{0x5343} << 48) | op->sequence);
+      probe->waitRecv(nullptr, std::chrono::milliseconds(1));
+    } catch (const std::exception&) {  // what it is for (or that pair failed already)
+    }
   }
 }
 

@@ -61,7 +61,10 @@ uint64_t p2p_slot(int tag, const Tensor& tensor);
 //
 // The exchange takes the peers' signatures in the order they come, so a
 // peer that already left the op (it had what it needed) holds nothing up,
-// and the first that differs decides. When the ranks disagree, or when a
+// and the first that differs decides. Before it fails the op, a rank that
+// found a disagreement waits until each peer it heard from has its
+// signature too (so that every side can name the others, however the
+// threads are scheduled). When the ranks disagree, or when a
 // peer's connection has failed (it died while the op waited on others), the
 // watcher makes Gloo fail every connection of the context (what Gloo itself
 // does when a wait times out), which ends the op with that error; the group
