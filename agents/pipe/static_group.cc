@@ -34,25 +34,43 @@ namespace {
 // Every rank's announcement, by rank, through the static group's round of
 // the store: each worker sets its own under "announce/<rank>", then reads
 // them all once every rank's is there. TimeoutError naming the ranks whose
-// announcement did not come within `timeout`.
+// announcement did not come within `timeout`. The ranks are waited for one
+// at a time, in order, so that a wait that times out names its rank for
+// certain: a store call made after the deadline to find out would be cut
+// short by init_rpc's StoreCallBound (to 1 ms) and could fail itself. The
+// later ranks are checked as that bound allows.
 std::vector<WorkerAnnouncement> exchange_announcements(Store& store, const std::string& name,
                                                        int rank, int world_size,
                                                        const WorkerAnnouncement& mine,
                                                        std::chrono::milliseconds timeout) {
   auto key = [](int r) { return fmt::format("announce/{}", r); };
   store.set(key(rank), encode_announcement(mine));
+  const auto deadline = Clock::now() + timeout;
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
-  try {
-    store.wait(keys, timeout);
-  } catch (const TimeoutError&) {
-    std::vector<int> missing;
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({key(r)})) missing.push_back(r);
+  for (int r = 0; r < world_size; ++r) {
+    keys.push_back(key(r));
+    try {
+      store.wait(
+          {keys.back()},
+          std::max(Timeout(1), std::chrono::ceil<Timeout>(deadline - Clock::now())));
+    } catch (const TimeoutError&) {
+      std::vector<int> missing{r};
+      std::vector<int> unchecked;
+      for (int later = r + 1; later < world_size; ++later) {
+        try {
+          if (!store.check({key(later)})) missing.push_back(later);
+        } catch (const Error&) {
+          unchecked.push_back(later);
+        }
+      }
+      throw TimeoutError(fmt::format(
+          "PIPE agent \"{}\" (rank {} of {}): ranks [{}] did not arrive within {} ms{}",
+          name, rank, world_size, fmt::join(missing, ", "), timeout.count(),
+          unchecked.empty()
+              ? ""
+              : fmt::format(" (whether ranks [{}] did could not be checked in time)",
+                            fmt::join(unchecked, ", "))));
     }
-    throw TimeoutError(fmt::format(
-        "PIPE agent \"{}\" (rank {} of {}): ranks [{}] did not arrive within {} ms", name,
-        rank, world_size, fmt::join(missing, ", "), timeout.count()));
   }
   const std::vector<Bytes> values = store.multi_get(keys);
   std::vector<WorkerAnnouncement> all;
