@@ -1,20 +1,10 @@
 #include "agents/pipe/transport/shm/shm_ring.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <system_error>
 #include <thread>
 
 namespace switchboard::agents::pipe {
@@ -35,21 +25,6 @@ constexpr int kPausesPerClockRead = 16;
 constexpr size_t kChunk = 16 * 1024;
 
 bool power_of_two(uint64_t n) { return n != 0 && (n & (n - 1)) == 0; }
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
-                std::chrono::microseconds timeout) {
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000);
-  ts.tv_nsec = static_cast<long>((timeout.count() % 1'000'000) * 1000);
-  // Not FUTEX_PRIVATE: the word is shared with another process.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr,
-            0);
-}
-
-void futex_wake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, 1 << 30, nullptr,
-            nullptr, 0);
-}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -105,108 +80,28 @@ ShmSegment ShmSegment::create(size_t data_capacity) {
         fmt::format("shared-memory ring: capacity {} is not a power of two >= 4096",
                     data_capacity));
   }
-  const int fd = ::memfd_create("switchboard-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "memfd_create");
-  const size_t size = ShmRing::kHeaderBytes + data_capacity;
-  auto fail = [fd](int error, const char* what) {
-    ::close(fd);
-    throw std::system_error(error, std::generic_category(), what);
-  };
-  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail(errno, "ftruncate");
-  // The pages now, or an error now: a tmpfs out of room would otherwise
-  // kill the process with SIGBUS at the first write that needs one.
-  if (const int error = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); error != 0) {
-    fail(error, "posix_fallocate of the ring");
-  }
-  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-    fail(errno, "sealing the ring");
-  }
-  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) fail(errno, "mmap of the ring");
-  ShmSegment segment;
-  segment.data_ = data;
-  segment.size_ = size;
-  segment.name_ = fmt::format("{}/{}", ::getpid(), fd);
-  segment.owned_ = true;
-  segment.fd_ = fd;
-  return segment;
+  return ShmSegment(SharedMemory::create(ShmRing::kHeaderBytes + data_capacity,
+                                         "switchboard-ring"));
 }
 
 ShmSegment ShmSegment::open(const std::string& name) {
-  const size_t slash = name.find('/');
-  const bool digits = slash != std::string::npos && slash > 0 && slash + 1 < name.size() &&
-                      name.size() <= 24 &&
-                      std::all_of(name.begin(), name.end(),
-                                  [](char c) { return c == '/' || std::isdigit(c) != 0; }) &&
-                      name.find('/', slash + 1) == std::string::npos;
-  if (!digits) {
-    throw std::invalid_argument(
-        fmt::format("shared-memory ring: \"{}\" is not a segment name (<pid>/<fd>)", name));
+  SharedMemory memory;
+  try {
+    memory = SharedMemory::open(name);
+  } catch (const SharedMemoryRefused& e) {
+    throw ShmRingCorrupt(e.what());
   }
-  const std::string path =
-      fmt::format("/proc/{}/fd/{}", name.substr(0, slash), name.substr(slash + 1));
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
-  auto refuse = [&](const std::string& why) {
-    ::close(fd);
-    throw ShmRingCorrupt(fmt::format("shared-memory segment {}: {}", path, why));
-  };
-  // Sealed: its writer can neither shrink it under our mapping (a SIGBUS
-  // here) nor grow it.
-  const int seals = ::fcntl(fd, F_GET_SEALS);
-  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
-  if (seals < 0 || (seals & kNeeded) != kNeeded) {
-    refuse(fmt::format("not sealed against shrinking and growing (seals {})", seals));
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw std::system_error(error, std::generic_category(), "fstat " + path);
-  }
-  const auto size = static_cast<size_t>(st.st_size);
+  const size_t size = memory.size();
   if (size <= ShmRing::kHeaderBytes || !power_of_two(size - ShmRing::kHeaderBytes) ||
       size - ShmRing::kHeaderBytes > (size_t{1} << 32)) {
-    refuse(fmt::format("{} bytes", size));
+    throw ShmRingCorrupt(
+        fmt::format("shared-memory segment {}: {} bytes, not a ring's", name, size));
   }
-  void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  ::close(fd);
-  if (data == MAP_FAILED) throw std::system_error(error, std::generic_category(), "mmap " + path);
-  ShmSegment segment;
-  segment.data_ = data;
-  segment.size_ = size;
-  segment.owned_ = true;
-  return segment;
+  return ShmSegment(std::move(memory));
 }
 
 ShmSegment ShmSegment::borrow(void* data, size_t size) {
-  ShmSegment segment;
-  segment.data_ = data;
-  segment.size_ = size;
-  return segment;
-}
-
-ShmSegment::ShmSegment(ShmSegment&& other) noexcept { *this = std::move(other); }
-
-ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
-  if (this != &other) {
-    this->~ShmSegment();
-    data_ = std::exchange(other.data_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    name_ = std::move(other.name_);
-    owned_ = std::exchange(other.owned_, false);
-    fd_ = std::exchange(other.fd_, -1);
-  }
-  return *this;
-}
-
-ShmSegment::~ShmSegment() {
-  if (owned_ && data_ != nullptr) ::munmap(data_, size_);
-  if (fd_ >= 0) ::close(fd_);
-  data_ = nullptr;
-  owned_ = false;
-  fd_ = -1;
+  return ShmSegment(SharedMemory::borrow(data, size));
 }
 
 // --------------------------------------------------------------- ShmRing

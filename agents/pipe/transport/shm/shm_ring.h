@@ -10,16 +10,10 @@
 //   out.wait_space(...) when n < size;         ... use p[0..n) ...; in.consume(n);
 //                                              in.wait_data(...) when n == 0;
 //
-// The segment: an anonymous memory file (memfd_create) of the writer's,
-// its pages reserved up front (posix_fallocate: no room shows as an error
-// here, never as a SIGBUS later), and sealed against shrinking and growing.
-// The writer keeps it open; the reader opens it through
-// /proc/<writer's pid>/fd/<fd> ("<pid>/<fd>" is its name(), sent over the
-// connection's authenticated socket), which the kernel allows only to a
-// process that may read the writer's memory (the same user, unless the
-// writer is not dumpable), and refuses a file without those seals. Nothing
-// is ever left in /dev/shm or anywhere else: the memory goes with the last
-// mapping.
+// The segment: a SharedMemory (common/shared_memory.h) of the writer's,
+// sealed, which the reader opens by its name ("<pid>/<fd>", sent over the
+// connection's authenticated socket). Nothing is ever left in /dev/shm or
+// anywhere else: the memory goes with the last mapping.
 //
 // Layout (docs/wire_formats.md, "Same-host lane"): a 256-byte header, then
 // `capacity` data bytes (a power of two). head and tail count bytes since
@@ -53,6 +47,8 @@
 #include <string>
 #include <utility>
 
+#include "common/shared_memory.h"
+
 namespace switchboard::agents::pipe {
 
 class ShmRingCorrupt : public std::runtime_error {
@@ -60,7 +56,8 @@ class ShmRingCorrupt : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// A mapping of one shared-memory file. Move-only; unmaps (and closes) on
+// The ring's memory: a SharedMemory (common/shared_memory.h) of a header
+// and a power of two of data bytes. Move-only; unmaps (and closes) on
 // destruction.
 class ShmSegment {
  public:
@@ -79,23 +76,15 @@ class ShmSegment {
   static ShmSegment borrow(void* data, size_t size);
 
   ShmSegment() = default;
-  ShmSegment(ShmSegment&& other) noexcept;
-  ShmSegment& operator=(ShmSegment&& other) noexcept;
-  ShmSegment(const ShmSegment&) = delete;
-  ShmSegment& operator=(const ShmSegment&) = delete;
-  ~ShmSegment();
 
-  void* data() const { return data_; }
-  size_t size() const { return size_; }
+  void* data() const { return memory_.data(); }
+  size_t size() const { return memory_.size(); }
   // create()'s: how a reader opens it ("<pid>/<fd>"); empty otherwise.
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return memory_.name(); }
 
  private:
-  void* data_ = nullptr;
-  size_t size_ = 0;
-  std::string name_;
-  bool owned_ = false;  // munmap on destruction
-  int fd_ = -1;         // create()'s file, kept open for the reader
+  explicit ShmSegment(SharedMemory memory) : memory_(std::move(memory)) {}
+  SharedMemory memory_;
 };
 
 // How long one side of a ring spins before it sleeps, in nanoseconds:
