@@ -30,6 +30,7 @@
 
 #include "collective/gloo_monitored_barrier.h"
 #include "collective/gloo_ops.h"
+#include "collective/gloo_same_host.h"
 #include "collective/gloo_signature.h"
 #include "common/check.h"
 #include "common/error.h"
@@ -133,6 +134,12 @@ struct GlooProcessGroup::Impl {
   // Compares the ranks' signatures beside each op (null for a group of one).
   // Used by the op thread only; destroyed after it is joined.
   std::unique_ptr<SignatureWatch> watch;
+  // Allreduce, broadcast, allgather and barrier through shared memory when
+  // every rank runs on this host (null otherwise). Op thread only.
+  std::unique_ptr<SameHostMemory> same_host;
+  // The op that runs, for same_host's ops (op thread only).
+  SameHostOp running;
+  std::function<bool()> watch_failed = [this] { return watch && watch->failed(); };
   std::thread worker;
 
   // Posted sends and recvs waiting for a waiter thread.
@@ -219,6 +226,7 @@ struct GlooProcessGroup::Impl {
   void run_checked(uint64_t sequence, const OpSignature& signature,
                    std::chrono::milliseconds limit, const std::function<void(uint32_t)>& run) {
     const uint32_t tag = op_tag(sequence, signature);
+    running = SameHostOp{signature.op, sequence, tag, &signature, limit, &watch_failed};
     if (!watch) {
       run(tag);
       return;
@@ -230,7 +238,19 @@ struct GlooProcessGroup::Impl {
     } catch (...) {
       op_error = std::current_exception();
     }
-    watch->end();  // throws when the ranks disagreed
+    try {
+      watch->end();  // throws when the ranks disagreed or a peer was lost
+    } catch (const ConnectionError&) {
+      // A peer lost: the op's own error names it better when it watched
+      // the peer's pid (same-host ops).
+      try {
+        if (op_error) std::rethrow_exception(op_error);
+      } catch (const PeerExited&) {
+        throw;
+      } catch (...) {
+      }
+      throw;
+    }
     if (op_error) std::rethrow_exception(op_error);
   }
 
@@ -380,6 +400,12 @@ std::unique_ptr<uint8_t[]> scratch(size_t n) {
   return std::make_unique_for_overwrite<uint8_t[]>(n);
 }
 
+// SWITCHBOARD_GLOO_SHM=0 keeps every op on Gloo's TCP.
+bool same_host_memory_wanted() {
+  const char* value = std::getenv("SWITCHBOARD_GLOO_SHM");
+  return value == nullptr || std::string_view(value) != "0";
+}
+
 void ignore_sigpipe_once() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -457,6 +483,14 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
   if (size > 1) {
     impl_->watch = std::make_unique<SignatureWatch>(
         impl_->context, [this](std::string_view op) { return where(op); });
+    impl_->same_host = SameHostMemory::connect(
+        store, prefix, rank, size, options.same_host_memory && same_host_memory_wanted(),
+        options.timeout.count() == 0 ? impl_->op_timeout : options.timeout,
+        [this](std::string_view op) { return where(op); });
+    if (impl_->same_host) {
+      spdlog::debug("{}: same-host collectives through {}", where_init,
+                    impl_->same_host->describe());
+    }
   }
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }
@@ -464,6 +498,8 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
 GlooProcessGroup::~GlooProcessGroup() { impl_->stop(); }
 
 std::string GlooProcessGroup::device_description() const { return impl_->device->str(); }
+
+bool GlooProcessGroup::same_host_memory() const { return impl_->same_host != nullptr; }
 
 namespace {
 constexpr auto kCpu = Device::Type::kCpu;
@@ -493,6 +529,16 @@ Work GlooProcessGroup::allreduce(Tensor& tensor, ReduceOp op) {
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
   const int n = size();
+  if (impl_->same_host) {
+    return impl_->enqueue("allreduce", OpSignature::of("allreduce", tensor, -1, op),
+                          [impl = impl_.get(), tensor, op, n](uint32_t) mutable {
+                            impl->same_host->allreduce(tensor, op, impl->running);
+                            if (op == ReduceOp::kAvg) {
+                              divide_elements(tensor.dtype(), tensor.data(),
+                                              static_cast<size_t>(tensor.numel()), n);
+                            }
+                          });
+  }
   return impl_->enqueue("allreduce", OpSignature::of("allreduce", tensor, -1, op),
                         [=](uint32_t tag) {
     if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
@@ -524,6 +570,12 @@ Work GlooProcessGroup::broadcast(Tensor& tensor, int src_rank) {
   if (size() == 1) return Work::done(work_info("broadcast"));
   auto context = impl_->context;
   const auto timeout = impl_->op_timeout;
+  if (impl_->same_host) {
+    return impl_->enqueue("broadcast", OpSignature::of("broadcast", tensor, src_rank),
+                          [impl = impl_.get(), tensor, src_rank](uint32_t) mutable {
+                            impl->same_host->broadcast(tensor, src_rank, impl->running);
+                          });
+  }
   return impl_->enqueue("broadcast", OpSignature::of("broadcast", tensor, src_rank),
                         [=](uint32_t tag) {
     if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
@@ -583,6 +635,12 @@ Work GlooProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& inp
   const auto timeout = impl_->op_timeout;
   const int n = size();
   std::vector<Tensor> outs = outputs;  // aliases of the caller's tensors
+  if (impl_->same_host) {
+    return impl_->enqueue("allgather", OpSignature::of("allgather", input),
+                          [impl = impl_.get(), outs, input](uint32_t) {
+                            impl->same_host->allgather(outs, input, impl->running);
+                          });
+  }
   return impl_->enqueue("allgather", OpSignature::of("allgather", input), [=](uint32_t tag) {
     const size_t chunk = input.nbytes();
     if (chunk == 0) return empty_op(context, tag, timeout);
@@ -773,6 +831,12 @@ Work GlooProcessGroup::barrier(std::chrono::milliseconds timeout) {
   SB_REQUIRE(timeout.count() > 0, "{}: barrier timeout must be positive, got {} ms",
              where("barrier"), timeout.count());
   auto context = impl_->context;
+  if (impl_->same_host) {
+    return impl_->enqueue(
+        "barrier", OpSignature{"barrier"},
+        [impl = impl_.get()](uint32_t) { impl->same_host->barrier(impl->running); },
+        timeout);
+  }
   return impl_->enqueue(
       "barrier", OpSignature{"barrier"},
       [=](uint32_t tag) {

@@ -61,11 +61,23 @@ std::vector<int64_t> encode(const OpSignature& s) {
   return f;
 }
 
-// What another rank's fields say, in words (its op name is known only when
-// it is ours).
+// The name of the op whose code is `code`: one of the group's ops (they
+// are the same on every rank), or "another op".
+std::string op_name(int64_t code) {
+  static constexpr const char* kOps[] = {
+      "allreduce",       "broadcast", "reduce",           "allgather",
+      "gather",          "scatter",   "reduce_scatter",   "alltoall",
+      "alltoall_single", "barrier",   "monitored_barrier"};
+  for (const char* op : kOps) {
+    if (op_code(op) == code) return op;
+  }
+  return "another op";
+}
+
+// What another rank's fields say, in words.
 std::string describe_fields(const int64_t* f, const OpSignature& mine) {
   OpSignature s;
-  s.op = f[kOp] == op_code(mine.op) ? mine.op : "another op";
+  s.op = f[kOp] == op_code(mine.op) ? mine.op : op_name(f[kOp]);
   s.dtype = f[kDType] >= 0 && f[kDType] <= static_cast<int64_t>(DType::kBool)
                 ? static_cast<DType>(f[kDType])
                 : DType::kUInt8;
@@ -226,6 +238,11 @@ void SignatureWatch::end() {
     failure = std::exchange(state_->failure, nullptr);
   }
   if (failure) std::rethrow_exception(failure);
+}
+
+bool SignatureWatch::failed() const {
+  MutexLock lock(state_->mu);
+  return state_->failure != nullptr;
 }
 
 void SignatureWatch::run() {

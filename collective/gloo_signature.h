@@ -94,6 +94,10 @@ class SignatureWatch {
   // ConnectionError naming the rank when it found that a peer's connection
   // failed (the peer died) while the op waited.
   void end();
+  // Whether the watcher has failed the running op (end() will throw): an
+  // op that waits outside Gloo (gloo_same_host.h) looks at it while it
+  // waits. One uncontended lock.
+  bool failed() const;
 
  private:
   struct Op;

@@ -17,6 +17,7 @@ os.environ["SWITCHBOARD_IFNAME"] = "127.0.0.1"
 
 def _rank_main(body, rank, world, port, options, results):
     """Runs body(col, rank, world) in a fresh process after joining group "g"."""
+    os.environ.update(options.get("env", {}))
     try:
         from switchboard import collective as col
         col.init_collective_group(world, rank, backend=options.get("backend", "GLOO"),
@@ -32,7 +33,9 @@ def _rank_main(body, rank, world, port, options, results):
 
 def run_ranks(body, world=2, **options):
     """Starts a StoreServer here and `world` ranks running `body`; returns
-    {rank: (status, value)} once every rank reported (or exited)."""
+    {rank: (status, value)} once every rank reported (or exited). Options:
+    backend, timeout_ms, secret_file, server_secret_file, expected_reports,
+    env (variables the ranks set before they join)."""
     from switchboard import collective as col
     server = col.StoreServer("127.0.0.1", secret_file=options.get("server_secret_file"))
     ctx = multiprocessing.get_context("spawn")
