@@ -47,11 +47,12 @@ SharedMemory SharedMemory::create(size_t size, const char* label) {
 
 SharedMemory SharedMemory::open(const std::string& name) {
   const size_t slash = name.find('/');
-  const bool digits = slash != std::string::npos && slash > 0 && slash + 1 < name.size() &&
-                      name.size() <= 24 &&
-                      std::all_of(name.begin(), name.end(),
-                                  [](char c) { return c == '/' || std::isdigit(c) != 0; }) &&
-                      name.find('/', slash + 1) == std::string::npos;
+  const bool digits =
+      slash != std::string::npos && slash > 0 && slash + 1 < name.size() &&
+      name.size() <= 24 &&
+      std::all_of(name.begin(), name.end(),
+                  [](char c) { return c == '/' || std::isdigit(c) != 0; }) &&
+      name.find('/', slash + 1) == std::string::npos;
   if (!digits) {
     throw std::invalid_argument(
         fmt::format("shared memory: \"{}\" is not a segment name (<pid>/<fd>)", name));
@@ -67,7 +68,8 @@ SharedMemory SharedMemory::open(const std::string& name) {
   if (seals < 0 || (seals & kNeeded) != kNeeded) {
     ::close(fd);
     throw SharedMemoryRefused(fmt::format(
-        "shared memory {}: not sealed against shrinking and growing (seals {})", path, seals));
+        "shared memory {}: not sealed against shrinking and growing (seals {})", path,
+        seals));
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
@@ -83,7 +85,8 @@ SharedMemory SharedMemory::open(const std::string& name) {
   void* data = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   ::close(fd);
-  if (data == MAP_FAILED) throw std::system_error(error, std::generic_category(), "mmap " + path);
+  if (data == MAP_FAILED)
+    throw std::system_error(error, std::generic_category(), "mmap " + path);
   SharedMemory memory;
   memory.data_ = data;
   memory.size_ = size;
@@ -126,8 +129,8 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
   ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000);
   ts.tv_nsec = static_cast<long>((timeout.count() % 1'000'000) * 1000);
   // Not FUTEX_PRIVATE: the word may be shared with another process.
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr,
-            0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts,
+            nullptr, 0);
 }
 
 void futex_wake(std::atomic<uint32_t>* word) {

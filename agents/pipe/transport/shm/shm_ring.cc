@@ -80,8 +80,8 @@ ShmSegment ShmSegment::create(size_t data_capacity) {
         fmt::format("shared-memory ring: capacity {} is not a power of two >= 4096",
                     data_capacity));
   }
-  return ShmSegment(SharedMemory::create(ShmRing::kHeaderBytes + data_capacity,
-                                         "switchboard-ring"));
+  return ShmSegment(
+      SharedMemory::create(ShmRing::kHeaderBytes + data_capacity, "switchboard-ring"));
 }
 
 ShmSegment ShmSegment::open(const std::string& name) {
