@@ -134,8 +134,9 @@ struct GlooProcessGroup::Impl {
   // Compares the ranks' signatures beside each op (null for a group of one).
   // Used by the op thread only; destroyed after it is joined.
   std::unique_ptr<SignatureWatch> watch;
-  // Allreduce, broadcast, allgather and barrier through shared memory when
-  // every rank runs on this host (null otherwise). Op thread only.
+  // Allreduce, reduce, reduce_scatter, broadcast, allgather and barrier
+  // through shared memory when every rank runs on this host (null
+  // otherwise). Op thread only.
   std::unique_ptr<SameHostMemory> same_host;
   // The op that runs, for same_host's ops (op thread only).
   SameHostOp running;
@@ -598,6 +599,17 @@ Work GlooProcessGroup::reduce(Tensor& tensor, int dst_rank, ReduceOp op) {
   const auto timeout = impl_->op_timeout;
   const int n = size();
   const bool is_root = rank() == dst_rank;
+  if (impl_->same_host) {
+    return impl_->enqueue(
+        "reduce", OpSignature::of("reduce", tensor, dst_rank, op),
+        [impl = impl_.get(), tensor, op, dst_rank, is_root, n](uint32_t) mutable {
+          impl->same_host->reduce(tensor, op, dst_rank, impl->running);
+          if (is_root && op == ReduceOp::kAvg) {
+            divide_elements(tensor.dtype(), tensor.data(),
+                            static_cast<size_t>(tensor.numel()), n);
+          }
+        });
+  }
   return impl_->enqueue("reduce", OpSignature::of("reduce", tensor, dst_rank, op),
                         [=](uint32_t tag) {
     if (tensor.nbytes() == 0) return empty_op(context, tag, timeout);
@@ -732,6 +744,17 @@ Work GlooProcessGroup::reduce_scatter(Tensor& output, const std::vector<Tensor>&
   const auto timeout = impl_->op_timeout;
   const int n = size();
   const int me = rank();
+  if (impl_->same_host) {
+    return impl_->enqueue(
+        "reduce_scatter", OpSignature::of("reduce_scatter", output, -1, op),
+        [impl = impl_.get(), output, inputs, op, n](uint32_t) mutable {
+          impl->same_host->reduce_scatter(output, inputs, op, impl->running);
+          if (op == ReduceOp::kAvg) {
+            divide_elements(output.dtype(), output.data(),
+                            static_cast<size_t>(output.numel()), n);
+          }
+        });
+  }
   return impl_->enqueue("reduce_scatter", OpSignature::of("reduce_scatter", output, -1, op),
                         [=](uint32_t tag) {
     if (output.nbytes() == 0) return empty_op(context, tag, timeout);

@@ -15,15 +15,16 @@
 // Tests pass hostname = "127.0.0.1".
 
 // Same host: when every rank runs on this host (the same kernel, and
-// network, IPC and PID namespaces), allreduce, broadcast, allgather and
-// barrier move their bytes through a memory segment the ranks share, at
-// memcpy speed, instead of through the loopback (collective/gloo_same_host.h;
-// it takes 16 MiB of shared memory per group of up to 32 ranks, 512 KiB
-// per rank beyond). The other ops, and groups
-// that span hosts, use Gloo's TCP. GlooOptions::same_host_memory = false or
-// SWITCHBOARD_GLOO_SHM=0 on any rank keeps the whole group on TCP. A peer
-// process that exits mid-op is named at once (its pid is watched while
-// waiting), and the errors below keep their types and words.
+// network, IPC and PID namespaces) and the group has at most 1024 ranks,
+// allreduce, reduce, reduce_scatter, broadcast, allgather and barrier move
+// their bytes through a memory segment the ranks share, at memcpy speed,
+// instead of through the loopback (collective/gloo_same_host.h). It takes
+// 16 MiB of shared memory per group of up to 32 ranks, 512 KiB per rank
+// beyond. The other ops (gather, scatter, alltoall, send, recv), and groups
+// that span hosts, use Gloo's TCP. GlooOptions::same_host_memory = false
+// or SWITCHBOARD_GLOO_SHM=0 on any rank keeps the whole group on TCP. The
+// errors below keep their types; a peer process that exits mid-op is named
+// with its pid, at once (its pid is watched while waiting).
 //
 // Every op of ProcessGroup is supported on CPU tensors of every dtype
 // (reductions run Switchboard's element-wise kernels, so float16, bfloat16
@@ -72,9 +73,10 @@ struct GlooOptions {
   ProcessGroup::Timeout timeout = ProcessGroup::kDefaultTimeout;
   std::string hostname;  // address or host name to bind; see above
   std::string iface;     // interface name to bind; see above
-  // Allreduce, broadcast, allgather and barrier through shared memory when
-  // every rank of the group runs on this host (see above). Off when false
-  // here, or SWITCHBOARD_GLOO_SHM=0, on any rank.
+  // Allreduce, reduce, reduce_scatter, broadcast, allgather and barrier
+  // through shared memory when every rank of the group runs on this host
+  // (see above). Off when false here, or SWITCHBOARD_GLOO_SHM=0, on any
+  // rank.
   bool same_host_memory = true;
 };
 
@@ -110,8 +112,9 @@ class GlooProcessGroup final : public ProcessGroup {
 
   // The address Gloo bound, e.g. "127.0.0.1" (for logs and tests).
   std::string device_description() const;
-  // Whether allreduce, broadcast, allgather and barrier run through shared
-  // memory (every rank on this host, none turned it off).
+  // Whether allreduce, reduce, reduce_scatter, broadcast, allgather and
+  // barrier run through shared memory (every rank on this host, none
+  // turned it off).
   bool same_host_memory() const;
 
  private:

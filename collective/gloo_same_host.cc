@@ -298,6 +298,49 @@ struct SameHostMemory::Impl {
                     fmt::join(differ, "; ")));
   }
 
+  // The chunk's barrier: its op's first (which checks the records) or not.
+  void meet(const SameHostOp& run, Clock::time_point deadline, bool first) {
+    if (first) {
+      first_barrier(run, deadline);
+    } else {
+      arrive_and_wait(run, deadline);
+    }
+  }
+
+  // Allreduce (root -1) or reduce to `root`: each rank copies its chunk
+  // into its slot; barrier; each reduces its share of the chunk into slot 0;
+  // barrier; each rank that wants the result copies it out.
+  void reduce(Tensor& tensor, ReduceOp op, int root, const SameHostOp& run) {
+    begin(run);
+    const auto deadline = deadline_of(run);
+    const size_t element = tensor.element_size();
+    const DType dtype = tensor.dtype();
+    auto* data = static_cast<uint8_t*>(tensor.data());
+    const size_t n = static_cast<size_t>(size);
+    for_chunks(
+        tensor.nbytes(), slot, element, [&](size_t offset, size_t length, bool first) {
+          uint8_t* set = next_set();
+          if (length > 0) std::memcpy(slot_of(set, rank), data + offset, length);
+          meet(run, deadline, first);
+          // This rank's share of the chunk, in whole cache lines where it can.
+          const size_t elements = length / element;
+          const size_t line = std::max<size_t>(1, 64 / element);
+          const size_t share = align_up((elements + n - 1) / n, line);
+          const size_t begin = std::min(elements, share * static_cast<size_t>(rank));
+          const size_t end = std::min(elements, begin + share);
+          if (end > begin) {
+            uint8_t* out = set + begin * element;  // slot 0 holds the result
+            for (int r = 1; r < size; ++r) {
+              reduce_elements(op, dtype, out, out, slot_of(set, r) + begin * element,
+                              end - begin);
+            }
+          }
+          arrive_and_wait(run, deadline);
+          if (length > 0 && (root < 0 || root == rank))
+            std::memcpy(data + offset, set, length);
+        });
+  }
+
   Clock::time_point deadline_of(const SameHostOp& run) const {
     return run.timeout.count() == 0 ? Clock::time_point::max()
                                     : Clock::now() + run.timeout;
@@ -335,6 +378,11 @@ std::unique_ptr<SameHostMemory> SameHostMemory::connect(
     std::function<std::string(std::string_view)> where) {
   const std::string at = where("rendezvous");
   const std::string base = prefix + "same_host/";
+  if (size > kMaxRanks) {
+    spdlog::debug("{}: Gloo over TCP only: {} ranks share no memory (at most {})", at,
+                  size, kMaxRanks);
+    return nullptr;  // every rank decides alike, without the store
+  }
   // 1. Which host (and namespaces) each rank runs in, and its pid.
   const std::string mine = wanted ? host_key() : std::string("off");
   store.set(base + "host/" + std::to_string(rank),
@@ -430,38 +478,44 @@ std::unique_ptr<SameHostMemory> SameHostMemory::connect(
 }
 
 void SameHostMemory::allreduce(Tensor& tensor, ReduceOp op, const SameHostOp& run) {
+  impl_->reduce(tensor, op, /*root=*/-1, run);
+}
+
+void SameHostMemory::reduce(Tensor& tensor, ReduceOp op, int root,
+                            const SameHostOp& run) {
+  impl_->reduce(tensor, op, root, run);
+}
+
+void SameHostMemory::reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs,
+                                    ReduceOp op, const SameHostOp& run) {
   Impl& s = *impl_;
   s.begin(run);
   const auto deadline = s.deadline_of(run);
-  const size_t element = tensor.element_size();
-  const DType dtype = tensor.dtype();
-  auto* data = static_cast<uint8_t*>(tensor.data());
+  const size_t element = output.element_size();
+  const DType dtype = output.dtype();
+  auto* out = static_cast<uint8_t*>(output.data());
   const size_t n = static_cast<size_t>(s.size);
-  s.for_chunks(
-      tensor.nbytes(), s.slot, element, [&](size_t offset, size_t length, bool first) {
-        uint8_t* set = s.next_set();
-        if (length > 0) std::memcpy(s.slot_of(set, s.rank), data + offset, length);
-        if (first) {
-          s.first_barrier(run, deadline);
-        } else {
-          s.arrive_and_wait(run, deadline);
-        }
-        // This rank's share of the chunk, in whole cache lines where it can.
-        const size_t elements = length / element;
-        const size_t line = std::max<size_t>(1, 64 / element);
-        const size_t share = align_up((elements + n - 1) / n, line);
-        const size_t begin = std::min(elements, share * static_cast<size_t>(s.rank));
-        const size_t end = std::min(elements, begin + share);
-        if (end > begin) {
-          uint8_t* out = set + begin * element;  // slot 0 holds the result
-          for (int r = 1; r < s.size; ++r) {
-            reduce_elements(op, dtype, out, out, s.slot_of(set, r) + begin * element,
-                            end - begin);
-          }
-        }
-        s.arrive_and_wait(run, deadline);
-        if (length > 0) std::memcpy(data + offset, set, length);
-      });
+  // Each rank's slot holds one piece for every rank: piece q of rank r's
+  // slot is r's input for q over this chunk of the output.
+  s.for_chunks(output.nbytes(), s.slot / n, element,
+               [&](size_t offset, size_t length, bool first) {
+                 uint8_t* set = s.next_set();
+                 uint8_t* mine = s.slot_of(set, s.rank);
+                 for (size_t q = 0; q < n && length > 0; ++q) {
+                   std::memcpy(mine + q * length,
+                               static_cast<const uint8_t*>(inputs[q].data()) + offset,
+                               length);
+                 }
+                 s.meet(run, deadline, first);
+                 if (length == 0) return;
+                 const size_t piece = static_cast<size_t>(s.rank) * length;
+                 reduce_elements(op, dtype, out + offset, s.slot_of(set, 0) + piece,
+                                 s.slot_of(set, 1) + piece, length / element);
+                 for (int r = 2; r < s.size; ++r) {
+                   reduce_elements(op, dtype, out + offset, out + offset,
+                                   s.slot_of(set, r) + piece, length / element);
+                 }
+               });
 }
 
 void SameHostMemory::broadcast(Tensor& tensor, int root, const SameHostOp& run) {
@@ -475,11 +529,7 @@ void SameHostMemory::broadcast(Tensor& tensor, int root, const SameHostOp& run) 
                  uint8_t* set = s.next_set();
                  if (s.rank == root && length > 0)
                    std::memcpy(set, data + offset, length);
-                 if (first) {
-                   s.first_barrier(run, deadline);
-                 } else {
-                   s.arrive_and_wait(run, deadline);
-                 }
+                 s.meet(run, deadline, first);
                  if (s.rank != root && length > 0)
                    std::memcpy(data + offset, set, length);
                });
@@ -494,11 +544,7 @@ void SameHostMemory::allgather(const std::vector<Tensor>& outputs, const Tensor&
   s.for_chunks(input.nbytes(), s.slot, 1, [&](size_t offset, size_t length, bool first) {
     uint8_t* set = s.next_set();
     if (length > 0) std::memcpy(s.slot_of(set, s.rank), data + offset, length);
-    if (first) {
-      s.first_barrier(run, deadline);
-    } else {
-      s.arrive_and_wait(run, deadline);
-    }
+    s.meet(run, deadline, first);
     if (length == 0) return;
     for (int r = 0; r < s.size; ++r) {
       std::memcpy(static_cast<uint8_t*>(outputs[r].data()) + offset, s.slot_of(set, r),

@@ -1,4 +1,5 @@
-// SameHostMemory: allreduce, broadcast, allgather and barrier through
+// SameHostMemory: allreduce, reduce, reduce_scatter, broadcast, allgather
+// and barrier through
 // memory the ranks share, for a Gloo group whose ranks all run on one host
 // (the same kernel, and network, IPC and PID namespaces: common/host_key.h).
 // The bytes move by memcpy through a shared segment instead of through the
@@ -17,7 +18,10 @@
 // Each op moves the tensor in chunks of at most slot_bytes per rank:
 //   allreduce  each rank copies its chunk into its slot; barrier; each
 //              reduces its share of the chunk across every slot; barrier;
-//              each copies the reduced chunk out.
+//              each copies the reduced chunk out (reduce: the root only).
+//   reduce_scatter  each rank copies its input for every rank into its
+//              slot, a piece each; barrier; each reduces its own pieces
+//              straight into its output.
 //   broadcast  the root copies a chunk in (every slot of the set); barrier;
 //              the others copy it out.
 //   allgather  each rank copies its chunk into its slot; barrier; each
@@ -93,9 +97,14 @@ class SameHostMemory {
   // set, within [256 KiB, 4 MiB] per rank.
   static size_t slot_bytes_for(int size);
 
+  // The largest group that shares memory (each rank's slot must hold a
+  // piece for every rank).
+  static constexpr int kMaxRanks = 1024;
+
   // Run by every rank of the group while it forms, after Gloo connected:
   // null when some rank is on another host (or in other namespaces), did
-  // not want shared memory (`wanted` false), or could not map the segment;
+  // not want shared memory (`wanted` false), or could not map the segment,
+  // and for groups of more than kMaxRanks;
   // the log says which and why. Store calls are bounded by `timeout`
   // (TimeoutError naming the ranks missing). `where(op)` names an op for
   // errors.
@@ -110,6 +119,11 @@ class SameHostMemory {
 
   // In place, on every rank (AVG sums; the caller divides).
   void allreduce(Tensor& tensor, ReduceOp op, const SameHostOp& run);
+  // In place on `root` only; the others' tensors are left as they are.
+  void reduce(Tensor& tensor, ReduceOp op, int root, const SameHostOp& run);
+  // output = op over every rank's inputs[rank] (each as large as output).
+  void reduce_scatter(Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op,
+                      const SameHostOp& run);
   void broadcast(Tensor& tensor, int root, const SameHostOp& run);
   // `outputs[r]` receives rank r's `input` (each as large as `input`).
   void allgather(const std::vector<Tensor>& outputs, const Tensor& input,

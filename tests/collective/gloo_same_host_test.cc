@@ -1,8 +1,9 @@
 // GlooProcessGroup's same-host collectives (collective/gloo_same_host.h):
-// ranks of one host move allreduce, broadcast, allgather and barrier
-// through shared memory, exactly over many chunks; every rank must agree to
-// it; and its failures are named as Gloo's are: ops that disagree, a rank
-// that never comes, a peer process that dies, a rank that gave up.
+// ranks of one host move allreduce, reduce, reduce_scatter, broadcast,
+// allgather and barrier through shared memory, exactly over many chunks;
+// every rank must agree to it; and its failures are named as Gloo's are:
+// ops that disagree, a rank that never comes, a peer process that dies, a
+// rank that gave up.
 //
 // The other collective suites run both ways (their *_tcp_test twins set
 // SWITCHBOARD_GLOO_SHM=0); this one is about the shared memory itself.
@@ -100,8 +101,10 @@ TEST_CASE("ranks of one host share memory unless any rank turns it off",
   }));
 }
 
-TEST_CASE("allreduce, broadcast and allgather over many chunks are exact",
-          "[collective][gloo][same_host]") {
+TEST_CASE(
+    "allreduce, reduce, reduce_scatter, broadcast and allgather over many chunks are "
+    "exact",
+    "[collective][gloo][same_host]") {
   const int n = GENERATE(2, 3);
   const DType dtype = GENERATE(DType::kInt64, DType::kFloat32);
   // 10 MiB and a bit: more than two chunks (a rank's slot is at most 4
@@ -142,6 +145,33 @@ TEST_CASE("allreduce, broadcast and allgather over many chunks are exact",
       log.expect_values(all[r], theirs,
                         fmt::format("allgather of {}: rank {}'s", what, r));
     }
+    // reduce: the root's tensor only.
+    Tensor r = Tensor::zeros({numel}, dtype);
+    for (int64_t i = 0; i < numel; ++i)
+      sbtest::set_element(r, i, input_value(pg.rank(), i));
+    pg.reduce(r, 1).wait();
+    std::vector<double> own(static_cast<size_t>(numel));
+    for (int64_t i = 0; i < numel; ++i) own[i] = input_value(pg.rank(), i);
+    log.expect_values(r, pg.rank() == 1 ? sum : own, "reduce to rank 1 of " + what);
+
+    // reduce_scatter: input q of rank r is input_value(r + q, i); rank q
+    // ends with the sum over r. Half the size (every rank sends n inputs),
+    // still several chunks (a rank's slot holds a piece for every rank).
+    const int64_t half = numel / 2 | 1;
+    std::vector<Tensor> inputs;
+    for (int q = 0; q < n; ++q) {
+      inputs.push_back(Tensor::zeros({half}, dtype));
+      for (int64_t i = 0; i < half; ++i) {
+        sbtest::set_element(inputs[q], i, input_value(pg.rank() + q, i));
+      }
+    }
+    Tensor scattered = Tensor::zeros({half}, dtype);
+    pg.reduce_scatter(scattered, inputs).wait();
+    std::vector<double> mine_summed(static_cast<size_t>(half));
+    for (int64_t i = 0; i < half; ++i) {
+      for (int q = 0; q < n; ++q) mine_summed[i] += input_value(q + pg.rank(), i);
+    }
+    log.expect_values(scattered, mine_summed, "reduce_scatter of " + what);
     pg.barrier().wait();
   }));
 }
