@@ -49,45 +49,13 @@ std::chrono::milliseconds since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
 }
 
-// What wait() threw: its kind and message.
-struct Outcome {
-  std::string kind;  // "TimeoutError", "ConnectionError", "Error", "none", ...
-  std::string message;
-  std::chrono::milliseconds elapsed{0};
-};
-
-Outcome wait_for_failure(const Work& work,
-                         std::optional<Work::Timeout> timeout = std::nullopt) {
-  const auto start = Clock::now();
-  Outcome outcome;
-  try {
-    if (timeout) {
-      work.wait(*timeout);
-    } else {
-      work.wait();
-    }
-    outcome.kind = "none";
-  } catch (const TimeoutError& e) {
-    outcome = {"TimeoutError", e.what()};
-  } catch (const ConnectionError& e) {
-    outcome = {"ConnectionError", e.what()};
-  } catch (const Error& e) {
-    outcome = {fmt::format("Error({})", error_code_name(e.code())), e.what()};
-  } catch (const std::exception& e) {
-    outcome = {"std::exception", e.what()};
-  }
-  outcome.elapsed = since(start);
-  return outcome;
-}
+using sbtest::Outcome;
+using sbtest::wait_for_failure;
 
 Tensor ones(int64_t n) { return Tensor::from_vector(std::vector<float>(n, 1.0f)); }
 
 GlooOptions options_for(const std::string& group, std::chrono::milliseconds timeout) {
-  GlooOptions options;
-  options.group_name = group;
-  options.timeout = timeout;
-  options.hostname = "127.0.0.1";
-  return options;
+  return sbtest::loopback_options(group, timeout);
 }
 
 }  // namespace
@@ -277,10 +245,7 @@ TEST_CASE(
 namespace {
 
 std::unique_ptr<TcpStore> connect(const std::string& port) {
-  TcpStoreOptions options;
-  options.timeout = 60s;
-  return std::make_unique<TcpStore>("127.0.0.1", static_cast<uint16_t>(std::stoi(port)),
-                                    options);
+  return sbtest::connect_store(port);
 }
 
 template <typename T>

@@ -37,33 +37,14 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// What wait() threw: its kind and message.
-struct Outcome {
-  std::string kind;  // "TimeoutError", "ConnectionError", "Error(...)", "none"
-  std::string message;
-};
-
 // Waits for the op's own end (Work::wait's default bound is the group
 // timeout, which would race the op's).
-Outcome outcome_of(const Work& work) {
-  try {
-    work.wait(std::chrono::hours(1));
-    return {"none", ""};
-  } catch (const TimeoutError& e) {
-    return {"TimeoutError", e.what()};
-  } catch (const ConnectionError& e) {
-    return {"ConnectionError", e.what()};
-  } catch (const Error& e) {
-    return {fmt::format("Error({})", error_code_name(e.code())), e.what()};
-  }
+sbtest::Outcome outcome_of(const Work& work) {
+  return sbtest::wait_for_failure(work, std::chrono::hours(1));
 }
 
 GlooOptions options_for(const std::string& group, std::chrono::milliseconds timeout) {
-  GlooOptions options;
-  options.group_name = group;
-  options.timeout = timeout;
-  options.hostname = "127.0.0.1";
-  return options;
+  return sbtest::loopback_options(group, timeout);
 }
 
 // Rank r's value at element i: distinct per rank and element, exact in
@@ -184,13 +165,13 @@ TEST_CASE(
   // in shared memory at all (reduce) is found by the group's watch.
   const bool other_op = GENERATE(false, true);
   auto groups = sbtest::make_groups(2, sbtest::unique_group_name("shm-mismatch"));
-  std::vector<Outcome> outcomes(2);
+  std::vector<sbtest::Outcome> outcomes(2);
   sbtest::report(sbtest::run_on(groups, [&](ProcessGroup& pg, sbtest::RankLog& log) {
     Tensor t = Tensor::zeros({pg.rank() == 0 ? 3 : 4}, DType::kFloat32);
     Work work = pg.rank() == 1 && other_op ? pg.reduce(t, 0) : pg.allreduce(t);
     outcomes[pg.rank()] = outcome_of(work);
     Tensor again = Tensor::zeros({2}, DType::kFloat32);
-    const Outcome next = outcome_of(pg.allreduce(again));
+    const sbtest::Outcome next = outcome_of(pg.allreduce(again));
     log.expect(next.kind != "none", "the op after the mismatch fails: " + next.message);
   }));
   for (int rank = 0; rank < 2; ++rank) {
@@ -209,7 +190,7 @@ TEST_CASE("a rank that never comes times out naming it, and the others then fail
           "[collective][gloo][same_host][timeout]") {
   // Ranks 0 and 1 allreduce; rank 2 issues nothing until they failed.
   auto groups = sbtest::make_groups(3, sbtest::unique_group_name("shm-late"), 1500ms);
-  std::vector<Outcome> outcomes(3);
+  std::vector<sbtest::Outcome> outcomes(3);
   std::promise<void> failed[2];
   sbtest::report(sbtest::run_on(groups, [&](ProcessGroup& pg, sbtest::RankLog& log) {
     Tensor t = Tensor::zeros({16}, DType::kFloat32);
@@ -234,21 +215,10 @@ TEST_CASE("a rank that never comes times out naming it, and the others then fail
   CHECK_THAT(outcomes[2].message, Catch::Contains("gave up on the op"));
 }
 
-namespace {
-
-std::unique_ptr<TcpStore> connect(const std::string& port) {
-  TcpStoreOptions options;
-  options.timeout = 60s;
-  return std::make_unique<TcpStore>("127.0.0.1", static_cast<uint16_t>(std::stoi(port)),
-                                    options);
-}
-
-}  // namespace
-
 // args: port, rank, size, group. Joins, says whether the group shares
 // memory, then blocks until killed.
 SB_CHILD_MAIN(shm_idle) {
-  auto store = connect(args.at(0));
+  auto store = sbtest::connect_store(args.at(0));
   GlooProcessGroup pg(*store, std::stoi(args.at(1)), std::stoi(args.at(2)),
                       options_for(args.at(3), 60s));
   fmt::print("joined {}\n", pg.same_host_memory() ? "shared" : "tcp");
@@ -264,7 +234,7 @@ TEST_CASE("a peer process killed mid-op is named with its pid, before any timeou
   const std::string group = sbtest::unique_group_name("shm-killed");
   auto peer =
       sbtest::spawn_child("shm_idle", {std::to_string(server.port()), "1", "2", group});
-  auto store = connect(std::to_string(server.port()));
+  auto store = sbtest::connect_store(std::to_string(server.port()));
   // An hour's timeout: only the pid's end can end this wait.
   GlooProcessGroup pg(*store, 0, 2, options_for(group, std::chrono::hours(1)));
   REQUIRE(peer.read_line() == "joined shared");
@@ -274,7 +244,7 @@ TEST_CASE("a peer process killed mid-op is named with its pid, before any timeou
   const pid_t pid = peer.pid();
   peer.kill(SIGKILL);
   CHECK(peer.wait() == 128 + SIGKILL);
-  const Outcome outcome = outcome_of(work);
+  const sbtest::Outcome outcome = outcome_of(work);
   INFO(outcome.kind << ": " << outcome.message);
   CHECK(outcome.kind == "ConnectionError");
   CHECK_THAT(outcome.message, Catch::Contains("allreduce"));
@@ -282,7 +252,7 @@ TEST_CASE("a peer process killed mid-op is named with its pid, before any timeou
   CHECK_THAT(outcome.message,
              Catch::Contains(fmt::format("rank 1 (pid {}) exited", pid)));
   // The next op says the group failed, naming the first failure.
-  const Outcome next = outcome_of(pg.broadcast(t, 0));
+  const sbtest::Outcome next = outcome_of(pg.broadcast(t, 0));
   CHECK(next.kind == "ConnectionError");
   CHECK_THAT(next.message, Catch::Contains("first failure"));
 }

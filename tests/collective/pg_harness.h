@@ -27,15 +27,18 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "collective/gloo_process_group.h"
-#include "core/tensor.h"
+#include "common/error.h"
 #include "common/mutex.h"
+#include "core/tensor.h"
 #include "store/hash_store.h"
+#include "store/tcp_store.h"
 
 namespace sbtest {
 
@@ -113,14 +116,64 @@ inline void run_threads(int n, const std::function<void(int rank)>& body,
   }
 }
 
-// One GlooProcessGroup per rank of a group named `name`, rendezvoused
-// through `store`, bound to 127.0.0.1.
-inline Groups make_groups(switchboard::Store& store, int n, const std::string& name,
-                          std::chrono::milliseconds timeout) {
+// The options of a group named `name` bound to 127.0.0.1.
+inline switchboard::collective::GlooOptions loopback_options(
+    const std::string& name, std::chrono::milliseconds timeout) {
   switchboard::collective::GlooOptions options;
   options.group_name = name;
   options.timeout = timeout;
   options.hostname = "127.0.0.1";
+  return options;
+}
+
+// A client of the TcpStoreServer on 127.0.0.1:`port` (the ranks that run
+// as processes).
+inline std::unique_ptr<switchboard::TcpStore> connect_store(const std::string& port) {
+  switchboard::TcpStoreOptions options;
+  options.timeout = std::chrono::seconds(60);
+  return std::make_unique<switchboard::TcpStore>(
+      "127.0.0.1", static_cast<uint16_t>(std::stoi(port)), options);
+}
+
+// What a Work's wait() threw: its kind and message, and how long it took.
+struct Outcome {
+  std::string kind;  // "TimeoutError", "ConnectionError", "Error(Code)", "none", ...
+  std::string message;
+  std::chrono::milliseconds elapsed{0};
+};
+
+inline Outcome wait_for_failure(
+    const switchboard::collective::Work& work,
+    std::optional<switchboard::collective::Work::Timeout> timeout = std::nullopt) {
+  const auto start = std::chrono::steady_clock::now();
+  Outcome outcome;
+  try {
+    if (timeout) {
+      work.wait(*timeout);
+    } else {
+      work.wait();
+    }
+    outcome.kind = "none";
+  } catch (const switchboard::TimeoutError& e) {
+    outcome = {"TimeoutError", e.what()};
+  } catch (const switchboard::ConnectionError& e) {
+    outcome = {"ConnectionError", e.what()};
+  } catch (const switchboard::Error& e) {
+    outcome = {fmt::format("Error({})", switchboard::error_code_name(e.code())),
+               e.what()};
+  } catch (const std::exception& e) {
+    outcome = {"std::exception", e.what()};
+  }
+  outcome.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start);
+  return outcome;
+}
+
+// One GlooProcessGroup per rank of a group named `name`, rendezvoused
+// through `store`, bound to 127.0.0.1.
+inline Groups make_groups(switchboard::Store& store, int n, const std::string& name,
+                          std::chrono::milliseconds timeout) {
+  const auto options = loopback_options(name, timeout);
   Groups groups(n);
   run_threads(
       n,
