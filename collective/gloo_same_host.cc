@@ -258,8 +258,8 @@ struct SameHostMemory::Impl {
         }
         give_up(TimeoutError(
             fmt::format("{}: timed out after {} ms waiting for ranks [{}] (same-host "
-                        "shared memory); the "
-                        "group is unusable now: destroy it and make a new one",
+                        "shared memory); the group is unusable now: destroy it and make "
+                        "a new one",
                         where(run.op), run.timeout.count(), fmt::join(missing, ", "))));
       }
       const auto left =
@@ -396,9 +396,12 @@ std::unique_ptr<SameHostMemory> SameHostMemory::connect(
     const std::string key =
         cut == std::string::npos ? std::string() : value.substr(cut + 1);
     if (key != mine || key == "off") {
-      spdlog::debug("{}: Gloo over TCP only: rank {} {}", at, r,
-                    key == "off" || mine == "off" ? "turned shared memory off"
-                                                  : "runs on another host or namespace");
+      spdlog::debug("{}: Gloo over TCP only: {}", at,
+                    mine == "off"  ? std::string("this rank turned shared memory off")
+                    : key == "off" ? fmt::format("rank {} turned shared memory off", r)
+                                   : fmt::format("rank {} runs on another host or in "
+                                                 "other namespaces",
+                                                 r));
       return nullptr;
     }
     try {
