@@ -22,7 +22,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>  // std::once_flag
 #include <optional>
@@ -30,6 +29,7 @@
 
 #include "collective/gloo_monitored_barrier.h"
 #include "collective/gloo_ops.h"
+#include "collective/gloo_p2p.h"
 #include "collective/gloo_same_host.h"
 #include "collective/gloo_signature.h"
 #include "common/check.h"
@@ -143,24 +143,8 @@ struct GlooProcessGroup::Impl {
   std::function<bool()> watch_failed = [this] { return watch && watch->failed(); };
   std::thread worker;
 
-  // Posted sends and recvs waiting for a waiter thread.
-  struct P2p {
-    Work work{Work::Info{}};
-    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-    Tensor tensor;  // keeps the bytes alive while Gloo may touch them
-    bool is_send = false;
-    bool any_source = false;  // recv_any(): the Work learns the sender
-    int peer = -1;            // the rank sent to or received from; -1 any
-    std::string what;         // "float32[5] (20 bytes) from rank 1 with tag 3", for errors
-  };
-  CondVar p2p_cv;
-  std::deque<P2p> p2p_queue SB_GUARDED_BY(mu);
-  int idle_waiters SB_GUARDED_BY(mu) = 0;
-  // Buffers a waiter is blocked on (and whether each is a send), so that
-  // stop() can abort those waits.
-  std::map<gloo::transport::UnboundBuffer*, bool> in_flight SB_GUARDED_BY(mu);
-  // Added by post_p2p() until `stopping`; stop() takes them and joins them.
-  std::vector<std::thread> waiters SB_GUARDED_BY(mu);
+  // Sends and recvs (made once the group is connected).
+  std::unique_ptr<GlooPointToPoint> p2p;
 
   explicit Impl(GlooProcessGroup& g) : group(g) {}
 
@@ -256,10 +240,7 @@ struct GlooProcessGroup::Impl {
   }
 
   std::exception_ptr cancelled(const std::string& op) const {
-    return std::make_exception_ptr(
-        Error(ErrorCode::kCancelled,
-              fmt::format("{}: the group was destroyed before the op finished",
-                          group.where(op))));
+    return group_destroyed(group.where(op));
   }
 
   // Fails what has not started, aborts posted sends and recvs, lets the
@@ -267,130 +248,18 @@ struct GlooProcessGroup::Impl {
   // every thread.
   void stop() SB_EXCLUDES(mu) {
     std::deque<Op> queued;
-    std::deque<P2p> posted;
-    std::vector<std::thread> threads;
     {
       MutexLock lock(mu);
       stopping = true;
       queued.swap(queue);
-      posted.swap(p2p_queue);
-      // No waiter is added once `stopping` is set (post_p2p checks it).
-      threads.swap(waiters);
-      for (auto [buffer, is_send] : in_flight) {
-        if (is_send) {
-          buffer->abortWaitSend();
-        } else {
-          buffer->abortWaitRecv();
-        }
-      }
     }
     cv.notify_all();
-    p2p_cv.notify_all();
     for (auto& op : queued) op.work.fail(cancelled(op.work.info().op));
-    for (auto& p2p : posted) p2p.work.fail(cancelled(p2p.work.info().op));
+    if (p2p) p2p->stop();
     if (worker.joinable()) worker.join();
     watch.reset();
-    for (auto& waiter : threads) waiter.join();
   }
 
-  // Posts a send or recv now; a waiter thread finishes its Work. Gloo
-  // closes every connection of the context when a wait on an unbound buffer
-  // times out, so only the op timeout is ever given to Gloo: Work::wait with
-  // a shorter timeout waits on the Work, not on Gloo. Each posted op gets a
-  // waiter of its own (idle waiters are reused, new ones started when none
-  // is idle), so a send that completes late never holds up another.
-  // `peer` -1 (a recv only): from any other rank.
-  Work post_p2p(const std::string& op, const Tensor& tensor, int peer, int tag,
-                bool is_send) SB_EXCLUDES(mu) {
-    const bool any_source = peer < 0;
-    const std::string what = fmt::format(
-        "{} {} ({} bytes) {} with tag {}: a send and a recv match only when their tag, dtype "
-        "and byte count agree",
-        is_send ? "a send of" : "a recv into", tensor.describe(), tensor.nbytes(),
-        is_send ? fmt::format("to rank {}", peer)
-                : any_source ? std::string("from any rank") : fmt::format("from rank {}", peer),
-        tag);
-    Work::Info info = group.work_info(op);
-    info.detail = what;
-    Work work(std::move(info));
-    if (tensor.nbytes() == 0 && !any_source) {
-      work.complete();
-      return work;
-    }
-    auto buffer = context->createUnboundBuffer(tensor.data(), tensor.nbytes());
-    const uint64_t slot = p2p_slot(tag, tensor);
-    try {
-      if (is_send) {
-        buffer->send(peer, slot);
-      } else if (any_source) {
-        std::vector<int> sources;
-        for (int r = 0; r < group.size(); ++r) {
-          if (r != group.rank()) sources.push_back(r);
-        }
-        buffer->recv(sources, slot);
-      } else {
-        buffer->recv(peer, slot);
-      }
-    } catch (...) {
-      std::rethrow_exception(translate(op, std::current_exception(), std::nullopt, peer));
-    }
-    {
-      MutexLock lock(mu);
-      if (stopping) std::rethrow_exception(cancelled(op));
-      p2p_queue.push_back(
-          P2p{work, std::move(buffer), tensor, is_send, any_source, peer, what});
-      if (idle_waiters == 0) {
-        waiters.emplace_back([this] { run_waiter(); });
-      } else {
-        --idle_waiters;
-      }
-    }
-    p2p_cv.notify_one();
-    return work;
-  }
-
-  void run_waiter() SB_EXCLUDES(mu) {
-    for (;;) {
-      P2p p2p;
-      {
-        MutexLock lock(mu);
-        p2p_cv.wait(mu, [&]() SB_REQUIRES(mu) { return stopping || !p2p_queue.empty(); });
-        if (p2p_queue.empty()) return;
-        p2p = std::move(p2p_queue.front());
-        p2p_queue.pop_front();
-        in_flight.emplace(p2p.buffer.get(), p2p.is_send);
-      }
-      try {
-        int source = -1;
-        const bool finished = p2p.is_send ? p2p.buffer->waitSend(op_timeout)
-                                          : p2p.buffer->waitRecv(&source, op_timeout);
-        if (finished && p2p.any_source) {
-          p2p.work.complete_from(source);
-        } else if (finished) {
-          p2p.work.complete();
-        } else {
-          p2p.work.fail(cancelled(p2p.work.info().op));
-        }
-      } catch (...) {
-        std::exception_ptr error = translate(p2p.work.info().op, std::current_exception(),
-                                             std::nullopt, p2p.peer);
-        try {
-          std::rethrow_exception(error);
-        } catch (const TimeoutError& e) {
-          // A send and a recv whose sizes or dtypes differ never meet (their
-          // slots differ), rather than ending the process in Gloo: say so.
-          error = std::make_exception_ptr(
-              TimeoutError(fmt::format("{} ({})", e.what(), p2p.what)));
-        } catch (...) {
-        }
-        p2p.work.fail(error);
-      }
-      MutexLock lock(mu);
-      in_flight.erase(p2p.buffer.get());
-      p2p = P2p{};  // drop the buffer and tensor before idling
-      ++idle_waiters;
-    }
-  }
 };
 
 namespace {
@@ -493,6 +362,14 @@ GlooProcessGroup::GlooProcessGroup(Store& store, int rank, int size, GlooOptions
                     impl_->same_host->describe());
     }
   }
+  impl_->p2p = std::make_unique<GlooPointToPoint>(
+      GlooPointToPoint::Naming{rank, size,
+                               [this](std::string_view op) { return where(op); },
+                               [this](std::string_view op) { return work_info(op); }},
+      impl_->context, impl_->op_timeout,
+      [impl = impl_.get()](const std::string& op, std::exception_ptr error, int peer) {
+        return impl->translate(op, std::move(error), std::nullopt, peer);
+      });
   impl_->worker = std::thread([impl = impl_.get()] { impl->run_worker(); });
 }
 
@@ -893,7 +770,7 @@ Work GlooProcessGroup::send(const Tensor& tensor, int dst_rank, int tag) {
   checks::rank(at, dst_rank, size(), "dst_rank");
   SB_REQUIRE(dst_rank != rank(), "{}: cannot send to itself", at);
   SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
-  return impl_->post_p2p("send", tensor, dst_rank, tag, /*is_send=*/true);
+  return impl_->p2p->post("send", tensor, dst_rank, tag, /*is_send=*/true);
 }
 
 Work GlooProcessGroup::recv_any(Tensor& tensor, int tag) {
@@ -901,7 +778,7 @@ Work GlooProcessGroup::recv_any(Tensor& tensor, int tag) {
   checks::tensor(at, tensor, kCpu);
   SB_REQUIRE(size() > 1, "{}: no other rank to receive from", at);
   SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
-  return impl_->post_p2p("recv_any", tensor, -1, tag, /*is_send=*/false);
+  return impl_->p2p->post("recv_any", tensor, -1, tag, /*is_send=*/false);
 }
 
 Work GlooProcessGroup::recv(Tensor& tensor, int src_rank, int tag) {
@@ -910,7 +787,7 @@ Work GlooProcessGroup::recv(Tensor& tensor, int src_rank, int tag) {
   checks::rank(at, src_rank, size(), "src_rank");
   SB_REQUIRE(src_rank != rank(), "{}: cannot receive from itself", at);
   SB_REQUIRE(tag >= 0, "{}: tag must be >= 0, got {}", at, tag);
-  return impl_->post_p2p("recv", tensor, src_rank, tag, /*is_send=*/false);
+  return impl_->p2p->post("recv", tensor, src_rank, tag, /*is_send=*/false);
 }
 
 }  // namespace switchboard::collective
